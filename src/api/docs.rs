@@ -1,0 +1,34 @@
+//! The OpenAPI document and the Swagger UI that shows it, both served from the binary.
+
+use actix_web::{web, HttpResponse};
+use utoipa::OpenApi;
+
+/// The parts of the spec that are not derived from a handler.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "ratelimiter",
+        description = "A rate-limit service any program calls over HTTP/JSON. Create policies with \
+            the `/v1/policies` API, then ask `POST /v1/acquire` before each unit of work: the answer \
+            is allowed or denied, atomically, with how much is left and when to retry. Errors are \
+            RFC 9457 `application/problem+json` documents naming the field at fault.",
+        license(name = "MIT OR Apache-2.0")
+    ),
+    tags(
+        (name = "acquire", description = "Decisions: ask whether a subject may spend units now"),
+        (name = "policies", description = "Create, read, replace and delete policies at run time"),
+        (name = "operations", description = "Health and readiness"),
+    )
+)]
+pub struct ApiDoc;
+
+/// `/docs` without its slash: send browsers to the UI.
+pub async fn redirect_to_docs() -> HttpResponse {
+    HttpResponse::PermanentRedirect()
+        .insert_header(("Location", "/docs/"))
+        .finish()
+}
+
+pub fn configure_redirect(cfg: &mut web::ServiceConfig) {
+    cfg.route("/docs", web::get().to(redirect_to_docs));
+}

@@ -1,0 +1,159 @@
+//! The one place that turns errors into HTTP answers: RFC 9457 `application/problem+json`.
+//!
+//! Client mistakes name the field at fault; a store outage is a 503 with `Retry-After`; anything
+//! unexpected is a 500 whose body says nothing more, with the full cause in the log.
+
+use actix_web::http::{header, StatusCode};
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::policy::ValidationError;
+use crate::service::ServiceError;
+use crate::store::StoreError;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An error answer, as defined by RFC 9457.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "type": "urn:ratelimiter:problem:invalid-field",
+    "title": "A field is out of range",
+    "status": 422,
+    "detail": "`cost` 5 exceeds the policy's `limit` of 3, so it could never be granted",
+    "field": "cost"
+}))]
+pub struct Problem {
+    /// A URN naming the kind of problem; stable, for programs to match on.
+    #[serde(rename = "type")]
+    #[schema(example = "urn:ratelimiter:problem:invalid-field")]
+    pub kind: &'static str,
+    /// A short summary of the kind of problem.
+    pub title: &'static str,
+    /// The HTTP status code.
+    #[schema(example = 422)]
+    pub status: u16,
+    /// What went wrong with this request, in words.
+    pub detail: String,
+    /// The request field at fault, when there is one (`cost`, `limit`, `policies[0].name`…).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+/// Every way a request can fail.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("{0}")]
+    Validation(#[from] ValidationError),
+    /// The body is not JSON, or a field has the wrong JSON type.
+    #[error("{detail}")]
+    MalformedBody {
+        detail: String,
+        field: Option<String>,
+    },
+    #[error("the request body is larger than {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("no route for {0}")]
+    NoRoute(String),
+    #[error(transparent)]
+    Service(#[from] ServiceError),
+}
+
+impl ApiError {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str, Option<&str>) {
+        use StatusCode as S;
+        match self {
+            ApiError::Validation(e) if e.is_malformed() => (
+                S::BAD_REQUEST,
+                "urn:ratelimiter:problem:malformed-field",
+                "A field has the wrong type",
+                e.field(),
+            ),
+            ApiError::Validation(e) => (
+                S::UNPROCESSABLE_ENTITY,
+                "urn:ratelimiter:problem:invalid-field",
+                "A field is out of range",
+                e.field(),
+            ),
+            ApiError::MalformedBody { field, .. } => (
+                S::BAD_REQUEST,
+                "urn:ratelimiter:problem:malformed-body",
+                "The request body is not valid",
+                field.as_deref(),
+            ),
+            ApiError::BodyTooLarge { .. } => (
+                S::PAYLOAD_TOO_LARGE,
+                "urn:ratelimiter:problem:body-too-large",
+                "The request body is too large",
+                None,
+            ),
+            ApiError::NoRoute(_) => (
+                S::NOT_FOUND,
+                "urn:ratelimiter:problem:no-route",
+                "No such endpoint",
+                None,
+            ),
+            ApiError::Service(e) => match e {
+                ServiceError::UnknownPolicy(_) => (
+                    S::NOT_FOUND,
+                    "urn:ratelimiter:problem:unknown-policy",
+                    "No such policy",
+                    None,
+                ),
+                ServiceError::PolicyExists(_) => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:policy-exists",
+                    "The policy already exists",
+                    Some("name"),
+                ),
+                ServiceError::CostAboveQuota { .. } => (
+                    S::UNPROCESSABLE_ENTITY,
+                    "urn:ratelimiter:problem:invalid-field",
+                    "A field is out of range",
+                    Some("cost"),
+                ),
+                ServiceError::Store(StoreError::Unavailable(_)) => (
+                    S::SERVICE_UNAVAILABLE,
+                    "urn:ratelimiter:problem:store-unavailable",
+                    "The rate-limit store is unavailable",
+                    None,
+                ),
+                ServiceError::Store(_) => (
+                    S::INTERNAL_SERVER_ERROR,
+                    "urn:ratelimiter:problem:internal",
+                    "Internal error",
+                    None,
+                ),
+            },
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        self.parts().0
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let (status, kind, title, field) = self.parts();
+        let detail = if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %self, "request failed");
+            "The request could not be completed; the cause is in the service's log.".to_owned()
+        } else {
+            self.to_string()
+        };
+        let mut response = HttpResponse::build(status);
+        response.content_type(PROBLEM_JSON);
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            tracing::warn!(error = %self, "store unavailable");
+            response.insert_header((header::RETRY_AFTER, "1"));
+        }
+        response.json(Problem {
+            kind,
+            title,
+            status: status.as_u16(),
+            detail,
+            field: field.map(str::to_owned),
+        })
+    }
+}

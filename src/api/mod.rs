@@ -1,0 +1,71 @@
+//! HTTP only: routes, request and response shapes, headers, and the one error mapping
+//! (`errors`). Handlers validate input into policy types and call the service; they never touch
+//! a store or build a Redis key.
+
+pub mod acquire;
+pub mod body;
+pub mod docs;
+pub mod errors;
+pub mod health;
+pub mod policies;
+
+use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::{web, App, Error, HttpRequest};
+use utoipa::OpenApi;
+use utoipa_actix_web::AppExt;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::service::RateLimiter;
+use errors::ApiError;
+
+/// The OpenAPI document generated from the handlers, as served at `/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let (_, spec) = routes(App::new()).split_for_parts();
+    spec
+}
+
+fn routes<T>(app: App<T>) -> utoipa_actix_web::UtoipaApp<T>
+where
+    T: ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse,
+        Error = Error,
+        InitError = (),
+    >,
+{
+    app.into_utoipa_app()
+        .openapi(docs::ApiDoc::openapi())
+        .service(acquire::acquire)
+        .service(policies::list)
+        .service(policies::create)
+        .service(policies::read)
+        .service(policies::replace)
+        .service(policies::remove)
+        .service(health::healthz)
+        .service(health::readyz)
+}
+
+/// The whole application: API, spec, Swagger UI, and problem+json for unknown routes.
+pub fn app(
+    limiter: web::Data<RateLimiter>,
+) -> App<
+    impl ServiceFactory<
+        ServiceRequest,
+        Config = (),
+        Response = ServiceResponse,
+        Error = Error,
+        InitError = (),
+    >,
+> {
+    let (app, spec) = routes(App::new().app_data(limiter)).split_for_parts();
+    app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
+        .configure(docs::configure_redirect)
+        .default_service(web::to(|req: HttpRequest| async move {
+            Err::<actix_web::HttpResponse, _>(ApiError::NoRoute(format!(
+                "{} {}",
+                req.method(),
+                req.path()
+            )))
+        }))
+}

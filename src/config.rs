@@ -1,0 +1,284 @@
+//! Settings, layered: defaults in code < a TOML file (`--config PATH` or `RATELIMITER_CONFIG`)
+//! < environment variables `RATELIMITER__<SECTION>__<KEY>` (for example
+//! `RATELIMITER__REDIS__URL`).
+//!
+//! Loading validates everything, policies included, and names the bad key in its error, so a
+//! service with a bad configuration never starts.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::policy::{parse_policy, Policy};
+
+/// Why the configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] config::ConfigError),
+    #[error("configuration: `{key}` {reason}")]
+    Invalid { key: String, reason: String },
+}
+
+/// A secret that never prints.
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSettings {
+    /// Address to listen on.
+    pub bind: String,
+    /// HTTP worker threads; 0 means one per core.
+    pub workers: usize,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    /// `redis://[:password@]host:port[/db]`; unset runs the embedded in-process store.
+    pub url: Option<Secret>,
+    pub pool_size: u32,
+    /// Deadline of every Redis call, connection checkout included.
+    pub timeout_ms: u64,
+    /// First part of every key the service writes.
+    pub key_prefix: String,
+    /// How often each instance checks for policy changes made by others.
+    pub policy_refresh_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// `text` or `json`.
+    pub format: String,
+}
+
+/// Everything the service is configured with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub server: ServerSettings,
+    pub redis: RedisSettings,
+    pub log: LogSettings,
+    /// Created at start-up when absent; never overwrite a policy changed through the API.
+    pub policies: Vec<Policy>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSettings {
+    server: ServerSettings,
+    redis: RedisSettings,
+    log: LogSettings,
+    #[serde(default)]
+    policies: Vec<serde_json::Value>,
+}
+
+impl Settings {
+    /// Loads defaults, then the file (when given), then `RATELIMITER__…` variables.
+    pub fn load(file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_from(file, std::env::vars())
+    }
+
+    /// Like [`Settings::load`], with the environment given explicitly (for tests).
+    pub fn load_from(
+        file: Option<&Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder()
+            .set_default("server.bind", "127.0.0.1:8080")?
+            .set_default("server.workers", 0)?
+            .set_default("redis.pool_size", 16)?
+            .set_default("redis.timeout_ms", 100)?
+            .set_default("redis.key_prefix", "rl")?
+            .set_default("redis.policy_refresh_ms", 250)?
+            .set_default("log.format", "text")?;
+        if let Some(path) = file {
+            builder = builder.add_source(config::File::from(path).required(true));
+        }
+        let env: config::Map<String, String> = env
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("RATELIMITER__"))
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("RATELIMITER")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(env)),
+        );
+        let raw: RawSettings = builder.build()?.try_deserialize()?;
+        raw.validate()
+    }
+}
+
+impl RawSettings {
+    fn validate(self) -> Result<Settings, ConfigError> {
+        let invalid = |key: &str, reason: &str| ConfigError::Invalid {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        self.server
+            .bind
+            .parse::<SocketAddr>()
+            .map_err(|_| invalid("server.bind", "must be an address such as 127.0.0.1:8080"))?;
+        if self.redis.pool_size == 0 {
+            return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        if self.redis.timeout_ms == 0 {
+            return Err(invalid("redis.timeout_ms", "must be at least 1"));
+        }
+        if self.redis.policy_refresh_ms == 0 {
+            return Err(invalid("redis.policy_refresh_ms", "must be at least 1"));
+        }
+        let prefix = &self.redis.key_prefix;
+        if prefix.is_empty() || prefix.contains(['{', '}']) {
+            return Err(invalid(
+                "redis.key_prefix",
+                "must be non-empty and hold no `{` or `}`",
+            ));
+        }
+        if let Some(url) = &self.redis.url {
+            if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) {
+                return Err(invalid(
+                    "redis.url",
+                    "must start with redis:// or rediss://",
+                ));
+            }
+        }
+        if !matches!(self.log.format.as_str(), "text" | "json") {
+            return Err(invalid("log.format", "must be `text` or `json`"));
+        }
+        let mut policies: Vec<Policy> = Vec::with_capacity(self.policies.len());
+        for (i, value) in self.policies.iter().enumerate() {
+            let at = format!("policies[{i}]");
+            let policy = parse_policy(value, None).map_err(|e| {
+                let e = e.within(&at);
+                ConfigError::Invalid {
+                    key: e.field().unwrap_or(&at).to_owned(),
+                    reason: e.to_string(),
+                }
+            })?;
+            if policies.iter().any(|p| p.name == policy.name) {
+                return Err(invalid(
+                    &format!("{at}.name"),
+                    "repeats an earlier policy's name",
+                ));
+            }
+            policies.push(policy);
+        }
+        Ok(Settings {
+            server: self.server,
+            redis: self.redis,
+            log: self.log,
+            policies,
+        })
+    }
+}
+
+impl RedisSettings {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+
+    pub fn policy_refresh(&self) -> Duration {
+        Duration::from_millis(self.policy_refresh_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// A configuration file that removes itself.
+    struct TempFile(std::path::PathBuf);
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn file(text: &str) -> TempFile {
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let name = format!(
+            "ratelimiter-config-{}-{}.toml",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, text).expect("write temp config");
+        TempFile(path)
+    }
+
+    #[test]
+    fn defaults_serve_the_embedded_store_on_loopback() {
+        let s = Settings::load_from(None, env(&[])).expect("defaults are valid");
+        assert_eq!(s.server.bind, "127.0.0.1:8080");
+        assert!(s.redis.url.is_none());
+        assert_eq!(s.redis.timeout_ms, 100);
+        assert_eq!(s.redis.key_prefix, "rl");
+    }
+
+    #[test]
+    fn environment_overrides_the_file() {
+        let f = file("[redis]\ntimeout_ms = 250\npool_size = 4\n");
+        let s = Settings::load_from(
+            Some(&f.0),
+            env(&[("RATELIMITER__REDIS__TIMEOUT_MS", "50"), ("OTHER", "x")]),
+        )
+        .expect("valid");
+        assert_eq!((s.redis.timeout_ms, s.redis.pool_size), (50, 4));
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key() {
+        let e = Settings::load_from(None, env(&[("RATELIMITER__REDIS__POOL_SIZE", "lots")]))
+            .expect_err("not a number");
+        assert!(e.to_string().contains("pool_size"), "{e}");
+        let e = Settings::load_from(None, env(&[("RATELIMITER__SERVER__BIND", "nowhere")]))
+            .expect_err("not an address");
+        assert!(e.to_string().contains("server.bind"), "{e}");
+    }
+
+    #[test]
+    fn policies_in_the_file_are_validated_with_their_position() {
+        let f = file(
+            "[[policies]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow_ms = 1000\n\n\
+             [[policies]]\nname = \"b\"\nalgorithm = \"token_bucket\"\ncapacity = 0\nrefill_tokens = 1\nrefill_period_ms = 1\n",
+        );
+        let e = Settings::load_from(Some(&f.0), env(&[])).expect_err("capacity 0");
+        assert!(e.to_string().contains("policies[1].capacity"), "{e}");
+    }
+
+    #[test]
+    fn secrets_do_not_print() {
+        let s = Settings::load_from(None, env(&[("RATELIMITER__REDIS__URL", "redis://:pw@h:1")]))
+            .expect("valid");
+        assert!(!format!("{s:?}").contains("pw"));
+    }
+}

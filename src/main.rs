@@ -1,0 +1,48 @@
+//! The `ratelimiter` binary: read the settings, start logging, serve.
+
+use std::path::PathBuf;
+
+use anyhow::bail;
+use ratelimiter::config::Settings;
+use ratelimiter::startup::Application;
+use ratelimiter::telemetry;
+
+const USAGE: &str = "usage: ratelimiter [--config PATH]
+
+Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
+RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
+redis.url it runs on the embedded in-process store.";
+
+fn config_path() -> anyhow::Result<Option<PathBuf>> {
+    let mut args = std::env::args_os().skip(1);
+    let mut path = std::env::var_os("RATELIMITER_CONFIG").map(PathBuf::from);
+    while let Some(arg) = args.next() {
+        match arg.to_str() {
+            Some("--config") => match args.next() {
+                Some(p) => path = Some(PathBuf::from(p)),
+                None => bail!("--config needs a path\n\n{USAGE}"),
+            },
+            Some("-h" | "--help") => {
+                println!("{USAGE}");
+                std::process::exit(0);
+            }
+            Some("-V" | "--version") => {
+                println!("ratelimiter {}", env!("CARGO_PKG_VERSION"));
+                std::process::exit(0);
+            }
+            _ => bail!("unexpected argument {arg:?}\n\n{USAGE}"),
+        }
+    }
+    Ok(path)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let settings = Settings::load(config_path()?.as_deref())?;
+    telemetry::init(&settings.log);
+    Application::build(settings)
+        .await?
+        .run_until_stopped()
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,383 @@
+//! Validation of client input: policy documents, and the fields of an acquire.
+//!
+//! Every error names the field at fault. Wrong JSON types are [`ValidationError::is_malformed`]
+//! (HTTP 400); values of the right type that are out of range, missing, or do not belong to the
+//! algorithm are not (HTTP 422).
+
+use serde_json::{Map, Number, Value};
+
+use super::{
+    Algorithm, FailMode, Limit, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_PERIOD_MS, MAX_UNITS,
+};
+use crate::limiter::sliding_window_log;
+
+/// Why client input was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ValidationError {
+    #[error("the body must be a JSON object")]
+    NotAnObject,
+    #[error("`{field}` must be {expected}")]
+    WrongType {
+        field: String,
+        expected: &'static str,
+    },
+    #[error("`{field}` is required{context}")]
+    Missing { field: String, context: String },
+    #[error("`{field}` {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("`{field}` is not a field of {algorithm} policies")]
+    NotApplicable {
+        field: String,
+        algorithm: &'static str,
+    },
+    #[error("unknown field `{field}`")]
+    Unknown { field: String },
+}
+
+impl ValidationError {
+    /// The field at fault, when there is one.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ValidationError::NotAnObject => None,
+            ValidationError::WrongType { field, .. }
+            | ValidationError::Missing { field, .. }
+            | ValidationError::Invalid { field, .. }
+            | ValidationError::NotApplicable { field, .. }
+            | ValidationError::Unknown { field } => Some(field),
+        }
+    }
+
+    /// Whether the input was malformed (wrong JSON types) rather than out of range.
+    pub fn is_malformed(&self) -> bool {
+        matches!(
+            self,
+            ValidationError::NotAnObject | ValidationError::WrongType { .. }
+        )
+    }
+
+    pub fn invalid(field: &str, reason: impl Into<String>) -> Self {
+        ValidationError::Invalid {
+            field: field.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The same error with its field prefixed, for policies nested in a larger document.
+    pub fn within(self, prefix: &str) -> Self {
+        let join = |f: String| format!("{prefix}.{f}");
+        match self {
+            ValidationError::NotAnObject => ValidationError::WrongType {
+                field: prefix.to_owned(),
+                expected: "an object",
+            },
+            ValidationError::WrongType { field, expected } => ValidationError::WrongType {
+                field: join(field),
+                expected,
+            },
+            ValidationError::Missing { field, context } => ValidationError::Missing {
+                field: join(field),
+                context,
+            },
+            ValidationError::Invalid { field, reason } => ValidationError::Invalid {
+                field: join(field),
+                reason,
+            },
+            ValidationError::NotApplicable { field, algorithm } => ValidationError::NotApplicable {
+                field: join(field),
+                algorithm,
+            },
+            ValidationError::Unknown { field } => ValidationError::Unknown { field: join(field) },
+        }
+    }
+}
+
+const WINDOW_FIELDS: [&str; 2] = ["limit", "window_ms"];
+const BUCKET_FIELDS: [&str; 3] = ["capacity", "refill_tokens", "refill_period_ms"];
+const COMMON_FIELDS: [&str; 4] = ["name", "algorithm", "description", "fail_mode"];
+
+/// Validates a policy document. `path_name`, when given, is the name from the URL: a `name` in
+/// the body must match it, and may be left out.
+pub fn parse_policy(
+    value: &Value,
+    path_name: Option<&PolicyName>,
+) -> Result<Policy, ValidationError> {
+    let doc = value.as_object().ok_or(ValidationError::NotAnObject)?;
+
+    let name = match (optional_str(doc, "name")?, path_name) {
+        (Some(body), Some(path)) if body != path.as_str() => {
+            return Err(ValidationError::invalid(
+                "name",
+                format!("`{body}` does not match the name in the path, `{path}`"),
+            ))
+        }
+        (Some(body), _) => {
+            PolicyName::parse(body).map_err(|r| ValidationError::invalid("name", r))?
+        }
+        (None, Some(path)) => path.clone(),
+        (None, None) => {
+            return Err(ValidationError::Missing {
+                field: "name".into(),
+                context: String::new(),
+            })
+        }
+    };
+
+    let algorithm_name =
+        optional_str(doc, "algorithm")?.ok_or_else(|| ValidationError::Missing {
+            field: "algorithm".into(),
+            context: String::new(),
+        })?;
+    let algorithm = Algorithm::parse(algorithm_name).ok_or_else(|| {
+        ValidationError::invalid(
+            "algorithm",
+            format!(
+                "`{algorithm_name}` is not one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket"
+            ),
+        )
+    })?;
+
+    let own: &[&str] = match algorithm {
+        Algorithm::TokenBucket => &BUCKET_FIELDS,
+        _ => &WINDOW_FIELDS,
+    };
+    // Reject stray fields first, in a stable order, so the error does not depend on map order.
+    let mut keys: Vec<&String> = doc.keys().collect();
+    keys.sort();
+    for key in keys {
+        if COMMON_FIELDS.contains(&key.as_str()) || own.contains(&key.as_str()) {
+            continue;
+        }
+        if WINDOW_FIELDS.contains(&key.as_str()) || BUCKET_FIELDS.contains(&key.as_str()) {
+            return Err(ValidationError::NotApplicable {
+                field: key.clone(),
+                algorithm: algorithm.as_str(),
+            });
+        }
+        return Err(ValidationError::Unknown { field: key.clone() });
+    }
+
+    let units = |field: &str| {
+        let max = if algorithm == Algorithm::SlidingWindowLog && field == "limit" {
+            sliding_window_log::MAX_LIMIT
+        } else {
+            MAX_UNITS
+        };
+        required_int(doc, field, algorithm, 1, max)
+    };
+    let period = |field: &str| required_int(doc, field, algorithm, 1, MAX_PERIOD_MS);
+    let limit = match algorithm {
+        Algorithm::FixedWindow => Limit::FixedWindow {
+            limit: units("limit")?,
+            window_ms: period("window_ms")?,
+        },
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog {
+            limit: units("limit")?,
+            window_ms: period("window_ms")?,
+        },
+        Algorithm::SlidingWindowCounter => Limit::SlidingWindowCounter {
+            limit: units("limit")?,
+            window_ms: period("window_ms")?,
+        },
+        Algorithm::TokenBucket => Limit::TokenBucket {
+            capacity: units("capacity")?,
+            refill_tokens: units("refill_tokens")?,
+            refill_period_ms: period("refill_period_ms")?,
+        },
+    };
+
+    let description = match doc.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.len() > MAX_DESCRIPTION_BYTES => {
+            return Err(ValidationError::invalid(
+                "description",
+                "must be at most 1024 bytes",
+            ))
+        }
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(_) => return Err(wrong_type("description", "a string")),
+    };
+
+    let fail_mode = match optional_str(doc, "fail_mode")? {
+        None => FailMode::default(),
+        Some("open") => FailMode::Open,
+        Some("closed") => FailMode::Closed,
+        Some(other) => {
+            return Err(ValidationError::invalid(
+                "fail_mode",
+                format!("`{other}` is not one of open, closed"),
+            ))
+        }
+    };
+
+    Ok(Policy::new(name, limit, description, fail_mode))
+}
+
+/// Validates a `cost`: an integer of at least 1 (the policy's own bound is checked later).
+pub fn parse_cost(value: &Number) -> Result<u64, ValidationError> {
+    match whole(value) {
+        Some(n) if n >= 1 => {
+            u64::try_from(n).map_err(|_| ValidationError::invalid("cost", "is too large"))
+        }
+        _ => Err(ValidationError::invalid(
+            "cost",
+            "must be an integer of at least 1",
+        )),
+    }
+}
+
+fn wrong_type(field: &str, expected: &'static str) -> ValidationError {
+    ValidationError::WrongType {
+        field: field.to_owned(),
+        expected,
+    }
+}
+
+fn optional_str<'a>(
+    doc: &'a Map<String, Value>,
+    field: &str,
+) -> Result<Option<&'a str>, ValidationError> {
+    match doc.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(wrong_type(field, "a string")),
+    }
+}
+
+/// A JSON number as an integer: `Some` when it is whole, `None` when it has a fraction.
+fn integer(value: &Value, field: &str) -> Result<Option<i128>, ValidationError> {
+    match value {
+        Value::Number(n) => Ok(whole(n)),
+        _ => Err(wrong_type(field, "an integer")),
+    }
+}
+
+/// The number's value when it is whole (`2`, `2.0`, `1e3`), `None` when it has a fraction.
+fn whole(n: &Number) -> Option<i128> {
+    if let Some(i) = n.as_i64() {
+        Some(i128::from(i))
+    } else if let Some(u) = n.as_u64() {
+        Some(i128::from(u))
+    } else {
+        let f = n.as_f64().unwrap_or(f64::NAN);
+        (f.fract() == 0.0 && f.abs() < 1e30).then_some(f as i128)
+    }
+}
+
+fn required_int(
+    doc: &Map<String, Value>,
+    field: &str,
+    algorithm: Algorithm,
+    min: u64,
+    max: u64,
+) -> Result<u64, ValidationError> {
+    let value = match doc.get(field) {
+        None | Some(Value::Null) => {
+            return Err(ValidationError::Missing {
+                field: field.to_owned(),
+                context: format!(" for {} policies", algorithm.as_str()),
+            })
+        }
+        Some(v) => v,
+    };
+    match integer(value, field)? {
+        Some(n) if n >= i128::from(min) && n <= i128::from(max) => Ok(n as u64),
+        Some(_) => Err(ValidationError::invalid(
+            field,
+            format!("must be an integer from {min} to {max}"),
+        )),
+        None => Err(ValidationError::invalid(field, "must be a whole number")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn err(v: Value) -> ValidationError {
+        parse_policy(&v, None).expect_err("should be rejected")
+    }
+
+    #[test]
+    fn accepts_each_algorithm() {
+        for v in [
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}),
+            json!({"name": "b", "algorithm": "sliding_window_log", "limit": 10000, "window_ms": 1}),
+            json!({"name": "c", "algorithm": "sliding_window_counter", "limit": 1, "window_ms": 2_678_400_000_u64}),
+            json!({"name": "d", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000, "fail_mode": "closed", "description": "x"}),
+        ] {
+            let p = parse_policy(&v, None).expect("valid");
+            let mut back = serde_json::to_value(p.to_doc()).expect("serializes");
+            if back["fail_mode"] == "open" && v.get("fail_mode").is_none() {
+                back.as_object_mut().map(|o| o.remove("fail_mode"));
+            }
+            assert_eq!(back, v);
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let e = err(json!({"name": "a", "algorithm": "fixed_window", "limit": 0, "window_ms": 1}));
+        assert_eq!(e.field(), Some("limit"));
+        assert!(!e.is_malformed());
+        let e =
+            err(json!({"name": "a", "algorithm": "fixed_window", "limit": "5", "window_ms": 1}));
+        assert_eq!(e.field(), Some("limit"));
+        assert!(e.is_malformed());
+        let e = err(json!({"name": "a", "algorithm": "fixed_window", "limit": 5}));
+        assert_eq!(
+            e.to_string(),
+            "`window_ms` is required for fixed_window policies"
+        );
+        let e = err(
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "capacity": 3}),
+        );
+        assert_eq!(
+            e.to_string(),
+            "`capacity` is not a field of fixed_window policies"
+        );
+        let e = err(json!({"name": "a", "algorithm": "leaky", "limit": 5}));
+        assert_eq!(e.field(), Some("algorithm"));
+        let e = err(
+            json!({"name": "a", "algorithm": "sliding_window_log", "limit": 10001, "window_ms": 1}),
+        );
+        assert_eq!(e.field(), Some("limit"));
+        let e =
+            err(json!({"name": "a", "algorithm": "fixed_window", "limit": 1.5, "window_ms": 1}));
+        assert_eq!(e.field(), Some("limit"));
+        let e = err(
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 2_678_400_001_u64}),
+        );
+        assert_eq!(e.field(), Some("window_ms"));
+        let e = err(
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "colour": 1}),
+        );
+        assert_eq!(e.to_string(), "unknown field `colour`");
+    }
+
+    #[test]
+    fn the_name_in_the_body_must_match_the_path() {
+        let path = PolicyName::parse("p").expect("valid");
+        let v = json!({"name": "q", "algorithm": "fixed_window", "limit": 1, "window_ms": 1});
+        let e = parse_policy(&v, Some(&path)).expect_err("mismatch");
+        assert_eq!(e.field(), Some("name"));
+        let v = json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 1});
+        assert_eq!(parse_policy(&v, Some(&path)).expect("valid").name, path);
+    }
+
+    #[test]
+    fn cost_must_be_a_positive_integer() {
+        let n = |v: Value| match v {
+            Value::Number(n) => n,
+            _ => unreachable!(),
+        };
+        assert_eq!(parse_cost(&n(json!(3))), Ok(3));
+        assert_eq!(parse_cost(&n(json!(2.0))), Ok(2));
+        for bad in [json!(0), json!(-1), json!(1.5)] {
+            assert_eq!(
+                parse_cost(&n(bad)).expect_err("rejected").field(),
+                Some("cost")
+            );
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Redis key names, shared by both stores so that they address state identically.
+//!
+//! State: `<prefix>:{<policy>:<escaped key>}:<algorithm>`. The braces are a Redis Cluster hash
+//! tag, so all of one subject's keys live on one slot. The caller's key is escaped so that no
+//! byte of it can end the tag early or imitate another policy's or key's name: `%`, `{`, `}`,
+//! `:` and ASCII control bytes become `%XX`, which makes the mapping injective (policy names
+//! hold none of those bytes). The algorithm is part of the name, so a policy whose algorithm
+//! changes never hands one script another script's state.
+//!
+//! Policies: `<prefix>:{policies}:policy:<name>` hashes, the `<prefix>:{policies}:index` set
+//! of names and the `<prefix>:{policies}:version` counter share one hash tag, so one script can
+//! change them together, on a cluster too.
+
+use crate::policy::Algorithm;
+
+/// Appends the state key of one subject to `buf` (cleared first), reusing its allocation.
+pub fn state_key(buf: &mut String, prefix: &str, policy: &str, key: &str, algorithm: Algorithm) {
+    buf.clear();
+    let alg = algorithm.as_str();
+    buf.reserve(prefix.len() + policy.len() + key.len() + alg.len() + 5);
+    buf.push_str(prefix);
+    buf.push_str(":{");
+    buf.push_str(policy);
+    buf.push(':');
+    if key.bytes().any(needs_escape) {
+        for c in key.chars() {
+            if c.is_ascii() && needs_escape(c as u8) {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                let b = c as u8;
+                buf.push('%');
+                buf.push(HEX[usize::from(b >> 4)] as char);
+                buf.push(HEX[usize::from(b & 0xF)] as char);
+            } else {
+                buf.push(c);
+            }
+        }
+    } else {
+        buf.push_str(key);
+    }
+    buf.push_str("}:");
+    buf.push_str(alg);
+}
+
+fn needs_escape(b: u8) -> bool {
+    matches!(b, b'%' | b'{' | b'}' | b':') || b.is_ascii_control()
+}
+
+/// The hash holding one policy.
+pub fn policy_key(prefix: &str, name: &str) -> String {
+    format!("{prefix}:{{policies}}:policy:{name}")
+}
+
+/// The set of all policy names.
+pub fn policy_index_key(prefix: &str) -> String {
+    format!("{prefix}:{{policies}}:index")
+}
+
+/// The counter bumped by every policy write.
+pub fn policy_version_key(prefix: &str) -> String {
+    format!("{prefix}:{{policies}}:version")
+}
+
+/// The hash tag of a key as Redis Cluster computes it: the bytes between the first `{` and the
+/// first `}` after it, when that is not empty; otherwise the whole key.
+pub fn hash_tag(key: &str) -> &str {
+    if let Some(open) = key.find('{') {
+        if let Some(len) = key[open + 1..].find('}') {
+            if len > 0 {
+                return &key[open + 1..open + 1 + len];
+            }
+        }
+    }
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn key(policy: &str, k: &str) -> String {
+        let mut buf = String::new();
+        state_key(&mut buf, "rl", policy, k, Algorithm::TokenBucket);
+        buf
+    }
+
+    #[test]
+    fn plain_keys_are_kept_readable() {
+        assert_eq!(key("api", "user-42"), "rl:{api:user-42}:token_bucket");
+    }
+
+    #[test]
+    fn braces_and_colons_cannot_leave_the_hash_tag() {
+        let k = key("api", "a}b{c:d%");
+        assert_eq!(k, "rl:{api:a%7Db%7Bc%3Ad%25}:token_bucket");
+        assert_eq!(hash_tag(&k), "api:a%7Db%7Bc%3Ad%25");
+    }
+
+    #[test]
+    fn a_key_cannot_imitate_another_policy() {
+        // Policy "a" with key "b:c" and policy "a:b" (not a valid name) with key "c" would meet
+        // without escaping.
+        assert_ne!(key("a", "b:c"), "rl:{a:b:c}:token_bucket");
+    }
+
+    proptest! {
+        #[test]
+        fn distinct_subjects_get_distinct_keys_on_their_own_tag(
+            p1 in "[a-z]{1,3}", k1 in "\\PC{1,8}|[{}:%\\x00-\\x1f]{1,4}",
+            p2 in "[a-z]{1,3}", k2 in "\\PC{1,8}|[{}:%\\x00-\\x1f]{1,4}",
+        ) {
+            let (a, b) = (key(&p1, &k1), key(&p2, &k2));
+            prop_assert_eq!(a == b, p1 == p2 && k1 == k2);
+            let tag_start = format!("{}:", p1);
+            prop_assert!(hash_tag(&a).starts_with(&tag_start));
+            prop_assert_eq!(hash_tag(&a).len() + "rl:{".len() + "}:token_bucket".len(), a.len());
+        }
+    }
+}

@@ -1,0 +1,308 @@
+//! The Redis store: one Lua script call per decision, through a bb8 pool of multiplexed
+//! connections, every call bounded by `redis.timeout_ms`.
+
+use std::time::Duration;
+
+use bb8::{Pool, RunError};
+use bb8_redis::RedisConnectionManager;
+use redis::{AsyncCommands, RedisError};
+use serde_json::{Map, Number, Value};
+
+use super::scripts::Scripts;
+use super::{key, PutOutcome, Store, StoreError};
+use crate::limiter::Decision;
+use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
+
+/// The shared store.
+pub struct RedisStore {
+    pool: Pool<RedisConnectionManager>,
+    prefix: String,
+    timeout: Duration,
+    scripts: Scripts,
+}
+
+impl From<RedisError> for StoreError {
+    fn from(e: RedisError) -> Self {
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.is_unrecoverable_error()
+        {
+            StoreError::Unavailable(e.to_string())
+        } else {
+            StoreError::Server(e.to_string())
+        }
+    }
+}
+
+impl From<RunError<RedisError>> for StoreError {
+    fn from(e: RunError<RedisError>) -> Self {
+        match e {
+            RunError::User(e) => e.into(),
+            RunError::TimedOut => {
+                StoreError::Unavailable("timed out waiting for a connection".into())
+            }
+        }
+    }
+}
+
+/// The URL with any password replaced, for logs and error messages.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+impl RedisStore {
+    /// Opens the pool. Connections are made on first use, so this fails only on a malformed URL;
+    /// call [`Store::ping`] to find out whether Redis answers.
+    pub fn open(
+        url: &str,
+        pool_size: u32,
+        timeout: Duration,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
+        let manager = RedisConnectionManager::new(url).map_err(|e| {
+            StoreError::Server(format!("invalid redis.url {}: {e}", redact_url(url)))
+        })?;
+        let pool = Pool::builder()
+            .max_size(pool_size)
+            .connection_timeout(timeout)
+            .test_on_check_out(false)
+            .build_unchecked(manager);
+        Ok(Self {
+            pool,
+            prefix: prefix.to_owned(),
+            timeout,
+            scripts: Scripts::new(),
+        })
+    }
+
+    /// Runs `f` with a pooled connection, the whole of it (checkout included) bounded by the
+    /// store's timeout.
+    async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<T, StoreError>,
+    {
+        let call = async {
+            let mut conn = self.pool.get().await?;
+            f(&mut conn).await
+        };
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer from Redis within {} ms",
+                self.timeout.as_millis()
+            ))),
+        }
+    }
+
+    async fn write_policy(
+        &self,
+        mode: &str,
+        name: &PolicyName,
+        fields: &[(String, String)],
+    ) -> Result<i64, StoreError> {
+        let (hash, index, version) = (
+            key::policy_key(&self.prefix, name.as_str()),
+            key::policy_index_key(&self.prefix),
+            key::policy_version_key(&self.prefix),
+        );
+        self.with_conn(async |conn| {
+            let mut call = self.scripts.policy_write.prepare_invoke();
+            call.key(&hash)
+                .key(&index)
+                .key(&version)
+                .arg(mode)
+                .arg(name.as_str());
+            for (f, v) in fields {
+                call.arg(f).arg(v);
+            }
+            Ok(call.invoke_async(conn).await?)
+        })
+        .await
+    }
+}
+
+/// A policy as the fields of its hash.
+fn encode(policy: &Policy) -> Vec<(String, String)> {
+    let doc = serde_json::to_value(policy.to_doc()).unwrap_or(Value::Null);
+    let Value::Object(map) = doc else {
+        return Vec::new();
+    };
+    map.into_iter()
+        .filter_map(|(k, v)| match v {
+            Value::String(s) => Some((k, s)),
+            Value::Number(n) => Some((k, n.to_string())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A policy from the fields of its hash, validated like any input.
+fn decode(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
+    let map: Map<String, Value> = fields
+        .into_iter()
+        .map(|(k, v)| {
+            let value = match v.parse::<u64>() {
+                Ok(n) if k != "name" && k != "description" => Value::Number(Number::from(n)),
+                _ => Value::String(v),
+            };
+            (k, value)
+        })
+        .collect();
+    parse_policy(&Value::Object(map), None)
+        .map_err(|e| StoreError::Corrupt(format!("policy hash: {e}")))
+}
+
+impl Store for RedisStore {
+    async fn acquire(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        cost: u64,
+        now_us: Option<u64>,
+    ) -> Result<Decision, StoreError> {
+        let mut name = String::new();
+        key::state_key(
+            &mut name,
+            &self.prefix,
+            policy.name.as_str(),
+            key.as_str(),
+            policy.algorithm(),
+        );
+        let script = self.scripts.decision(policy.algorithm());
+        let (allowed, remaining, reset_after_us, retry_after_us): (u8, u64, u64, u64) = self
+            .with_conn(async |conn| {
+                let mut call = script.prepare_invoke();
+                call.key(&name);
+                match &policy.params {
+                    Params::FixedWindow(p) => call.arg(p.limit).arg(p.window_us),
+                    Params::SlidingWindowLog(p) => call.arg(p.limit).arg(p.window_us),
+                    Params::SlidingWindowCounter(p) => call.arg(p.limit).arg(p.window_us),
+                    Params::TokenBucket(p) => call
+                        .arg(p.capacity)
+                        .arg(p.refill_tokens)
+                        .arg(p.refill_period_us),
+                };
+                call.arg(cost);
+                if let Some(now) = now_us {
+                    call.arg(now);
+                }
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        Ok(Decision {
+            allowed: allowed == 1,
+            remaining,
+            reset_after_us,
+            retry_after_us,
+        })
+    }
+
+    async fn load_policies(&self) -> Result<(Vec<Policy>, u64), StoreError> {
+        let (index, version) = (
+            key::policy_index_key(&self.prefix),
+            key::policy_version_key(&self.prefix),
+        );
+        self.with_conn(async |conn| {
+            // The version first: a write racing this read leaves the cache newer than its version,
+            // so the next poll reloads; never the other way round.
+            let (version, names): (Option<u64>, Vec<String>) = redis::pipe()
+                .get(&version)
+                .smembers(&index)
+                .query_async(conn)
+                .await?;
+            let mut pipe = redis::pipe();
+            for name in &names {
+                pipe.hgetall(key::policy_key(&self.prefix, name));
+            }
+            let hashes: Vec<Vec<(String, String)>> = pipe.query_async(conn).await?;
+            let mut policies = Vec::with_capacity(hashes.len());
+            for fields in hashes.into_iter().filter(|f| !f.is_empty()) {
+                policies.push(decode(fields)?);
+            }
+            Ok((policies, version.unwrap_or(0)))
+        })
+        .await
+    }
+
+    async fn load_policy(&self, name: &PolicyName) -> Result<Option<Policy>, StoreError> {
+        let hash = key::policy_key(&self.prefix, name.as_str());
+        self.with_conn(async |conn| {
+            let fields: Vec<(String, String)> = conn.hgetall(&hash).await?;
+            if fields.is_empty() {
+                Ok(None)
+            } else {
+                decode(fields).map(Some)
+            }
+        })
+        .await
+    }
+
+    async fn create_policy(&self, policy: &Policy) -> Result<bool, StoreError> {
+        Ok(self
+            .write_policy("create", &policy.name, &encode(policy))
+            .await?
+            == 1)
+    }
+
+    async fn put_policy(&self, policy: &Policy) -> Result<PutOutcome, StoreError> {
+        Ok(
+            match self
+                .write_policy("put", &policy.name, &encode(policy))
+                .await?
+            {
+                1 => PutOutcome::Created,
+                _ => PutOutcome::Replaced,
+            },
+        )
+    }
+
+    async fn delete_policy(&self, name: &PolicyName) -> Result<bool, StoreError> {
+        Ok(self.write_policy("delete", name, &[]).await? == 1)
+    }
+
+    async fn policy_version(&self) -> Result<u64, StoreError> {
+        let version = key::policy_version_key(&self.prefix);
+        self.with_conn(async |conn| {
+            let v: Option<u64> = conn.get(&version).await?;
+            Ok(v.unwrap_or(0))
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.with_conn(async |conn| {
+            let _: String = redis::cmd("PING").query_async(conn).await?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_the_logs() {
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://:***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://user:s3cret@host"),
+            "redis://user:***@host"
+        );
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+    }
+}

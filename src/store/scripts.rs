@@ -1,0 +1,89 @@
+//! The Lua scripts, embedded in the binary and called by SHA.
+//!
+//! Each decision script is `lua/common.lua` followed by `lua/<algorithm>.lua`, one chunk. redis-rs
+//! sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis), loads the script and
+//! retries, so a script is loaded once per Redis and never sent again in steady state.
+
+use redis::Script;
+
+use crate::policy::Algorithm;
+
+macro_rules! decision_script {
+    ($file:literal) => {
+        concat!(
+            include_str!("../../lua/common.lua"),
+            "\n",
+            include_str!(concat!("../../lua/", $file))
+        )
+    };
+}
+
+/// The source of an algorithm's decision script, as sent to Redis.
+pub const fn source(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
+        Algorithm::SlidingWindowLog => decision_script!("sliding_window_log.lua"),
+        Algorithm::SlidingWindowCounter => decision_script!("sliding_window_counter.lua"),
+        Algorithm::TokenBucket => decision_script!("token_bucket.lua"),
+    }
+}
+
+/// Every script, with its SHA computed once.
+pub struct Scripts {
+    decisions: [Script; 4],
+    pub policy_write: Script,
+}
+
+impl Scripts {
+    pub fn new() -> Self {
+        Self {
+            decisions: Algorithm::ALL.map(|a| Script::new(source(a))),
+            policy_write: Script::new(include_str!("../../lua/policy_write.lua")),
+        }
+    }
+
+    pub fn decision(&self, algorithm: Algorithm) -> &Script {
+        &self.decisions[algorithm as usize]
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_script_opens_with_its_keys_argv_and_reply() {
+        let common = include_str!("../../lua/common.lua");
+        for a in Algorithm::ALL {
+            let own = source(a)
+                .strip_prefix(common)
+                .expect("common.lua comes first")
+                .trim_start();
+            assert!(own.starts_with(&format!("-- {}.lua", a.as_str())));
+            let header: String = own
+                .lines()
+                .take_while(|l| l.starts_with("--") || l.is_empty())
+                .collect();
+            for part in ["KEYS[1]", "ARGV[1]", "Reply"] {
+                assert!(header.contains(part), "{} lacks {part}", a.as_str());
+            }
+        }
+    }
+
+    #[test]
+    fn algorithms_index_their_scripts_in_declaration_order() {
+        let scripts = Scripts::new();
+        for a in Algorithm::ALL {
+            assert_eq!(
+                scripts.decision(a).get_hash(),
+                Script::new(source(a)).get_hash()
+            );
+        }
+    }
+}

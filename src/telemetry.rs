@@ -1,0 +1,19 @@
+//! Logging set-up: `tracing` to standard error, filtered by `RUST_LOG` (default `info`), as
+//! text or as JSON lines.
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogSettings;
+
+/// Installs the global subscriber. Safe to call more than once (later calls do nothing).
+pub fn init(settings: &LogSettings) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = if settings.format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
