@@ -2,7 +2,8 @@
 -- Mirrors src/limiter/sliding_window_log.rs.
 --
 -- KEYS[1]  the subject's log: a sorted set with one member per granted unit, scored by its
---          time in µs; members are "<time>:<n>", n counting the units granted at that time, so
+--          time in µs; members are "<time>:<n>", n counting the units granted at that time
+--          (zero-padded to 5 digits, so that the largest member of a time sorts last), so
 --          units granted in the same microsecond stay distinct
 -- ARGV[1]  limit (at most 10,000)
 -- ARGV[2]  window_us
@@ -42,7 +43,7 @@ if count + cost <= limit then
   -- ZADD in batches: unpack() of thousands of arguments overflows Lua's C stack.
   for i = 1, cost do
     args[n + 1] = ts
-    args[n + 2] = ts .. ':' .. fmt(seq + i)
+    args[n + 2] = ts .. ':' .. string.format('%05d', seq + i)
     n = n + 2
     if n == 1000 or i == cost then
       redis.call('ZADD', key, unpack(args, 1, n))

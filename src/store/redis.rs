@@ -221,6 +221,9 @@ impl Store for RedisStore {
                 .smembers(&index)
                 .query_async(conn)
                 .await?;
+            if names.is_empty() {
+                return Ok((Vec::new(), version.unwrap_or(0)));
+            }
             let mut pipe = redis::pipe();
             for name in &names {
                 pipe.hgetall(key::policy_key(&self.prefix, name));

@@ -1,0 +1,60 @@
+# ratelimiter: a rate-limit HTTP service.
+#
+#   docker build -t ratelimiter .
+#   docker run -p 8080:8080 -e RATELIMITER__REDIS__URL=redis://host:6379 ratelimiter
+#
+# Without RATELIMITER__REDIS__URL the container runs the embedded in-process store (limits are
+# per container). CI does not build this image (no Docker engine runs there); it runs the same
+# `cargo build --release --locked` as the builder stage below.
+
+# ---- builder ----------------------------------------------------------------------------------
+FROM rust:1.95-slim-bookworm AS builder
+WORKDIR /app
+
+# Dependencies first, in their own layer: it is rebuilt only when Cargo.toml or Cargo.lock
+# change, not on every source edit. Stub sources stand in for the crate while they compile; the
+# crate's own artifacts are then removed so that the real build below cannot reuse them.
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir src \
+    && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs \
+    && cargo build --release --locked \
+    && rm -rf src \
+        target/release/ratelimiter* \
+        target/release/libratelimiter* \
+        target/release/deps/ratelimiter-* \
+        target/release/deps/libratelimiter-* \
+        target/release/.fingerprint/ratelimiter-*
+
+# The crate embeds lua/*.lua with include_str!, so lua/ must be present before it compiles.
+COPY src ./src
+COPY lua ./lua
+COPY openapi ./openapi
+# COPY keeps the files' own modification times, which may be older than the stub build; touch
+# them so cargo never mistakes the stubs' output for an up-to-date build.
+RUN touch src/main.rs src/lib.rs \
+    && cargo build --release --locked \
+    && cp target/release/ratelimiter /usr/local/bin/ratelimiter
+
+# ---- runtime ----------------------------------------------------------------------------------
+FROM debian:bookworm-slim
+
+RUN groupadd --system ratelimiter \
+    && useradd --system --gid ratelimiter --no-create-home --home-dir /nonexistent \
+        --shell /usr/sbin/nologin ratelimiter
+
+COPY --from=builder /usr/local/bin/ratelimiter /usr/local/bin/ratelimiter
+
+ENV RATELIMITER__SERVER__BIND=0.0.0.0:8080
+EXPOSE 8080
+USER ratelimiter:ratelimiter
+
+# The health check needs no extra package: bash (present in debian:bookworm-slim) opens a TCP
+# connection through /dev/tcp, sends a bare HTTP/1.0 request for /healthz and checks the status
+# line. Installing curl instead would add libcurl and its TLS and protocol libraries (several MB
+# and their security updates) to an image that otherwise holds a single binary. The port
+# is taken from RATELIMITER__SERVER__BIND, so overriding the bind address keeps the check valid.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["bash", "-c", "exec 3<>\"/dev/tcp/127.0.0.1/${RATELIMITER__SERVER__BIND##*:}\" && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n 1 <&3 | grep -q ' 200 '"]
+
+ENTRYPOINT ["/usr/local/bin/ratelimiter"]

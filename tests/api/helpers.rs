@@ -1,0 +1,236 @@
+//! Test fixtures: a private `redis-server` per test, and the real application on port 0.
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ratelimiter::config::Settings;
+use ratelimiter::startup::Application;
+use serde_json::{json, Value};
+
+/// Which store an app under test runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Embedded,
+    Redis,
+}
+
+/// A `redis-server` of our own on a free loopback port, killed on drop. Tests never use any
+/// other Redis.
+pub struct TestRedis {
+    child: Child,
+    pub port: u16,
+}
+
+const INSTALL_HINT: &str = "the tests need `redis-server` on PATH: on Debian or Ubuntu run \
+     `apt-get install -y redis-server` (it also brings redis-cli)";
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+impl TestRedis {
+    /// Starts a server and waits until it answers PING. Retries on another port if the chosen
+    /// one was taken in between.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Self {
+        for _ in 0..5 {
+            let port = free_port();
+            let mut child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no", "--protected-mode", "yes"])
+                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+                .args(extra)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); {INSTALL_HINT}"));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // exited: most likely the port was taken; try another
+                }
+                if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) {
+                    if let Ok(mut conn) = client.get_connection() {
+                        if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                            return Self { child, port };
+                        }
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("redis-server did not start on a free port; {INSTALL_HINT}");
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A plain synchronous connection, for inspecting keys.
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|c| c.get_connection())
+            .expect("connect to the test redis")
+    }
+}
+
+impl Drop for TestRedis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A running application and an HTTP client for it.
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    /// Keeps the app's Redis running as long as the app.
+    pub _redis: Option<Arc<TestRedis>>,
+}
+
+/// Starts the app on a free port: on the embedded store, or on a fresh private Redis.
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    match backend {
+        Backend::Embedded => spawn_app_with(None, &[]).await,
+        Backend::Redis => spawn_app_with(Some(Arc::new(TestRedis::start())), &[]).await,
+    }
+}
+
+/// Starts the app against `redis` (or the embedded store), with extra `RATELIMITER__…`
+/// settings.
+pub async fn spawn_app_with(redis: Option<Arc<TestRedis>>, extra: &[(&str, &str)]) -> TestApp {
+    spawn_app_with_file(redis, extra, None).await
+}
+
+pub async fn spawn_app_with_file(
+    redis: Option<Arc<TestRedis>>,
+    extra: &[(&str, &str)],
+    config_file: Option<&std::path::Path>,
+) -> TestApp {
+    let mut env: Vec<(String, String)> = vec![
+        ("RATELIMITER__SERVER__BIND".into(), "127.0.0.1:0".into()),
+        ("RATELIMITER__SERVER__WORKERS".into(), "2".into()),
+        ("RATELIMITER__REDIS__POLICY_REFRESH_MS".into(), "100".into()),
+        ("RATELIMITER__REDIS__TIMEOUT_MS".into(), "2000".into()),
+    ];
+    if let Some(r) = &redis {
+        env.push(("RATELIMITER__REDIS__URL".into(), r.url()));
+    }
+    env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let settings = Settings::load_from(config_file, env).expect("test settings are valid");
+    let app = Application::build(settings).await.expect("the app starts");
+    let address = format!("http://127.0.0.1:{}", app.port());
+    tokio::spawn(app.run_until_stopped());
+    TestApp {
+        address,
+        client: reqwest::Client::new(),
+        _redis: redis,
+    }
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn put(&self, path: &str, body: &Value) -> reqwest::Response {
+        self.client
+            .put(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    pub async fn delete(&self, path: &str) -> reqwest::Response {
+        self.client
+            .delete(self.url(path))
+            .send()
+            .await
+            .expect("request sent")
+    }
+
+    /// Creates a policy and checks that it was created.
+    pub async fn create_policy(&self, policy: Value) {
+        let r = self.post("/v1/policies", &policy).await;
+        let status = r.status();
+        assert_eq!(status, 201, "create {policy}: {}", r.text().await.unwrap_or_default());
+    }
+
+    /// One acquire; returns the JSON answer (status 200 asserted).
+    pub async fn acquire(&self, policy: &str, key: &str, cost: u64) -> Value {
+        let r = self
+            .post("/v1/acquire", &json!({"policy": policy, "key": key, "cost": cost}))
+            .await;
+        assert_eq!(r.status(), 200, "acquire {policy}/{key}");
+        r.json().await.expect("JSON decision")
+    }
+
+    /// Every policy, as listed by the API.
+    pub async fn policies(&self) -> Value {
+        self.get("/v1/policies").await.json().await.expect("JSON list")
+    }
+}
+
+/// One policy of each algorithm, all allowing `limit` units over a long window, named
+/// `<prefix>-<algorithm>`.
+pub fn policies_of_every_algorithm(prefix: &str, limit: u64) -> Vec<Value> {
+    let window = json!(3_600_000);
+    vec![
+        json!({"name": format!("{prefix}-fixed_window"), "algorithm": "fixed_window", "limit": limit, "window_ms": window}),
+        json!({"name": format!("{prefix}-sliding_window_log"), "algorithm": "sliding_window_log", "limit": limit, "window_ms": window}),
+        json!({"name": format!("{prefix}-sliding_window_counter"), "algorithm": "sliding_window_counter", "limit": limit, "window_ms": window}),
+        json!({"name": format!("{prefix}-token_bucket"), "algorithm": "token_bucket", "capacity": limit, "refill_tokens": 1, "refill_period_ms": 86_400_000}),
+    ]
+}
+
+/// Declares each listed `async fn name(backend: Backend)` as two tests, one per store.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Embedded).await
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Redis).await
+                }
+            )*
+        }
+    };
+}

@@ -1,0 +1,13 @@
+//! Black-box tests of the service over HTTP, and of the Lua scripts on a real Redis.
+//!
+//! One test binary (so it links once). Every test that needs Redis starts its own private
+//! `redis-server` on a free loopback port (see `helpers`); none touches any other Redis.
+
+mod helpers;
+
+mod acquire;
+mod errors;
+mod instances;
+mod openapi;
+mod policies;
+mod scripts;

@@ -1,0 +1,541 @@
+//! The Lua scripts on a real Redis, driven with explicit times.
+//!
+//! Two kinds of test. Property tests run random request sequences through each script and
+//! through its pure Rust function and require identical decisions. Flaw tests each check one
+//! known flaw of the classic scripts (kept in `tests/api/classic/`), and run twice: our script
+//! must pass, and the classic one must fail, which proves the check can catch the flaw.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use ratelimiter::limiter::{
+    fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision,
+};
+use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
+use ratelimiter::store::key::{hash_tag, state_key};
+use ratelimiter::store::{scripts, RedisStore, Store};
+
+use crate::helpers::TestRedis;
+
+/// A plausible current time in µs: large enough that float truncation would show.
+const T0: u64 = 1_764_460_800_123_457;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Impl {
+    /// Our script, called through the Redis store as the service calls it.
+    Ours,
+    /// Our script with its TTL removed after each call, for long simulated sequences.
+    OursPersisted,
+    Classic,
+}
+
+fn classic_source(a: Algorithm) -> &'static str {
+    match a {
+        Algorithm::FixedWindow => include_str!("classic/fixed_window.lua"),
+        Algorithm::SlidingWindowLog => include_str!("classic/sliding_window_log.lua"),
+        Algorithm::SlidingWindowCounter => include_str!("classic/sliding_window_counter.lua"),
+        Algorithm::TokenBucket => include_str!("classic/token_bucket.lua"),
+    }
+}
+
+/// A private Redis, our store on it, and a plain connection for the classic scripts.
+struct Lab {
+    rt: tokio::runtime::Runtime,
+    redis: TestRedis,
+    store: RedisStore,
+    conn: redis::Connection,
+    subjects: u64,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let redis = TestRedis::start();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // The pool starts its housekeeping task on the current runtime.
+        let _inside = rt.enter();
+        let store = RedisStore::open(&redis.url(), 2, std::time::Duration::from_secs(5), "rl")
+            .expect("store");
+        let conn = redis.conn();
+        Self {
+            rt,
+            redis,
+            store,
+            conn,
+            subjects: 0,
+        }
+    }
+
+    /// A fresh subject under a fresh policy.
+    fn subject(&mut self, imp: Impl, limit: Limit) -> Subject<'_> {
+        self.subjects += 1;
+        let name = PolicyName::parse(&format!("p{}", self.subjects)).expect("valid name");
+        let policy = Policy::new(name, limit, None, FailMode::Closed);
+        let key = LimitKey::parse("subject".into()).expect("valid key");
+        let mut redis_key = String::new();
+        state_key(&mut redis_key, "rl", policy.name.as_str(), key.as_str(), policy.algorithm());
+        Subject {
+            lab: self,
+            imp,
+            policy,
+            key,
+            redis_key,
+        }
+    }
+}
+
+struct Subject<'a> {
+    lab: &'a mut Lab,
+    imp: Impl,
+    policy: Policy,
+    key: LimitKey,
+    redis_key: String,
+}
+
+impl Subject<'_> {
+    /// One acquire at `now` (`None`: the script's own clock).
+    fn at(&mut self, now: Option<u64>, cost: u64) -> Result<Decision, String> {
+        match self.imp {
+            Impl::Ours => self
+                .lab
+                .rt
+                .block_on(self.lab.store.acquire(&self.policy, &self.key, cost, now))
+                .map_err(|e| e.to_string()),
+            Impl::Classic | Impl::OursPersisted => {
+                let mut args: Vec<u64> = match &self.policy.params {
+                    Params::FixedWindow(p) => vec![p.limit, p.window_us],
+                    Params::SlidingWindowLog(p) => vec![p.limit, p.window_us],
+                    Params::SlidingWindowCounter(p) => vec![p.limit, p.window_us],
+                    Params::TokenBucket(p) => vec![p.capacity, p.refill_tokens, p.refill_period_us],
+                };
+                args.push(cost);
+                args.extend(now);
+                let reply: (u8, u64, u64, u64) = if self.imp == Impl::Classic {
+                    redis::Script::new(classic_source(self.policy.algorithm()))
+                        .key(&self.redis_key)
+                        .arg(&args)
+                        .invoke(&mut self.lab.conn)
+                        .map_err(|e| e.to_string())?
+                } else {
+                    // The decision and PERSIST in one transaction: no real time passes in
+                    // between for a short TTL to expire what simulated time still needs.
+                    let (reply,): ((u8, u64, u64, u64),) = redis::pipe()
+                        .atomic()
+                        .cmd("EVAL")
+                        .arg(scripts::source(self.policy.algorithm()))
+                        .arg(1)
+                        .arg(&self.redis_key)
+                        .arg(&args)
+                        .cmd("PERSIST")
+                        .arg(&self.redis_key)
+                        .ignore()
+                        .query(&mut self.lab.conn)
+                        .map_err(|e| e.to_string())?;
+                    reply
+                };
+                let (allowed, remaining, reset_after_us, retry_after_us) = reply;
+                Ok(Decision {
+                    allowed: allowed == 1,
+                    remaining,
+                    reset_after_us,
+                    retry_after_us,
+                })
+            }
+        }
+    }
+
+    fn allowed(&mut self, now: u64, cost: u64) -> Result<bool, String> {
+        self.at(Some(now), cost).map(|d| d.allowed)
+    }
+
+    /// The state key's remaining time to live in ms (-2: no key, -1: no expiry).
+    fn pttl(&mut self) -> i64 {
+        redis::cmd("PTTL")
+            .arg(&self.redis_key)
+            .query(&mut self.lab.conn)
+            .expect("PTTL")
+    }
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($msg:tt)+) => {
+        if !$cond {
+            return Err(format!($($msg)+));
+        }
+    };
+}
+
+fn window(limit: u64, window_ms: u64, a: Algorithm) -> Limit {
+    match a {
+        Algorithm::FixedWindow => Limit::FixedWindow { limit, window_ms },
+        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog { limit, window_ms },
+        Algorithm::SlidingWindowCounter => Limit::SlidingWindowCounter { limit, window_ms },
+        Algorithm::TokenBucket => Limit::TokenBucket {
+            capacity: limit,
+            refill_tokens: limit,
+            refill_period_ms: window_ms,
+        },
+    }
+}
+
+/// Runs `check` on our script (must pass) and on the classic one (must fail).
+fn ours_pass_and_classic_fails(check: fn(&mut Lab, Impl) -> Result<(), String>) {
+    let mut lab = Lab::new();
+    if let Err(e) = check(&mut lab, Impl::Ours) {
+        panic!("our script fails the check: {e}");
+    }
+    assert!(
+        check(&mut lab, Impl::Classic).is_err(),
+        "the classic script has this flaw, so the check must catch it"
+    );
+}
+
+// --- Flaw: time from the caller instead of Redis ------------------------------------------------
+
+fn check_time_comes_from_redis(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    let limit = Limit::TokenBucket {
+        capacity: 2,
+        refill_tokens: 1,
+        refill_period_ms: 60_000,
+    };
+    let redis_now = |lab: &mut Lab| -> u64 {
+        let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut lab.conn).expect("TIME");
+        s * 1_000_000 + us
+    };
+    let before = redis_now(lab);
+    let mut s = lab.subject(imp, limit);
+    // No time given: the script reads Redis's clock.
+    let d = s.at(None, 2)?;
+    ensure!(d.allowed && d.remaining == 0, "{d:?}");
+    // One refill period later by Redis's clock, exactly one token is back.
+    let later = before + 60_000_000 + 5_000_000;
+    ensure!(s.allowed(later, 1)?, "a token refilled by Redis's clock");
+    ensure!(!s.allowed(later, 1)?, "only one");
+    Ok(())
+}
+
+#[test]
+fn scripts_take_time_from_redis_when_none_is_given() {
+    ours_pass_and_classic_fails(check_time_comes_from_redis);
+}
+
+// --- Flaw: requests in the same microsecond collapse into one log entry -------------------------
+
+fn check_same_microsecond(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    let mut s = lab.subject(imp, window(3, 1_000, Algorithm::SlidingWindowLog));
+    for i in 0..3 {
+        ensure!(s.allowed(T0, 1)?, "request {i} at the same µs");
+    }
+    ensure!(!s.allowed(T0, 1)?, "the fourth request in the same µs must be denied");
+    ensure!(s.allowed(T0 + 1_000_000, 3)?, "all three leave the window together");
+    Ok(())
+}
+
+#[test]
+fn sliding_window_log_counts_every_request_in_the_same_microsecond() {
+    ours_pass_and_classic_fails(check_same_microsecond);
+}
+
+// --- Flaw: a clock stepping back refunds or removes quota ---------------------------------------
+
+fn check_step_back_token_bucket(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    let mut s = lab.subject(
+        imp,
+        Limit::TokenBucket {
+            capacity: 10,
+            refill_tokens: 1,
+            refill_period_ms: 1_000,
+        },
+    );
+    ensure!(s.allowed(T0, 5)?, "half the bucket");
+    // The clock steps back 5 s: the 5 tokens left must stay.
+    let d = s.at(Some(T0 - 5_000_000), 1)?;
+    ensure!(d.allowed && d.remaining == 4, "after stepping back: {d:?}");
+    let d = s.at(Some(T0 + 1_000_000), 5)?;
+    ensure!(d.allowed && d.remaining == 0, "4 left + 1 refilled: {d:?}");
+    Ok(())
+}
+
+fn check_step_back_windows(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    for a in [Algorithm::FixedWindow, Algorithm::SlidingWindowCounter] {
+        let mut s = lab.subject(imp, window(3, 1_000, a));
+        let start = T0 - T0 % 1_000_000 + 500_000;
+        ensure!(s.allowed(start, 3)?, "{a:?}: fill the window");
+        // Back into the previous window: it must not open again.
+        ensure!(!s.allowed(start - 1_000_000, 1)?, "{a:?}: the previous window came back");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_clock_stepping_back_never_adds_tokens_or_reopens_windows() {
+    ours_pass_and_classic_fails(check_step_back_token_bucket);
+    ours_pass_and_classic_fails(check_step_back_windows);
+}
+
+fn check_step_back_log(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    let mut s = lab.subject(imp, window(2, 1_000, Algorithm::SlidingWindowLog));
+    ensure!(s.allowed(T0, 2)?, "fill");
+    ensure!(!s.allowed(T0 - 10_000_000, 1)?, "stepped back 10 s");
+    ensure!(!s.allowed(T0 + 999_999, 1)?, "still in the window");
+    ensure!(s.allowed(T0 + 1_000_000, 2)?, "left the window");
+    Ok(())
+}
+
+#[test]
+fn sliding_window_log_ignores_a_clock_stepping_back() {
+    let mut lab = Lab::new();
+    assert_eq!(check_step_back_log(&mut lab, Impl::Ours), Ok(()));
+}
+
+// --- Flaw: token arithmetic drifts -------------------------------------------------------------
+
+fn check_no_drift(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    // One token per 10 s, looked at every second for 10,000 s: exactly 1000 tokens arrive
+    // (adding 0.1 ten times in floating point gives less than 1). Seconds rather than
+    // milliseconds keep the key's real-time TTL far longer than the test runs.
+    let mut s = lab.subject(
+        imp,
+        Limit::TokenBucket {
+            capacity: 1,
+            refill_tokens: 1,
+            refill_period_ms: 10_000,
+        },
+    );
+    ensure!(s.allowed(T0, 1)?, "the first token");
+    let mut granted = 0;
+    for second in 1..=10_000u64 {
+        granted += u64::from(s.allowed(T0 + second * 1_000_000, 1)?);
+    }
+    ensure!(granted == 1_000, "{granted} tokens granted instead of 1000");
+    Ok(())
+}
+
+#[test]
+fn token_bucket_refill_does_not_drift() {
+    ours_pass_and_classic_fails(check_no_drift);
+}
+
+// --- Flaw: fractional waits truncated in the reply ---------------------------------------------
+
+fn check_retry_after_is_exact(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    let limits = [
+        window(3, 1_000, Algorithm::FixedWindow),
+        window(3, 1_000, Algorithm::SlidingWindowLog),
+        window(3, 1_000, Algorithm::SlidingWindowCounter),
+        Limit::TokenBucket {
+            capacity: 3,
+            refill_tokens: 7,
+            refill_period_ms: 1_000,
+        },
+    ];
+    for limit in limits {
+        let a = limit.algorithm();
+        let mut s = lab.subject(imp, limit);
+        ensure!(s.allowed(T0, 2)?, "{a:?}");
+        ensure!(s.allowed(T0 + 333, 1)?, "{a:?}");
+        let d = s.at(Some(T0 + 777), 2)?;
+        ensure!(!d.allowed && d.retry_after_us > 0, "{a:?}: {d:?}");
+        let at = T0 + 777 + d.retry_after_us;
+        // Denied one µs before the announced time, allowed at it.
+        ensure!(!s.allowed(at - 1, 2)?, "{a:?}: allowed before retry_after ({d:?})");
+        ensure!(s.allowed(at, 2)?, "{a:?}: still denied at retry_after ({d:?})");
+    }
+    Ok(())
+}
+
+#[test]
+fn retry_after_is_exact_to_the_microsecond() {
+    ours_pass_and_classic_fails(check_retry_after_is_exact);
+}
+
+// --- Flaw: a denied request consumes quota -----------------------------------------------------
+
+fn check_denied_does_not_consume(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    for a in Algorithm::ALL {
+        let mut s = lab.subject(imp, window(5, 60_000, a));
+        ensure!(s.allowed(T0, 4)?, "{a:?}");
+        for i in 0..10 {
+            let d = s.at(Some(T0 + i), 2)?;
+            ensure!(!d.allowed && d.remaining == 1, "{a:?}: {d:?}");
+        }
+        ensure!(s.allowed(T0 + 10, 1)?, "{a:?}: the last unit was taken by denials");
+    }
+    Ok(())
+}
+
+#[test]
+fn denied_requests_never_consume_quota() {
+    ours_pass_and_classic_fails(check_denied_does_not_consume);
+}
+
+// --- Flaw: state kept longer than needed (or forever) -------------------------------------------
+
+fn check_ttls(lab: &mut Lab, imp: Impl) -> Result<(), String> {
+    // (limit, longest TTL needed in ms after one allowed acquire at a window's start)
+    let cases = [
+        (window(5, 10_000, Algorithm::FixedWindow), 10_000),
+        (window(5, 10_000, Algorithm::SlidingWindowLog), 10_000),
+        (window(5, 10_000, Algorithm::SlidingWindowCounter), 20_000),
+        (
+            Limit::TokenBucket {
+                capacity: 5,
+                refill_tokens: 1,
+                refill_period_ms: 2_000,
+            },
+            2_000,
+        ),
+    ];
+    for (limit, longest) in cases {
+        let a = limit.algorithm();
+        let mut s = lab.subject(imp, limit);
+        let start = T0 - T0 % 10_000_000;
+        ensure!(s.allowed(start, 1)?, "{a:?}");
+        let ttl = s.pttl();
+        ensure!(ttl > 0 && ttl <= longest, "{a:?}: TTL {ttl} ms, needed at most {longest}");
+    }
+    Ok(())
+}
+
+#[test]
+fn state_expires_as_soon_as_it_no_longer_matters() {
+    ours_pass_and_classic_fails(check_ttls);
+}
+
+// --- Keys: escaping and hash tags ---------------------------------------------------------------
+
+#[test]
+fn state_keys_keep_every_subject_on_its_own_hash_tag() {
+    let mut lab = Lab::new();
+    let keys = ["plain", "a}b", "{x}", "a:b", "%41", "\u{1}\n"];
+    let limit = window(1, 60_000, Algorithm::FixedWindow);
+    for k in keys {
+        let policy = Policy::new(PolicyName::parse("esc").expect("name"), limit, None, FailMode::Open);
+        let key = LimitKey::parse(k.into()).expect("key");
+        let d = lab.rt.block_on(lab.store.acquire(&policy, &key, 1, Some(T0))).expect("acquire");
+        assert!(d.allowed, "{k:?} met another key's state");
+    }
+    let mut stored: Vec<String> = redis::cmd("KEYS").arg("rl:{esc:*").query(&mut lab.conn).expect("KEYS");
+    stored.sort();
+    assert_eq!(stored.len(), keys.len());
+    for k in &stored {
+        let tag = hash_tag(k);
+        assert!(tag.starts_with("esc:"), "{k}: tag {tag}");
+        assert_eq!(k.len(), "rl:{".len() + tag.len() + "}:fixed_window".len(), "{k}");
+        assert!(!tag[4..].contains(['{', '}', ':']), "{k}");
+    }
+    drop(lab.redis);
+}
+
+// --- Property: each script decides exactly as its Rust function ---------------------------------
+
+/// One step of a random sequence: move the clock (sometimes back) and ask for `cost` units.
+#[derive(Debug, Clone)]
+struct Step {
+    dt_us: i64,
+    cost_pick: u64,
+}
+
+fn limits() -> impl Strategy<Value = Limit> {
+    let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
+    let windows = prop_oneof![1u64..=20, Just(1_000u64), Just(2_678_400_000u64), 1u64..=2_678_400_000];
+    let log_units = prop_oneof![1u64..=12, Just(10_000u64)];
+    prop_oneof![
+        (units.clone(), windows.clone()).prop_map(|(limit, window_ms)| Limit::FixedWindow { limit, window_ms }),
+        (log_units, windows.clone()).prop_map(|(limit, window_ms)| Limit::SlidingWindowLog { limit, window_ms }),
+        (units.clone(), windows.clone())
+            .prop_map(|(limit, window_ms)| Limit::SlidingWindowCounter { limit, window_ms }),
+        (units.clone(), units, windows).prop_map(|(capacity, refill_tokens, refill_period_ms)| {
+            Limit::TokenBucket { capacity, refill_tokens, refill_period_ms }
+        }),
+    ]
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let step = (
+        prop_oneof![
+            3 => 0i64..2_000,
+            3 => 0i64..50_000,
+            2 => 0i64..5_000_000,
+            1 => -3_000_000i64..0,
+            1 => 0i64..100_000_000_000,
+        ],
+        any::<u64>(),
+    )
+        .prop_map(|(dt_us, cost_pick)| Step { dt_us, cost_pick });
+    proptest::collection::vec(step, 1..40)
+}
+
+/// The pure function's answer, threading its state like a store that never expires anything.
+enum ModelState {
+    Fixed(Option<fixed_window::State>),
+    Log(Option<sliding_window_log::State>),
+    Counter(Option<sliding_window_counter::State>),
+    Bucket(Option<token_bucket::State>),
+}
+
+impl ModelState {
+    fn decide(&mut self, params: &Params, cost: u64, now: u64) -> Decision {
+        match (self, params) {
+            (ModelState::Fixed(s), Params::FixedWindow(p)) => {
+                let o = fixed_window::acquire(s.take(), p, cost, now);
+                *s = o.state;
+                o.decision
+            }
+            (ModelState::Log(s), Params::SlidingWindowLog(p)) => {
+                let o = sliding_window_log::acquire(s.take(), p, cost, now);
+                *s = o.state;
+                o.decision
+            }
+            (ModelState::Counter(s), Params::SlidingWindowCounter(p)) => {
+                let o = sliding_window_counter::acquire(s.take(), p, cost, now);
+                *s = o.state;
+                o.decision
+            }
+            (ModelState::Bucket(s), Params::TokenBucket(p)) => {
+                let o = token_bucket::acquire(s.take(), p, cost, now);
+                *s = o.state;
+                o.decision
+            }
+            _ => unreachable!("state and params of one algorithm"),
+        }
+    }
+}
+
+#[test]
+fn every_script_decides_exactly_as_its_rust_function() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let result = runner.run(&(limits(), steps()), |(limit, steps)| {
+        let mut model = match limit.algorithm() {
+            Algorithm::FixedWindow => ModelState::Fixed(None),
+            Algorithm::SlidingWindowLog => ModelState::Log(None),
+            Algorithm::SlidingWindowCounter => ModelState::Counter(None),
+            Algorithm::TokenBucket => ModelState::Bucket(None),
+        };
+        let mut lab = lab.borrow_mut();
+        let mut s = lab.subject(Impl::OursPersisted, limit);
+        let params = s.policy.params;
+        let quota = limit.quota();
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(step.dt_us);
+            // Mostly small costs, sometimes the whole quota.
+            let cost = match step.cost_pick % 8 {
+                0 => quota,
+                _ => 1 + step.cost_pick % quota.min(5),
+            };
+            let expected = model.decide(&params, cost, now);
+            let got = s.at(Some(now), cost).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(got, expected, "step {} at {} cost {} of {:?}", i, now, cost, limit);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
