@@ -31,19 +31,26 @@ async fn expect_problem(
     let shown = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
     assert_eq!(r.status(), status, "{method} {path} {shown}");
     assert_eq!(
-        r.headers().get("content-type").and_then(|v| v.to_str().ok()),
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
         Some("application/problem+json"),
         "{shown}"
     );
     let problem: Value = r.json().await.expect("problem JSON");
     assert_eq!(problem["status"], status);
     for member in ["type", "title", "detail"] {
-        assert!(problem[member].as_str().is_some_and(|s| !s.is_empty()), "{member} in {problem}");
+        assert!(
+            problem[member].as_str().is_some_and(|s| !s.is_empty()),
+            "{member} in {problem}"
+        );
     }
     if let Some(field) = field {
         assert_eq!(problem["field"], field, "{shown}: {problem}");
         assert!(
-            problem["detail"].as_str().is_some_and(|d| d.contains(field)),
+            problem["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(field)),
             "the detail names `{field}`: {problem}"
         );
     }
@@ -59,23 +66,63 @@ async fn bad_acquires_are_answered_with_problems_naming_the_field(backend: Backe
     let cases: Vec<(Vec<u8>, u16, Option<&str>)> = vec![
         (b"{".to_vec(), 400, None),
         (b"not json".to_vec(), 400, None),
-        (b"{\"policy\": \"p\", \"key\": \"k\"} trailing".to_vec(), 400, None),
+        (
+            b"{\"policy\": \"p\", \"key\": \"k\"} trailing".to_vec(),
+            400,
+            None,
+        ),
         (body(json!([1, 2])), 400, None),
         (body(json!({"policy": 5, "key": "k"})), 400, Some("policy")),
         (body(json!({"policy": "p", "key": ["k"]})), 400, Some("key")),
-        (body(json!({"policy": "p", "key": "k", "cost": "1"})), 400, Some("cost")),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": "1"})),
+            400,
+            Some("cost"),
+        ),
         (body(json!({"key": "k"})), 400, Some("policy")),
         (body(json!({"policy": "p"})), 400, Some("key")),
-        (body(json!({"policy": "p", "key": "k", "colour": "red"})), 400, Some("colour")),
+        (
+            body(json!({"policy": "p", "key": "k", "colour": "red"})),
+            400,
+            Some("colour"),
+        ),
         (body(json!({"policy": "nope", "key": "k"})), 404, None),
         (body(json!({"policy": "p", "key": ""})), 422, Some("key")),
-        (body(json!({"policy": "p", "key": "k".repeat(257)})), 422, Some("key")),
-        (body(json!({"policy": "p", "key": "k", "cost": 0})), 422, Some("cost")),
-        (body(json!({"policy": "p", "key": "k", "cost": -3})), 422, Some("cost")),
-        (body(json!({"policy": "p", "key": "k", "cost": 1.5})), 422, Some("cost")),
-        (body(json!({"policy": "p", "key": "k", "cost": 4})), 422, Some("cost")),
-        (body(json!({"policy": "p", "key": "k", "cost": 18446744073709551615_u64})), 422, Some("cost")),
-        (body(json!({"policy": "bad name", "key": "k"})), 422, Some("policy")),
+        (
+            body(json!({"policy": "p", "key": "k".repeat(257)})),
+            422,
+            Some("key"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": 0})),
+            422,
+            Some("cost"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": -3})),
+            422,
+            Some("cost"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": 1.5})),
+            422,
+            Some("cost"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": 4})),
+            422,
+            Some("cost"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "cost": 18446744073709551615_u64})),
+            422,
+            Some("cost"),
+        ),
+        (
+            body(json!({"policy": "bad name", "key": "k"})),
+            422,
+            Some("policy"),
+        ),
         (vec![b' '; 64 * 1024 + 1], 413, None),
     ];
     for (body, status, field) in cases {
@@ -89,8 +136,10 @@ async fn bad_acquires_are_answered_with_problems_naming_the_field(backend: Backe
 
 async fn bad_policy_writes_are_refused_and_change_nothing(backend: Backend) {
     let app = spawn_app(backend).await;
-    app.create_policy(json!({"name": "keep", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}))
-        .await;
+    app.create_policy(
+        json!({"name": "keep", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}),
+    )
+    .await;
     let before = app.policies().await;
     let ok = json!({"name": "keep", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000});
     let with = |field: &str, value: Value| {
@@ -112,13 +161,29 @@ async fn bad_policy_writes_are_refused_and_change_nothing(backend: Backend) {
         (with("limit", json!(-1)), 422, Some("limit")),
         (with("limit", json!(2.5)), 422, Some("limit")),
         (with("window_ms", json!(0)), 422, Some("window_ms")),
-        (with("window_ms", json!(2_678_400_001_u64)), 422, Some("window_ms")),
-        (with("algorithm", json!("leaky_bucket")), 422, Some("algorithm")),
+        (
+            with("window_ms", json!(2_678_400_001_u64)),
+            422,
+            Some("window_ms"),
+        ),
+        (
+            with("algorithm", json!("leaky_bucket")),
+            422,
+            Some("algorithm"),
+        ),
         (with("algorithm", json!(3)), 400, Some("algorithm")),
         (with("capacity", json!(3)), 422, Some("capacity")),
         (with("colour", json!("red")), 422, Some("colour")),
-        (with("fail_mode", json!("sometimes")), 422, Some("fail_mode")),
-        (with("description", json!("x".repeat(1025))), 422, Some("description")),
+        (
+            with("fail_mode", json!("sometimes")),
+            422,
+            Some("fail_mode"),
+        ),
+        (
+            with("description", json!("x".repeat(1025))),
+            422,
+            Some("description"),
+        ),
         (with("name", json!("")), 422, Some("name")),
         (with("name", json!("has space")), 422, Some("name")),
         (with("name", json!("-leading")), 422, Some("name")),
@@ -139,21 +204,57 @@ async fn bad_policy_writes_are_refused_and_change_nothing(backend: Backend) {
     for (policy, status, field) in cases {
         let bytes = serde_json::to_vec(&policy).expect("JSON");
         // As a replacement of the existing policy, and as a new one: both refused.
-        expect_problem(&app, reqwest::Method::PUT, "/v1/policies/keep", bytes.clone(), status, field).await;
+        expect_problem(
+            &app,
+            reqwest::Method::PUT,
+            "/v1/policies/keep",
+            bytes.clone(),
+            status,
+            field,
+        )
+        .await;
         let mut new = policy.clone();
         if new.get("name") == Some(&json!("keep")) {
             new["name"] = json!("new-one");
         }
         let bytes = serde_json::to_vec(&new).expect("JSON");
-        expect_problem(&app, reqwest::Method::POST, "/v1/policies", bytes, status, field).await;
+        expect_problem(
+            &app,
+            reqwest::Method::POST,
+            "/v1/policies",
+            bytes,
+            status,
+            field,
+        )
+        .await;
     }
     let huge = vec![b' '; 64 * 1024 + 1];
     expect_problem(&app, reqwest::Method::POST, "/v1/policies", huge, 413, None).await;
-    assert_eq!(app.policies().await, before, "no rejected write changed anything");
+    assert_eq!(
+        app.policies().await,
+        before,
+        "no rejected write changed anything"
+    );
 }
 
 async fn unknown_routes_are_problems_too(backend: Backend) {
     let app = spawn_app(backend).await;
-    expect_problem(&app, reqwest::Method::GET, "/v2/nothing", Vec::new(), 404, None).await;
-    expect_problem(&app, reqwest::Method::GET, "/v1/policies/no%20such", Vec::new(), 404, None).await;
+    expect_problem(
+        &app,
+        reqwest::Method::GET,
+        "/v2/nothing",
+        Vec::new(),
+        404,
+        None,
+    )
+    .await;
+    expect_problem(
+        &app,
+        reqwest::Method::GET,
+        "/v1/policies/no%20such",
+        Vec::new(),
+        404,
+        None,
+    )
+    .await;
 }

@@ -2,7 +2,7 @@
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ratelimiter::config::Settings;
@@ -19,7 +19,7 @@ pub enum Backend {
 /// A `redis-server` of our own on a free loopback port, killed on drop. Tests never use any
 /// other Redis.
 pub struct TestRedis {
-    child: Child,
+    child: Mutex<Child>,
     pub port: u16,
 }
 
@@ -45,7 +45,14 @@ impl TestRedis {
             let port = free_port();
             let mut child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no", "--protected-mode", "yes"])
+                .args([
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--protected-mode",
+                    "yes",
+                ])
                 .args(["--dir", &std::env::temp_dir().to_string_lossy()])
                 .args(extra)
                 .stdout(Stdio::null())
@@ -60,7 +67,10 @@ impl TestRedis {
                 if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) {
                     if let Ok(mut conn) = client.get_connection() {
                         if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                            return Self { child, port };
+                            return Self {
+                                child: Mutex::new(child),
+                                port,
+                            };
                         }
                     }
                 }
@@ -84,10 +94,18 @@ impl TestRedis {
     }
 }
 
+impl TestRedis {
+    /// Kills the server (as a crash would) and waits for it to be gone.
+    pub fn kill(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
     }
 }
 
@@ -182,13 +200,21 @@ impl TestApp {
     pub async fn create_policy(&self, policy: Value) {
         let r = self.post("/v1/policies", &policy).await;
         let status = r.status();
-        assert_eq!(status, 201, "create {policy}: {}", r.text().await.unwrap_or_default());
+        assert_eq!(
+            status,
+            201,
+            "create {policy}: {}",
+            r.text().await.unwrap_or_default()
+        );
     }
 
     /// One acquire; returns the JSON answer (status 200 asserted).
     pub async fn acquire(&self, policy: &str, key: &str, cost: u64) -> Value {
         let r = self
-            .post("/v1/acquire", &json!({"policy": policy, "key": key, "cost": cost}))
+            .post(
+                "/v1/acquire",
+                &json!({"policy": policy, "key": key, "cost": cost}),
+            )
             .await;
         assert_eq!(r.status(), 200, "acquire {policy}/{key}");
         r.json().await.expect("JSON decision")
@@ -196,7 +222,11 @@ impl TestApp {
 
     /// Every policy, as listed by the API.
     pub async fn policies(&self) -> Value {
-        self.get("/v1/policies").await.json().await.expect("JSON list")
+        self.get("/v1/policies")
+            .await
+            .json()
+            .await
+            .expect("JSON list")
     }
 }
 

@@ -35,7 +35,10 @@ async fn two_instances_on_one_redis_share_one_exact_limit() {
             .into_iter()
             .filter(|r| matches!(r, Ok(true)))
             .count();
-        assert_eq!(allowed, 50, "{name}: both instances together admit exactly the limit");
+        assert_eq!(
+            allowed, 50,
+            "{name}: both instances together admit exactly the limit"
+        );
     }
 }
 
@@ -58,18 +61,31 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_changes_reach_the_other_instance_within_a_second() {
     let redis = Arc::new(TestRedis::start());
-    let a = spawn_app_with(Some(redis.clone()), &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")]).await;
-    let b = spawn_app_with(Some(redis.clone()), &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")]).await;
+    let a = spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")],
+    )
+    .await;
+    let b = spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")],
+    )
+    .await;
 
     // Created on A: B decides with it at once (a cache miss reads the store).
-    a.create_policy(json!({"name": "moving", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}))
-        .await;
+    a.create_policy(
+        json!({"name": "moving", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}),
+    )
+    .await;
     assert_eq!(b.acquire("moving", "k", 1).await["allowed"], true);
     assert_eq!(b.acquire("moving", "k", 1).await["allowed"], false);
 
     // Raised on A: B admits again within a second.
     let r = a
-        .put("/v1/policies/moving", &json!({"algorithm": "fixed_window", "limit": 100, "window_ms": 3_600_000}))
+        .put(
+            "/v1/policies/moving",
+            &json!({"algorithm": "fixed_window", "limit": 100, "window_ms": 3_600_000}),
+        )
         .await;
     assert_eq!(r.status(), 200);
     within(Duration::from_secs(1), || async {
@@ -80,7 +96,10 @@ async fn policy_changes_reach_the_other_instance_within_a_second() {
     // Deleted on A: B stops deciding with it within a second.
     assert_eq!(a.delete("/v1/policies/moving").await.status(), 204);
     within(Duration::from_secs(1), || async {
-        b.post("/v1/acquire", &json!({"policy": "moving", "key": "k"})).await.status() == 404
+        b.post("/v1/acquire", &json!({"policy": "moving", "key": "k"}))
+            .await
+            .status()
+            == 404
     })
     .await;
 }
@@ -95,15 +114,31 @@ async fn configured_policies_are_created_once_and_never_overwrite_the_apis() {
     )
     .expect("write config");
     let a = spawn_app_with_file(Some(redis.clone()), &[], Some(&path)).await;
-    let got: Value = a.get("/v1/policies/from-file").await.json().await.expect("JSON");
+    let got: Value = a
+        .get("/v1/policies/from-file")
+        .await
+        .json()
+        .await
+        .expect("JSON");
     assert_eq!(got["limit"], 5);
 
     let r = a
-        .put("/v1/policies/from-file", &json!({"algorithm": "fixed_window", "limit": 9, "window_ms": 1000}))
+        .put(
+            "/v1/policies/from-file",
+            &json!({"algorithm": "fixed_window", "limit": 9, "window_ms": 1000}),
+        )
         .await;
     assert_eq!(r.status(), 200);
     let b = spawn_app_with_file(Some(redis.clone()), &[], Some(&path)).await;
-    let got: Value = b.get("/v1/policies/from-file").await.json().await.expect("JSON");
-    assert_eq!(got["limit"], 9, "a restart must not undo a change made through the API");
+    let got: Value = b
+        .get("/v1/policies/from-file")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        got["limit"], 9,
+        "a restart must not undo a change made through the API"
+    );
     let _ = std::fs::remove_file(&path);
 }

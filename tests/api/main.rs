@@ -7,6 +7,7 @@ mod helpers;
 
 mod acquire;
 mod errors;
+mod faults;
 mod instances;
 mod openapi;
 mod policies;

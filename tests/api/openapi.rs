@@ -10,7 +10,12 @@ const COMMITTED: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.js
 #[tokio::test]
 async fn committed_openapi_matches_the_served_spec() {
     let app = spawn_app(Backend::Embedded).await;
-    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON spec");
+    let served: Value = app
+        .get("/openapi.json")
+        .await
+        .json()
+        .await
+        .expect("JSON spec");
     let pretty = serde_json::to_string_pretty(&served).expect("serializes") + "\n";
     if std::env::var_os("RATELIMITER_UPDATE_OPENAPI").is_some() {
         std::fs::write(COMMITTED, &pretty).expect("write openapi/openapi.json");
@@ -21,8 +26,16 @@ async fn committed_openapi_matches_the_served_spec() {
         "openapi/openapi.json differs from the served spec; regenerate it with \
          `RATELIMITER_UPDATE_OPENAPI=1 cargo test openapi` and commit it"
     );
-    assert!(served["openapi"].as_str().is_some_and(|v| v.starts_with("3.1")));
-    for path in ["/v1/acquire", "/v1/policies", "/v1/policies/{name}", "/healthz", "/readyz"] {
+    assert!(served["openapi"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("3.1")));
+    for path in [
+        "/v1/acquire",
+        "/v1/policies",
+        "/v1/policies/{name}",
+        "/healthz",
+        "/readyz",
+    ] {
         assert!(served["paths"].get(path).is_some(), "{path} is documented");
     }
 }
@@ -34,7 +47,10 @@ async fn swagger_ui_is_served_from_the_binary() {
     assert_eq!(r.status(), 200);
     let html = r.text().await.expect("HTML");
     assert!(html.contains("swagger-ui"), "{html}");
-    assert!(!html.contains("https://"), "the UI must load nothing from the network");
+    assert!(
+        !html.contains("https://"),
+        "the UI must load nothing from the network"
+    );
     let r = app.get("/docs/swagger-ui-bundle.js").await;
     assert_eq!(r.status(), 200, "the UI's script is vendored");
     let r = app.get("/docs/swagger-initializer.js").await;
@@ -45,7 +61,14 @@ async fn swagger_ui_is_served_from_the_binary() {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
-    let r = no_redirects.get(app.url("/docs")).send().await.expect("sent");
+    let r = no_redirects
+        .get(app.url("/docs"))
+        .send()
+        .await
+        .expect("sent");
     assert!(r.status().is_redirection());
-    assert_eq!(r.headers().get("location").and_then(|v| v.to_str().ok()), Some("/docs/"));
+    assert_eq!(
+        r.headers().get("location").and_then(|v| v.to_str().ok()),
+        Some("/docs/")
+    );
 }

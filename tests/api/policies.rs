@@ -22,7 +22,10 @@ async fn policy_lifecycle_create_read_list_replace_delete(backend: Backend) {
         Some("/v1/policies/life")
     );
     let created: Value = r.json().await.expect("JSON");
-    assert_eq!(created["fail_mode"], "open", "the default fail mode is shown");
+    assert_eq!(
+        created["fail_mode"], "open",
+        "the default fail mode is shown"
+    );
     assert_eq!(created["limit"], 10);
 
     let r = app.get("/v1/policies/life").await;
@@ -43,15 +46,32 @@ async fn policy_lifecycle_create_read_list_replace_delete(backend: Backend) {
         .put("/v1/policies/life", &json!({"name": "life", "algorithm": "fixed_window", "limit": 20, "window_ms": 1000, "fail_mode": "closed"}))
         .await;
     assert_eq!(r.status(), 200);
-    let got: Value = app.get("/v1/policies/life").await.json().await.expect("JSON");
-    assert_eq!((got["limit"].clone(), got["fail_mode"].clone()), (json!(20), json!("closed")));
-    assert!(got.get("description").is_none(), "PUT replaces the whole policy");
-    assert_eq!(app.acquire("life", "k", 1).await["remaining"], 19, "the new limit is in force");
+    let got: Value = app
+        .get("/v1/policies/life")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        (got["limit"].clone(), got["fail_mode"].clone()),
+        (json!(20), json!("closed"))
+    );
+    assert!(
+        got.get("description").is_none(),
+        "PUT replaces the whole policy"
+    );
+    assert_eq!(
+        app.acquire("life", "k", 1).await["remaining"],
+        19,
+        "the new limit is in force"
+    );
 
     assert_eq!(app.delete("/v1/policies/life").await.status(), 204);
     assert_eq!(app.get("/v1/policies/life").await.status(), 404);
     assert_eq!(app.delete("/v1/policies/life").await.status(), 404);
-    let r = app.post("/v1/acquire", &json!({"policy": "life", "key": "k"})).await;
+    let r = app
+        .post("/v1/acquire", &json!({"policy": "life", "key": "k"}))
+        .await;
     assert_eq!(r.status(), 404, "a deleted policy decides nothing");
 }
 
@@ -61,7 +81,10 @@ async fn creating_an_existing_name_conflicts_and_changes_nothing(backend: Backen
     app.create_policy(policy.clone()).await;
     let before = app.policies().await;
     let r = app
-        .post("/v1/policies", &json!({"name": "dup", "algorithm": "fixed_window", "limit": 99, "window_ms": 1000}))
+        .post(
+            "/v1/policies",
+            &json!({"name": "dup", "algorithm": "fixed_window", "limit": 99, "window_ms": 1000}),
+        )
         .await;
     assert_eq!(r.status(), 409);
     let problem: Value = r.json().await.expect("JSON");
@@ -85,7 +108,10 @@ async fn put_creates_or_replaces(backend: Backend) {
 async fn a_name_in_the_body_must_match_the_path(backend: Backend) {
     let app = spawn_app(backend).await;
     let r = app
-        .put("/v1/policies/one", &json!({"name": "two", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}))
+        .put(
+            "/v1/policies/one",
+            &json!({"name": "two", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}),
+        )
         .await;
     assert_eq!(r.status(), 422);
     let problem: Value = r.json().await.expect("JSON");
@@ -101,6 +127,9 @@ async fn every_algorithm_round_trips(backend: Backend) {
         policy["description"] = json!("round trip ✓");
         app.create_policy(policy.clone()).await;
         let path = format!("/v1/policies/{}", policy["name"].as_str().expect("name"));
-        assert_eq!(app.get(&path).await.json::<Value>().await.expect("JSON"), policy);
+        assert_eq!(
+            app.get(&path).await.json::<Value>().await.expect("JSON"),
+            policy
+        );
     }
 }

@@ -74,7 +74,13 @@ impl Lab {
         let policy = Policy::new(name, limit, None, FailMode::Closed);
         let key = LimitKey::parse("subject".into()).expect("valid key");
         let mut redis_key = String::new();
-        state_key(&mut redis_key, "rl", policy.name.as_str(), key.as_str(), policy.algorithm());
+        state_key(
+            &mut redis_key,
+            "rl",
+            policy.name.as_str(),
+            key.as_str(),
+            policy.algorithm(),
+        );
         Subject {
             lab: self,
             imp,
@@ -227,8 +233,14 @@ fn check_same_microsecond(lab: &mut Lab, imp: Impl) -> Result<(), String> {
     for i in 0..3 {
         ensure!(s.allowed(T0, 1)?, "request {i} at the same µs");
     }
-    ensure!(!s.allowed(T0, 1)?, "the fourth request in the same µs must be denied");
-    ensure!(s.allowed(T0 + 1_000_000, 3)?, "all three leave the window together");
+    ensure!(
+        !s.allowed(T0, 1)?,
+        "the fourth request in the same µs must be denied"
+    );
+    ensure!(
+        s.allowed(T0 + 1_000_000, 3)?,
+        "all three leave the window together"
+    );
     Ok(())
 }
 
@@ -263,7 +275,10 @@ fn check_step_back_windows(lab: &mut Lab, imp: Impl) -> Result<(), String> {
         let start = T0 - T0 % 1_000_000 + 500_000;
         ensure!(s.allowed(start, 3)?, "{a:?}: fill the window");
         // Back into the previous window: it must not open again.
-        ensure!(!s.allowed(start - 1_000_000, 1)?, "{a:?}: the previous window came back");
+        ensure!(
+            !s.allowed(start - 1_000_000, 1)?,
+            "{a:?}: the previous window came back"
+        );
     }
     Ok(())
 }
@@ -339,8 +354,14 @@ fn check_retry_after_is_exact(lab: &mut Lab, imp: Impl) -> Result<(), String> {
         ensure!(!d.allowed && d.retry_after_us > 0, "{a:?}: {d:?}");
         let at = T0 + 777 + d.retry_after_us;
         // Denied one µs before the announced time, allowed at it.
-        ensure!(!s.allowed(at - 1, 2)?, "{a:?}: allowed before retry_after ({d:?})");
-        ensure!(s.allowed(at, 2)?, "{a:?}: still denied at retry_after ({d:?})");
+        ensure!(
+            !s.allowed(at - 1, 2)?,
+            "{a:?}: allowed before retry_after ({d:?})"
+        );
+        ensure!(
+            s.allowed(at, 2)?,
+            "{a:?}: still denied at retry_after ({d:?})"
+        );
     }
     Ok(())
 }
@@ -360,7 +381,10 @@ fn check_denied_does_not_consume(lab: &mut Lab, imp: Impl) -> Result<(), String>
             let d = s.at(Some(T0 + i), 2)?;
             ensure!(!d.allowed && d.remaining == 1, "{a:?}: {d:?}");
         }
-        ensure!(s.allowed(T0 + 10, 1)?, "{a:?}: the last unit was taken by denials");
+        ensure!(
+            s.allowed(T0 + 10, 1)?,
+            "{a:?}: the last unit was taken by denials"
+        );
     }
     Ok(())
 }
@@ -393,7 +417,10 @@ fn check_ttls(lab: &mut Lab, imp: Impl) -> Result<(), String> {
         let start = T0 - T0 % 10_000_000;
         ensure!(s.allowed(start, 1)?, "{a:?}");
         let ttl = s.pttl();
-        ensure!(ttl > 0 && ttl <= longest, "{a:?}: TTL {ttl} ms, needed at most {longest}");
+        ensure!(
+            ttl > 0 && ttl <= longest,
+            "{a:?}: TTL {ttl} ms, needed at most {longest}"
+        );
     }
     Ok(())
 }
@@ -411,18 +438,33 @@ fn state_keys_keep_every_subject_on_its_own_hash_tag() {
     let keys = ["plain", "a}b", "{x}", "a:b", "%41", "\u{1}\n"];
     let limit = window(1, 60_000, Algorithm::FixedWindow);
     for k in keys {
-        let policy = Policy::new(PolicyName::parse("esc").expect("name"), limit, None, FailMode::Open);
+        let policy = Policy::new(
+            PolicyName::parse("esc").expect("name"),
+            limit,
+            None,
+            FailMode::Open,
+        );
         let key = LimitKey::parse(k.into()).expect("key");
-        let d = lab.rt.block_on(lab.store.acquire(&policy, &key, 1, Some(T0))).expect("acquire");
+        let d = lab
+            .rt
+            .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)))
+            .expect("acquire");
         assert!(d.allowed, "{k:?} met another key's state");
     }
-    let mut stored: Vec<String> = redis::cmd("KEYS").arg("rl:{esc:*").query(&mut lab.conn).expect("KEYS");
+    let mut stored: Vec<String> = redis::cmd("KEYS")
+        .arg("rl:{esc:*")
+        .query(&mut lab.conn)
+        .expect("KEYS");
     stored.sort();
     assert_eq!(stored.len(), keys.len());
     for k in &stored {
         let tag = hash_tag(k);
         assert!(tag.starts_with("esc:"), "{k}: tag {tag}");
-        assert_eq!(k.len(), "rl:{".len() + tag.len() + "}:fixed_window".len(), "{k}");
+        assert_eq!(
+            k.len(),
+            "rl:{".len() + tag.len() + "}:fixed_window".len(),
+            "{k}"
+        );
         assert!(!tag[4..].contains(['{', '}', ':']), "{k}");
     }
     drop(lab.redis);
@@ -439,15 +481,26 @@ struct Step {
 
 fn limits() -> impl Strategy<Value = Limit> {
     let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
-    let windows = prop_oneof![1u64..=20, Just(1_000u64), Just(2_678_400_000u64), 1u64..=2_678_400_000];
+    let windows = prop_oneof![
+        1u64..=20,
+        Just(1_000u64),
+        Just(2_678_400_000u64),
+        1u64..=2_678_400_000
+    ];
     let log_units = prop_oneof![1u64..=12, Just(10_000u64)];
     prop_oneof![
-        (units.clone(), windows.clone()).prop_map(|(limit, window_ms)| Limit::FixedWindow { limit, window_ms }),
-        (log_units, windows.clone()).prop_map(|(limit, window_ms)| Limit::SlidingWindowLog { limit, window_ms }),
+        (units.clone(), windows.clone())
+            .prop_map(|(limit, window_ms)| Limit::FixedWindow { limit, window_ms }),
+        (log_units, windows.clone())
+            .prop_map(|(limit, window_ms)| Limit::SlidingWindowLog { limit, window_ms }),
         (units.clone(), windows.clone())
             .prop_map(|(limit, window_ms)| Limit::SlidingWindowCounter { limit, window_ms }),
         (units.clone(), units, windows).prop_map(|(capacity, refill_tokens, refill_period_ms)| {
-            Limit::TokenBucket { capacity, refill_tokens, refill_period_ms }
+            Limit::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period_ms,
+            }
         }),
     ]
 }
@@ -531,7 +584,15 @@ fn every_script_decides_exactly_as_its_rust_function() {
             };
             let expected = model.decide(&params, cost, now);
             let got = s.at(Some(now), cost).map_err(TestCaseError::fail)?;
-            prop_assert_eq!(got, expected, "step {} at {} cost {} of {:?}", i, now, cost, limit);
+            prop_assert_eq!(
+                got,
+                expected,
+                "step {} at {} cost {} of {:?}",
+                i,
+                now,
+                cost,
+                limit
+            );
         }
         Ok(())
     });
