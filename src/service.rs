@@ -61,10 +61,11 @@ impl RateLimiter {
         &self.cache
     }
 
-    /// Decides one acquire. `now_us` drives time explicitly (tests only).
+    /// Decides one acquire for the policy named `name` (already checked with
+    /// [`PolicyName::check`]). `now_us` drives time explicitly (tests only).
     pub async fn acquire(
         &self,
-        name: &PolicyName,
+        name: &str,
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
@@ -105,19 +106,15 @@ impl RateLimiter {
 
     /// The policy from the cache; on a miss, from the store (it may have been created on another
     /// instance since the last refresh).
-    async fn policy(&self, name: &PolicyName) -> Result<Arc<Policy>, ServiceError> {
-        if let Some(p) = self.cache.get(name.as_str()) {
+    async fn policy(&self, name: &str) -> Result<Arc<Policy>, ServiceError> {
+        if let Some(p) = self.cache.get(name) {
             return Ok(p);
         }
-        match self.store.load_policy(name).await? {
-            Some(p) => {
-                self.cache.insert(p);
-                self.cache
-                    .get(name.as_str())
-                    .ok_or_else(|| ServiceError::UnknownPolicy(name.to_string()))
-            }
-            None => Err(ServiceError::UnknownPolicy(name.to_string())),
-        }
+        let unknown = || ServiceError::UnknownPolicy(name.to_owned());
+        let parsed = PolicyName::parse(name).map_err(|_| unknown())?;
+        let policy = self.store.load_policy(&parsed).await?.ok_or_else(unknown)?;
+        self.cache.insert(policy);
+        self.cache.get(name).ok_or_else(unknown)
     }
 
     pub async fn list_policies(&self) -> Result<Vec<Policy>, ServiceError> {

@@ -81,13 +81,13 @@ pub async fn acquire(
     body: JsonBody<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
-    let name = PolicyName::parse(&req.policy).map_err(|r| ValidationError::invalid("policy", r))?;
+    PolicyName::check(&req.policy).map_err(|r| ValidationError::invalid("policy", r))?;
     let key = LimitKey::parse(req.key).map_err(|r| ValidationError::invalid("key", r))?;
     let cost = match &req.cost {
         Some(n) => parse_cost(n)?,
         None => 1,
     };
-    let acquired = limiter.acquire(&name, &key, cost, None).await?;
+    let acquired = limiter.acquire(&req.policy, &key, cost, None).await?;
     Ok(respond(acquired, key))
 }
 

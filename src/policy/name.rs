@@ -15,6 +15,13 @@ pub struct PolicyName(Arc<str>);
 impl PolicyName {
     /// Accepts a name, or says why it is not one.
     pub fn parse(s: &str) -> Result<Self, &'static str> {
+        Self::check(s)?;
+        Ok(Self(Arc::from(s)))
+    }
+
+    /// Whether `s` is a valid name, without allocating one (the acquire path looks policies up
+    /// by `&str`).
+    pub fn check(s: &str) -> Result<(), &'static str> {
         let bytes = s.as_bytes();
         match bytes.first() {
             None => return Err("must not be empty"),
@@ -32,7 +39,7 @@ impl PolicyName {
         {
             return Err("may only hold letters, digits, '_', '.' and '-'");
         }
-        Ok(Self(Arc::from(s)))
+        Ok(())
     }
 
     pub fn as_str(&self) -> &str {
