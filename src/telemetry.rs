@@ -1,6 +1,8 @@
 //! Logging set-up: `tracing` to standard error, filtered by `RUST_LOG` (default `info`), as
 //! text or as JSON lines.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogSettings;
@@ -10,7 +12,8 @@ pub fn init(settings: &LogSettings) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let _ = if settings.format == "json" {
         builder.json().try_init()
     } else {

@@ -68,10 +68,10 @@ pub struct AcquireResponse {
             ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`"),
             ("Retry-After" = u64, description = "On a denial: seconds until the request would be allowed"),
         )),
-        (status = 400, description = "Malformed JSON or a field of the wrong type", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A value out of range: empty or over-long key, cost below 1 or above the policy's limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a cost below 1 or above the policy's limit", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable and the policy's fail mode is closed", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -107,14 +107,17 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     value.push_str(num.format(a.policy.limit.window_seconds()));
     push_header(&mut response, "ratelimit-policy", &value);
 
-    value.clear();
-    value.push('"');
-    value.push_str(name);
-    value.push_str("\";r=");
-    value.push_str(num.format(d.remaining));
-    value.push_str(";t=");
-    value.push_str(num.format(d.reset_after_us.div_ceil(1_000_000)));
-    push_header(&mut response, "ratelimit", &value);
+    // A degraded answer counted nothing, so there is no remaining quota to report.
+    if !a.degraded {
+        value.clear();
+        value.push('"');
+        value.push_str(name);
+        value.push_str("\";r=");
+        value.push_str(num.format(d.remaining));
+        value.push_str(";t=");
+        value.push_str(num.format(d.reset_after_us.div_ceil(1_000_000)));
+        push_header(&mut response, "ratelimit", &value);
+    }
 
     if !d.allowed {
         let seconds = d.retry_after_us.div_ceil(1_000_000).max(1);

@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use serde::de::DeserializeOwned;
 
 use super::errors::ApiError;
+use crate::policy::ValidationError;
 
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -56,26 +57,36 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
 }
 
 /// Parses JSON, naming the field at fault in the error.
+///
+/// Every body this API takes is a JSON object: anything else is a 400 saying so. A field of the
+/// wrong type is a 400 naming it; a missing or unknown field is a 422 naming it, as for policies.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let not_json = |e: serde_json::Error| ApiError::MalformedBody {
         detail: format!("the body is not valid JSON: {e}"),
         field: None,
     };
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(not_json)?;
+        return Err(ValidationError::NotAnObject.into());
+    }
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        let message = inner.to_string();
         if !inner.is_data() {
             not_json(inner)
-        } else if path == "." {
-            let detail = inner.to_string();
-            ApiError::MalformedBody {
-                field: named_field(&detail),
-                detail,
+        } else if let Some(field) = named_field(&message, "missing field `") {
+            ValidationError::Missing {
+                field,
+                context: String::new(),
             }
+            .into()
+        } else if let Some(field) = named_field(&message, "unknown field `") {
+            ValidationError::Unknown { field }.into()
         } else {
             ApiError::MalformedBody {
-                detail: format!("`{path}`: {inner}"),
+                detail: format!("`{path}`: {message}"),
                 field: Some(path),
             }
         }
@@ -84,8 +95,8 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
-/// The field named by serde's "missing field `x`" or "unknown field `x`" messages.
-fn named_field(message: &str) -> Option<String> {
-    let (_, rest) = message.split_once(" field `")?;
+/// The field named by serde's "missing field `x`" or "unknown field `x`, expected …" messages.
+fn named_field(message: &str, prefix: &str) -> Option<String> {
+    let rest = message.strip_prefix(prefix)?;
     rest.split_once('`').map(|(f, _)| f.to_owned())
 }

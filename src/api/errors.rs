@@ -55,32 +55,48 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("no route for {0}")]
     NoRoute(String),
+    #[error("{route} is not allowed; this path takes {allow}")]
+    MethodNotAllowed { route: String, allow: &'static str },
     #[error(transparent)]
     Service(#[from] ServiceError),
 }
 
+type Parts<'a> = (StatusCode, &'static str, &'static str, Option<&'a str>);
+
+const MALFORMED_BODY: Parts<'static> = (
+    StatusCode::BAD_REQUEST,
+    "urn:ratelimiter:problem:malformed-body",
+    "The request body is not a JSON object",
+    None,
+);
+
+fn malformed_field(field: Option<&str>) -> Parts<'_> {
+    (
+        StatusCode::BAD_REQUEST,
+        "urn:ratelimiter:problem:malformed-field",
+        "A field has the wrong JSON type",
+        field,
+    )
+}
+
+fn invalid_field(field: Option<&str>) -> Parts<'_> {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "urn:ratelimiter:problem:invalid-field",
+        "A field is missing, unknown or out of range",
+        field,
+    )
+}
+
 impl ApiError {
-    fn parts(&self) -> (StatusCode, &'static str, &'static str, Option<&str>) {
+    fn parts(&self) -> Parts<'_> {
         use StatusCode as S;
         match self {
-            ApiError::Validation(e) if e.is_malformed() => (
-                S::BAD_REQUEST,
-                "urn:ratelimiter:problem:malformed-field",
-                "A field has the wrong type",
-                e.field(),
-            ),
-            ApiError::Validation(e) => (
-                S::UNPROCESSABLE_ENTITY,
-                "urn:ratelimiter:problem:invalid-field",
-                "A field is out of range",
-                e.field(),
-            ),
-            ApiError::MalformedBody { field, .. } => (
-                S::BAD_REQUEST,
-                "urn:ratelimiter:problem:malformed-body",
-                "The request body is not valid",
-                field.as_deref(),
-            ),
+            ApiError::Validation(ValidationError::NotAnObject) => MALFORMED_BODY,
+            ApiError::Validation(e) if e.is_malformed() => malformed_field(e.field()),
+            ApiError::Validation(e) => invalid_field(e.field()),
+            ApiError::MalformedBody { field: None, .. } => MALFORMED_BODY,
+            ApiError::MalformedBody { field, .. } => malformed_field(field.as_deref()),
             ApiError::BodyTooLarge { .. } => (
                 S::PAYLOAD_TOO_LARGE,
                 "urn:ratelimiter:problem:body-too-large",
@@ -91,6 +107,12 @@ impl ApiError {
                 S::NOT_FOUND,
                 "urn:ratelimiter:problem:no-route",
                 "No such endpoint",
+                None,
+            ),
+            ApiError::MethodNotAllowed { .. } => (
+                S::METHOD_NOT_ALLOWED,
+                "urn:ratelimiter:problem:method-not-allowed",
+                "The endpoint does not take this method",
                 None,
             ),
             ApiError::Service(e) => match e {
@@ -106,12 +128,7 @@ impl ApiError {
                     "The policy already exists",
                     Some("name"),
                 ),
-                ServiceError::CostAboveQuota { .. } => (
-                    S::UNPROCESSABLE_ENTITY,
-                    "urn:ratelimiter:problem:invalid-field",
-                    "A field is out of range",
-                    Some("cost"),
-                ),
+                ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
                 ServiceError::Store(StoreError::Unavailable(_)) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
@@ -144,6 +161,9 @@ impl ResponseError for ApiError {
         };
         let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
+        if let ApiError::MethodNotAllowed { allow, .. } = self {
+            response.insert_header((header::ALLOW, *allow));
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             tracing::warn!(error = %self, "store unavailable");
             response.insert_header((header::RETRY_AFTER, "1"));

@@ -46,6 +46,19 @@ where
         .service(health::readyz)
 }
 
+/// The methods a known path takes, for the `Allow` header of a 405.
+fn allowed_methods(path: &str) -> Option<&'static str> {
+    match path {
+        "/v1/acquire" => Some("POST"),
+        "/v1/policies" => Some("GET, POST"),
+        "/healthz" | "/readyz" | "/openapi.json" => Some("GET"),
+        _ => path
+            .strip_prefix("/v1/policies/")
+            .filter(|name| !name.is_empty() && !name.contains('/'))
+            .map(|_| "GET, PUT, DELETE"),
+    }
+}
+
 /// The whole application: API, spec, Swagger UI, and problem+json for unknown routes.
 pub fn app(
     limiter: web::Data<RateLimiter>,
@@ -62,10 +75,10 @@ pub fn app(
     app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
         .configure(docs::configure_redirect)
         .default_service(web::to(|req: HttpRequest| async move {
-            Err::<actix_web::HttpResponse, _>(ApiError::NoRoute(format!(
-                "{} {}",
-                req.method(),
-                req.path()
-            )))
+            let route = format!("{} {}", req.method(), req.path());
+            Err::<actix_web::HttpResponse, _>(match allowed_methods(req.path()) {
+                Some(allow) => ApiError::MethodNotAllowed { route, allow },
+                None => ApiError::NoRoute(route),
+            })
         }))
 }

@@ -54,7 +54,7 @@ pub async fn list(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiEr
     request_body = PolicyDoc,
     responses(
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The new policy's URL"))),
-        (status = 400, description = "Malformed JSON or a field of the wrong type", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A policy of that name exists", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field", body = Problem, content_type = "application/problem+json"),
@@ -105,7 +105,7 @@ pub async fn read(
     responses(
         (status = 200, description = "Replaced", body = PolicyDoc),
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The policy's URL"))),
-        (status = 400, description = "Malformed JSON or a field of the wrong type", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field, or a `name` that differs from the path", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),

@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
-use bb8::{Pool, RunError};
+use bb8::{ManageConnection, Pool, RunError};
 use bb8_redis::RedisConnectionManager;
+use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, RedisError};
 use serde_json::{Map, Number, Value};
 
@@ -15,7 +16,7 @@ use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
 
 /// The shared store.
 pub struct RedisStore {
-    pool: Pool<RedisConnectionManager>,
+    pool: Pool<Manager>,
     prefix: String,
     timeout: Duration,
     scripts: Scripts,
@@ -44,6 +45,38 @@ impl From<RunError<RedisError>> for StoreError {
                 StoreError::Unavailable("timed out waiting for a connection".into())
             }
         }
+    }
+}
+
+/// bb8-redis's connection manager, plus a flag it lacks: it never reports a multiplexed
+/// connection as broken, so after Redis restarts the pool would hand out dead connections
+/// forever. A call that fails to reach Redis, or is cut off by the deadline, marks its
+/// connection, and bb8 drops it instead of reusing it.
+pub struct Manager(RedisConnectionManager);
+
+/// A pooled connection and whether its last call left it unusable.
+pub struct Conn {
+    inner: MultiplexedConnection,
+    broken: bool,
+}
+
+impl ManageConnection for Manager {
+    type Connection = Conn;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Conn, RedisError> {
+        Ok(Conn {
+            inner: self.0.connect().await?,
+            broken: false,
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Conn) -> Result<(), RedisError> {
+        self.0.is_valid(&mut conn.inner).await
+    }
+
+    fn has_broken(&self, conn: &mut Conn) -> bool {
+        conn.broken
     }
 }
 
@@ -77,7 +110,7 @@ impl RedisStore {
             .max_size(pool_size)
             .connection_timeout(timeout)
             .test_on_check_out(false)
-            .build_unchecked(manager);
+            .build_unchecked(Manager(manager));
         Ok(Self {
             pool,
             prefix: prefix.to_owned(),
@@ -90,11 +123,16 @@ impl RedisStore {
     /// store's timeout.
     async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
     where
-        F: AsyncFnOnce(&mut redis::aio::MultiplexedConnection) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, StoreError>,
     {
         let call = async {
             let mut conn = self.pool.get().await?;
-            f(&mut conn).await
+            // Marked until the call returns: if the deadline drops this future mid-call, the
+            // connection goes back to the pool marked, and is discarded.
+            conn.broken = true;
+            let result = f(&mut conn.inner).await;
+            conn.broken = matches!(result, Err(StoreError::Unavailable(_)));
+            result
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(result) => result,

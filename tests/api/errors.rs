@@ -9,6 +9,7 @@ crate::on_every_store!(
     bad_acquires_are_answered_with_problems_naming_the_field,
     bad_policy_writes_are_refused_and_change_nothing,
     unknown_routes_are_problems_too,
+    the_kinds_of_mistake_are_told_apart_the_same_way_on_every_endpoint,
 );
 
 /// Sends a raw body and checks the problem document.
@@ -79,11 +80,11 @@ async fn bad_acquires_are_answered_with_problems_naming_the_field(backend: Backe
             400,
             Some("cost"),
         ),
-        (body(json!({"key": "k"})), 400, Some("policy")),
-        (body(json!({"policy": "p"})), 400, Some("key")),
+        (body(json!({"key": "k"})), 422, Some("policy")),
+        (body(json!({"policy": "p"})), 422, Some("key")),
         (
             body(json!({"policy": "p", "key": "k", "colour": "red"})),
-            400,
+            422,
             Some("colour"),
         ),
         (body(json!({"policy": "nope", "key": "k"})), 404, None),
@@ -257,4 +258,67 @@ async fn unknown_routes_are_problems_too(backend: Backend) {
         None,
     )
     .await;
+    for (method, path, allow) in [
+        (reqwest::Method::GET, "/v1/acquire", "POST"),
+        (reqwest::Method::PATCH, "/v1/policies/p", "GET, PUT, DELETE"),
+        (reqwest::Method::DELETE, "/v1/policies", "GET, POST"),
+    ] {
+        let r = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(
+            r.headers().get("allow").and_then(|v| v.to_str().ok()),
+            Some(allow)
+        );
+    }
+}
+
+async fn the_kinds_of_mistake_are_told_apart_the_same_way_on_every_endpoint(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.create_policy(
+        json!({"name": "p", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}),
+    )
+    .await;
+    let kinds = [
+        (
+            "/v1/acquire",
+            json!({"policy": "p", "key": 1}),
+            "malformed-field",
+        ),
+        (
+            "/v1/policies",
+            json!({"name": "q", "algorithm": "fixed_window", "limit": "1", "window_ms": 1}),
+            "malformed-field",
+        ),
+        ("/v1/acquire", json!({"policy": "p"}), "invalid-field"),
+        (
+            "/v1/policies",
+            json!({"name": "q", "algorithm": "fixed_window", "limit": 1}),
+            "invalid-field",
+        ),
+        (
+            "/v1/acquire",
+            json!({"policy": "p", "key": "k", "x": 1}),
+            "invalid-field",
+        ),
+        (
+            "/v1/policies",
+            json!({"name": "q", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "x": 1}),
+            "invalid-field",
+        ),
+        ("/v1/acquire", json!([1]), "malformed-body"),
+        ("/v1/policies", json!([1]), "malformed-body"),
+    ];
+    for (path, body, kind) in kinds {
+        let problem: Value = app.post(path, &body).await.json().await.expect("problem");
+        assert_eq!(
+            problem["type"],
+            format!("urn:ratelimiter:problem:{kind}"),
+            "{path} {body}: {problem}"
+        );
+    }
 }

@@ -25,7 +25,18 @@ async fn with_redis_gone_policies_answer_by_their_fail_mode() {
     redis.kill();
 
     let start = Instant::now();
-    let d = app.acquire("lenient", "k", 2).await;
+    let r = app
+        .post(
+            "/v1/acquire",
+            &json!({"policy": "lenient", "key": "k", "cost": 2}),
+        )
+        .await;
+    assert!(
+        r.headers().get("ratelimit").is_none(),
+        "nothing was counted, so no quota is claimed"
+    );
+    assert!(r.headers().get("ratelimit-policy").is_some());
+    let d: Value = r.json().await.expect("JSON");
     assert_eq!(
         (d["allowed"].clone(), d["degraded"].clone()),
         (json!(true), json!(true)),
@@ -62,4 +73,59 @@ async fn with_redis_gone_policies_answer_by_their_fail_mode() {
         "answers come within the store deadline, not after long retries: {:?}",
         start.elapsed()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_redis_restarts_decisions_come_back_without_restarting_the_service() {
+    // Persistence on, as in production, so the policy survives the restart.
+    let dir = std::env::temp_dir().join(format!("ratelimiter-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let redis = Arc::new(TestRedis::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        &dir_arg,
+    ]));
+    let app = spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
+    )
+    .await;
+    app.create_policy(json!({"name": "strict", "algorithm": "fixed_window", "limit": 3, "window_ms": 3_600_000, "fail_mode": "closed"}))
+        .await;
+    // Warm every pooled connection, and the script cache, before the restart.
+    for _ in 0..20 {
+        let _ = app.acquire("strict", "warm", 1).await;
+    }
+
+    redis.restart();
+
+    // The pool drops its dead connections and Redis gets the script again (NOSCRIPT).
+    let start = Instant::now();
+    loop {
+        let r = app
+            .post("/v1/acquire", &json!({"policy": "strict", "key": "k"}))
+            .await;
+        if r.status() == 200 {
+            let d: Value = r.json().await.expect("JSON");
+            assert_eq!(d["allowed"], true);
+            break;
+        }
+        assert_eq!(r.status(), 503, "a failure answers by fail mode closed");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "Redis never came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Exact limits again.
+    assert_eq!(app.acquire("strict", "k", 1).await["remaining"], 1);
+    assert_eq!(app.acquire("strict", "k", 1).await["remaining"], 0);
+    assert_eq!(app.acquire("strict", "k", 1).await["allowed"], false);
+    assert_eq!(app.get("/readyz").await.status(), 200);
+    drop(app);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -21,6 +21,7 @@ pub enum Backend {
 pub struct TestRedis {
     child: Mutex<Child>,
     pub port: u16,
+    args: Vec<String>,
 }
 
 const INSTALL_HINT: &str = "the tests need `redis-server` on PATH: on Debian or Ubuntu run \
@@ -40,46 +41,35 @@ impl TestRedis {
         Self::start_with(&[])
     }
 
+    /// Starts a server with extra `redis-server` arguments (later ones override earlier ones).
     pub fn start_with(extra: &[&str]) -> Self {
+        let args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
         for _ in 0..5 {
             let port = free_port();
-            let mut child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args([
-                    "--save",
-                    "",
-                    "--appendonly",
-                    "no",
-                    "--protected-mode",
-                    "yes",
-                ])
-                .args(["--dir", &std::env::temp_dir().to_string_lossy()])
-                .args(extra)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); {INSTALL_HINT}"));
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = child.try_wait() {
-                    break; // exited: most likely the port was taken; try another
-                }
-                if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) {
-                    if let Ok(mut conn) = client.get_connection() {
-                        if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                            return Self {
-                                child: Mutex::new(child),
-                                port,
-                            };
-                        }
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(20));
+            if let Some(child) = spawn_redis(port, &args) {
+                return Self {
+                    child: Mutex::new(child),
+                    port,
+                    args,
+                };
             }
-            let _ = child.kill();
-            let _ = child.wait();
         }
         panic!("redis-server did not start on a free port; {INSTALL_HINT}");
+    }
+
+    /// Kills the server and starts it again on the same port, with the same arguments.
+    pub fn restart(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+        for _ in 0..50 {
+            if let Some(new) = spawn_redis(self.port, &self.args) {
+                *child = new;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server did not restart on port {}", self.port);
     }
 
     pub fn url(&self) -> String {
@@ -92,6 +82,44 @@ impl TestRedis {
             .and_then(|c| c.get_connection())
             .expect("connect to the test redis")
     }
+}
+
+/// Starts `redis-server` on `port` and waits until it answers; `None` if it exits first (the
+/// port was taken) or does not answer within 10 s.
+fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
+    let mut child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args([
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "yes",
+        ])
+        .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); {INSTALL_HINT}"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if let Ok(client) = redis::Client::open(format!("redis://127.0.0.1:{port}")) {
+            if let Ok(mut conn) = client.get_connection() {
+                if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
+                    return Some(child);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
 }
 
 impl TestRedis {
