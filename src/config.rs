@@ -47,6 +47,14 @@ pub struct ServerSettings {
     pub bind: String,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
+    /// Open connections per worker beyond which new ones wait to be accepted.
+    pub max_connections: usize,
+    /// Time a client has to send a request's headers; slower clients are answered 408.
+    pub client_request_timeout_ms: u64,
+    /// How long an idle keep-alive connection is kept open.
+    pub keep_alive_s: u64,
+    /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
+    pub shutdown_timeout_s: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -61,6 +69,21 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// How often each instance checks for policy changes made by others.
     pub policy_refresh_ms: u64,
+    /// Consecutive failed Redis calls that open the circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker answers by fail mode before letting one call probe Redis.
+    pub breaker_cooldown_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    /// Bearer tokens for the policy API (reads and writes); empty leaves it open.
+    #[serde(default)]
+    pub admin_tokens: Vec<Secret>,
+    /// Bearer tokens for `POST /v1/acquire`; empty leaves it open.
+    #[serde(default)]
+    pub client_tokens: Vec<Secret>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -75,6 +98,7 @@ pub struct LogSettings {
 pub struct Settings {
     pub server: ServerSettings,
     pub redis: RedisSettings,
+    pub auth: AuthSettings,
     pub log: LogSettings,
     /// Created at start-up when absent; never overwrite a policy changed through the API.
     pub policies: Vec<Policy>,
@@ -85,6 +109,8 @@ pub struct Settings {
 struct RawSettings {
     server: ServerSettings,
     redis: RedisSettings,
+    #[serde(default)]
+    auth: AuthSettings,
     log: LogSettings,
     #[serde(default)]
     policies: Vec<serde_json::Value>,
@@ -104,10 +130,16 @@ impl Settings {
         let mut builder = config::Config::builder()
             .set_default("server.bind", "127.0.0.1:8080")?
             .set_default("server.workers", 0)?
+            .set_default("server.max_connections", 25_000)?
+            .set_default("server.client_request_timeout_ms", 5_000)?
+            .set_default("server.keep_alive_s", 5)?
+            .set_default("server.shutdown_timeout_s", 10)?
             .set_default("redis.pool_size", 16)?
             .set_default("redis.timeout_ms", 100)?
             .set_default("redis.key_prefix", "rl")?
             .set_default("redis.policy_refresh_ms", 250)?
+            .set_default("redis.breaker_failures", 5)?
+            .set_default("redis.breaker_cooldown_ms", 1_000)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -121,6 +153,9 @@ impl Settings {
                 .prefix_separator("__")
                 .separator("__")
                 .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("auth.admin_tokens")
+                .with_list_parse_key("auth.client_tokens")
                 .source(Some(env)),
         );
         let raw: RawSettings = builder.build()?.try_deserialize()?;
@@ -143,6 +178,20 @@ impl RawSettings {
         }
         if self.redis.timeout_ms == 0 {
             return Err(invalid("redis.timeout_ms", "must be at least 1"));
+        }
+        if self.redis.breaker_failures == 0 {
+            return Err(invalid("redis.breaker_failures", "must be at least 1"));
+        }
+        if self.server.max_connections == 0 {
+            return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        for (key, tokens) in [
+            ("auth.admin_tokens", &self.auth.admin_tokens),
+            ("auth.client_tokens", &self.auth.client_tokens),
+        ] {
+            if tokens.iter().any(|t| t.expose().trim().is_empty()) {
+                return Err(invalid(key, "must not hold an empty token"));
+            }
         }
         if self.redis.policy_refresh_ms == 0 {
             return Err(invalid("redis.policy_refresh_ms", "must be at least 1"));
@@ -186,6 +235,7 @@ impl RawSettings {
         Ok(Settings {
             server: self.server,
             redis: self.redis,
+            auth: self.auth,
             log: self.log,
             policies,
         })
@@ -195,6 +245,10 @@ impl RawSettings {
 impl RedisSettings {
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    pub fn breaker_cooldown(&self) -> Duration {
+        Duration::from_millis(self.breaker_cooldown_ms)
     }
 
     pub fn policy_refresh(&self) -> Duration {
@@ -273,6 +327,22 @@ mod tests {
         );
         let e = Settings::load_from(Some(&f.0), env(&[])).expect_err("capacity 0");
         assert!(e.to_string().contains("policies[1].capacity"), "{e}");
+    }
+
+    #[test]
+    fn token_lists_come_from_comma_separated_variables() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__AUTH__ADMIN_TOKENS", "one,two"),
+                ("RATELIMITER__AUTH__CLIENT_TOKENS", "c"),
+            ]),
+        )
+        .expect("valid");
+        let admin: Vec<&str> = s.auth.admin_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(admin, ["one", "two"]);
+        assert_eq!(s.auth.client_tokens.len(), 1);
+        assert!(!format!("{s:?}").contains("two"));
     }
 
     #[test]

@@ -8,12 +8,14 @@
 //! - [`store`]: where state lives: embedded in-process, or Redis (one Lua script per decision).
 //! - [`limiter`]: the decision of each algorithm as a pure function of (state, params, cost,
 //!   now); the Lua scripts in `lua/` mirror them.
-//! - [`config`], [`startup`], [`telemetry`]: settings, assembling the application, logging.
+//! - [`config`], [`startup`], [`telemetry`], [`metrics`]: settings, assembling the application,
+//!   logging, Prometheus metrics.
 #![forbid(unsafe_code)]
 
 pub mod api;
 pub mod config;
 pub mod limiter;
+pub mod metrics;
 pub mod policy;
 pub mod service;
 pub mod startup;

@@ -1,15 +1,25 @@
-//! The rate limiter as the API sees it: the policy cache in front of the store.
+//! The rate limiter as the API sees it: the policy cache in front of the store, and what to do
+//! when the store fails.
 //!
-//! Acquires read the policy from the in-process cache and make one store call. Policy writes go
-//! to the store first and then to the cache, so this instance reads its own writes at once;
-//! other instances see them when their refresh loop notices the store's policy version move.
+//! Acquires read the policy from the in-process cache and make one store call. When the store
+//! cannot answer, the policy's fail mode decides: `open` allows, `closed` refuses, `local`
+//! decides with an in-process store until the shared one is back. Policy writes go to the store
+//! first and then to the cache, so this instance reads its own writes at once; other instances
+//! see them when their refresh loop notices the store's policy version move. Policy reads fall
+//! back to the cache while the store is unreachable.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use metrics::Counter;
 
 use crate::limiter::Decision;
+use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Policy, PolicyCache, PolicyName};
-use crate::store::{AnyStore, PutOutcome, Store, StoreError};
+use crate::store::breaker::BreakerState;
+use crate::store::memory::system_now_us;
+use crate::store::{AnyStore, MemoryStore, PutOutcome, Store, StoreError};
 
 /// Why a service call did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -36,20 +46,49 @@ pub enum ServiceError {
 pub struct Acquired {
     pub policy: Arc<Policy>,
     pub decision: Decision,
-    /// The store could not be asked and the policy's fail mode (`open`) allowed the request.
+    /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
     pub degraded: bool,
+}
+
+/// A policy's decision counters, registered once.
+struct DecisionCounters {
+    allowed: Counter,
+    denied: Counter,
+    degraded: Counter,
+}
+
+impl DecisionCounters {
+    fn new(policy: &str) -> Self {
+        let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
+        Self {
+            allowed: counter("allowed"),
+            denied: counter("denied"),
+            degraded: counter("degraded"),
+        }
+    }
 }
 
 pub struct RateLimiter {
     store: AnyStore,
     cache: PolicyCache,
+    /// Decides for `fail_mode: local` policies while a shared store is unreachable.
+    local: Option<MemoryStore>,
+    counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
 }
 
 impl RateLimiter {
-    pub fn new(store: AnyStore) -> Self {
+    pub fn new(store: AnyStore, key_prefix: &str) -> Self {
+        let local = match store {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix)),
+        };
+        // Installs the recorder before the first counter is registered.
+        let _ = m::handle();
         Self {
             store,
             cache: PolicyCache::default(),
+            local,
+            counters: RwLock::default(),
         }
     }
 
@@ -70,6 +109,7 @@ impl RateLimiter {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Acquired, ServiceError> {
+        let started = Instant::now();
         let policy = self.policy(name).await?;
         let quota = policy.limit.quota();
         if cost > quota {
@@ -79,29 +119,70 @@ impl RateLimiter {
                 field: policy.limit.quota_field(),
             });
         }
-        match self.store.acquire(&policy, key, cost, now_us).await {
-            Ok(decision) => Ok(Acquired {
-                policy,
-                decision,
-                degraded: false,
-            }),
-            Err(e) => match policy.fail_mode {
-                FailMode::Open => {
-                    tracing::warn!(policy = %name, error = %e, "store failed; allowing by fail mode open");
-                    Ok(Acquired {
-                        decision: Decision {
-                            allowed: true,
-                            remaining: quota - cost,
-                            reset_after_us: 0,
-                            retry_after_us: 0,
-                        },
-                        policy,
-                        degraded: true,
-                    })
-                }
-                FailMode::Closed => Err(e.into()),
-            },
+        let result = match self.store.acquire(&policy, key, cost, now_us).await {
+            Ok(decision) => Ok((decision, false)),
+            Err(e) => self.by_fail_mode(&policy, key, cost, now_us, e),
+        };
+        metrics::histogram!(m::ACQUIRE_SECONDS).record(started.elapsed().as_secs_f64());
+        let (decision, degraded) = result?;
+        let counters = self.counters(&policy);
+        match (degraded, decision.allowed) {
+            (true, _) => counters.degraded.increment(1),
+            (false, true) => counters.allowed.increment(1),
+            (false, false) => counters.denied.increment(1),
         }
+        Ok(Acquired {
+            policy,
+            decision,
+            degraded,
+        })
+    }
+
+    /// The answer when the store failed: `(decision, degraded)` or the error, by fail mode.
+    fn by_fail_mode(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        cost: u64,
+        now_us: Option<u64>,
+        error: StoreError,
+    ) -> Result<(Decision, bool), ServiceError> {
+        tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), "store failed; answering by fail mode");
+        match (policy.fail_mode, &self.local) {
+            (FailMode::Closed, _) => Err(error.into()),
+            (FailMode::Local, Some(local)) => {
+                let now = now_us.unwrap_or_else(system_now_us);
+                Ok((local.acquire_at(policy, key, cost, now), true))
+            }
+            // `local` on the embedded store cannot happen (it does not fail); allow, as `open`.
+            (FailMode::Open | FailMode::Local, _) => Ok((
+                Decision {
+                    allowed: true,
+                    remaining: policy.limit.quota() - cost,
+                    reset_after_us: 0,
+                    retry_after_us: 0,
+                },
+                true,
+            )),
+        }
+    }
+
+    fn counters(&self, policy: &Policy) -> Arc<DecisionCounters> {
+        let name = policy.name.as_str();
+        if let Some(c) = self
+            .counters
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            return c.clone();
+        }
+        self.counters
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(Arc::from(name))
+            .or_insert_with(|| Arc::new(DecisionCounters::new(name)))
+            .clone()
     }
 
     /// The policy from the cache; on a miss, from the store (it may have been created on another
@@ -117,17 +198,31 @@ impl RateLimiter {
         self.cache.get(name).ok_or_else(unknown)
     }
 
+    /// Every policy, sorted by name; from the cache while the store is unreachable.
     pub async fn list_policies(&self) -> Result<Vec<Policy>, ServiceError> {
-        let (mut policies, _) = self.store.load_policies().await?;
+        let mut policies = match self.store.load_policies().await {
+            Ok((policies, _)) => policies,
+            Err(e) if e.is_transient() && self.cache.version().is_some() => {
+                tracing::warn!(error = %e, "store unreachable; listing cached policies");
+                self.cache.all()
+            }
+            Err(e) => return Err(e.into()),
+        };
         policies.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(policies)
     }
 
+    /// One policy; from the cache while the store is unreachable.
     pub async fn get_policy(&self, name: &PolicyName) -> Result<Policy, ServiceError> {
-        self.store
-            .load_policy(name)
-            .await?
-            .ok_or_else(|| ServiceError::UnknownPolicy(name.to_string()))
+        let found = match self.store.load_policy(name).await {
+            Ok(found) => found,
+            Err(e) if e.is_transient() && self.cache.version().is_some() => {
+                tracing::warn!(error = %e, "store unreachable; reading the cached policy");
+                self.cache.get(name.as_str()).map(|p| (*p).clone())
+            }
+            Err(e) => return Err(e.into()),
+        };
+        found.ok_or_else(|| ServiceError::UnknownPolicy(name.to_string()))
     }
 
     pub async fn create_policy(&self, policy: Policy) -> Result<Policy, ServiceError> {
@@ -174,26 +269,65 @@ impl RateLimiter {
         Ok(true)
     }
 
-    /// Keeps the cache in step with the store, and the embedded store's memory bounded, until
-    /// the process ends.
+    /// Why the service cannot decide with its shared store now, if it cannot.
+    pub async fn unready(&self) -> Option<String> {
+        if self.cache.version().is_none() {
+            return Some("policies have not been loaded yet".into());
+        }
+        if let AnyStore::Redis(r) = &self.store {
+            if r.breaker().state() == BreakerState::Open {
+                return Some("Redis is unreachable (circuit breaker open)".into());
+            }
+        }
+        self.store.ping().await.err().map(|e| e.to_string())
+    }
+
+    /// The Prometheus text exposition, with the state gauges brought up to date.
+    pub fn render_metrics(&self) -> String {
+        metrics::gauge!(m::POLICIES).set(self.cache.len() as f64);
+        if let AnyStore::Redis(r) = &self.store {
+            let current = r.breaker().state();
+            for state in [
+                BreakerState::Closed,
+                BreakerState::HalfOpen,
+                BreakerState::Open,
+            ] {
+                metrics::gauge!(m::BREAKER_STATE, "state" => state.as_str())
+                    .set(f64::from(u8::from(state == current)));
+            }
+            let (in_use, idle) = r.pool_connections();
+            metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
+            metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
+        }
+        m::handle().render()
+    }
+
+    /// Keeps the cache in step with the store, and in-process memory bounded, until the
+    /// process ends.
     pub fn spawn_background(self: &Arc<Self>, refresh_every: Duration) {
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(refresh_every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut last_eviction = std::time::Instant::now();
+            let mut last_housekeeping = Instant::now();
             loop {
                 tick.tick().await;
                 let Some(this) = weak.upgrade() else { return };
                 if let Err(e) = this.refresh().await {
-                    tracing::warn!(error = %e, "could not refresh policies; serving the cached ones");
+                    tracing::debug!(error = %e, "could not refresh policies; serving the cached ones");
                 }
-                if let AnyStore::Memory(m) = &this.store {
-                    if last_eviction.elapsed() >= Duration::from_secs(1) {
-                        last_eviction = std::time::Instant::now();
-                        let evicted = m.evict_expired(crate::store::memory::system_now_us());
-                        tracing::debug!(evicted, "evicted expired state");
+                if last_housekeeping.elapsed() >= Duration::from_secs(1) {
+                    last_housekeeping = Instant::now();
+                    let now = system_now_us();
+                    let memory = match &this.store {
+                        AnyStore::Memory(m) => Some(m),
+                        AnyStore::Redis(_) => this.local.as_ref(),
+                    };
+                    if let Some(memory) = memory {
+                        let evicted = memory.evict_expired(now);
+                        tracing::trace!(evicted, "evicted expired state");
                     }
+                    m::handle().run_upkeep();
                 }
             }
         });

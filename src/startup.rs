@@ -1,15 +1,18 @@
 //! Building the application from its settings: the store, the policies, the HTTP server.
 
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::dev::Server;
 use actix_web::{web, HttpServer};
 use anyhow::Context;
 
 use crate::api;
+use crate::api::auth::Tokens;
 use crate::config::Settings;
 use crate::service::RateLimiter;
+use crate::store::breaker::Breaker;
 use crate::store::redis::redact_url;
 use crate::store::{AnyStore, MemoryStore, RedisStore, Store};
 
@@ -40,7 +43,11 @@ impl Application {
                     settings.redis.pool_size,
                     settings.redis.timeout(),
                     prefix,
-                )?;
+                )?
+                .with_breaker(Breaker::new(
+                    settings.redis.breaker_failures,
+                    settings.redis.breaker_cooldown(),
+                ));
                 store
                     .ping()
                     .await
@@ -49,7 +56,7 @@ impl Application {
                 AnyStore::Redis(store)
             }
         };
-        let limiter = Arc::new(RateLimiter::new(store));
+        let limiter = Arc::new(RateLimiter::new(store, prefix));
         limiter
             .ensure_policies(&settings.policies)
             .await
@@ -60,12 +67,23 @@ impl Application {
         let listener = TcpListener::bind(&settings.server.bind)
             .with_context(|| format!("cannot listen on {}", settings.server.bind))?;
         let address = listener.local_addr()?;
+        let tokens = Tokens::from_settings(&settings.auth);
+        warn_if_open(&address, &tokens);
+
         let data = web::Data::from(limiter.clone());
-        let mut server = HttpServer::new(move || api::app(data.clone()))
+        let tokens = web::Data::new(tokens);
+        let server_settings = &settings.server;
+        let mut server = HttpServer::new(move || api::app(data.clone(), tokens.clone()))
             .listen(listener)?
-            .shutdown_timeout(10);
-        if settings.server.workers > 0 {
-            server = server.workers(settings.server.workers);
+            .max_connections(server_settings.max_connections)
+            .client_request_timeout(Duration::from_millis(
+                server_settings.client_request_timeout_ms,
+            ))
+            .client_disconnect_timeout(Duration::from_secs(1))
+            .keep_alive(Duration::from_secs(server_settings.keep_alive_s))
+            .shutdown_timeout(server_settings.shutdown_timeout_s);
+        if server_settings.workers > 0 {
+            server = server.workers(server_settings.workers);
         }
         tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
         Ok(Self {
@@ -83,8 +101,21 @@ impl Application {
         self.limiter.clone()
     }
 
-    /// Serves until SIGINT or SIGTERM, then finishes in-flight requests (up to 10 s).
+    /// Serves until SIGINT or SIGTERM, then stops accepting, lets in-flight requests finish (up
+    /// to `server.shutdown_timeout_s`) and closes the store's connections.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
-        self.server.await
+        let result = self.server.await;
+        tracing::info!("stopped");
+        drop(self.limiter);
+        result
+    }
+}
+
+fn warn_if_open(address: &SocketAddr, tokens: &Tokens) {
+    if !tokens.admin_required() && !address.ip().is_loopback() {
+        tracing::warn!(
+            %address,
+            "the policy API is open to anyone who can reach this address: set auth.admin_tokens"
+        );
     }
 }

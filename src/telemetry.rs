@@ -15,7 +15,11 @@ pub fn init(settings: &LogSettings) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
     let _ = if settings.format == "json" {
-        builder.json().try_init()
+        builder
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init()
     } else {
         builder.try_init()
     };

@@ -5,6 +5,7 @@ use actix_web::{post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::auth::Client;
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
@@ -61,6 +62,7 @@ pub struct AcquireResponse {
 /// also carries `Retry-After` in whole seconds.
 #[utoipa::path(
     tag = "acquire",
+    security((), ("bearer" = [])),
     request_body = AcquireRequest,
     responses(
         (status = 200, description = "The decision, allowed or denied", body = AcquireResponse, headers(
@@ -69,14 +71,16 @@ pub struct AcquireResponse {
             ("Retry-After" = u64, description = "On a denial: seconds until the request would be allowed"),
         )),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a cost below 1 or above the policy's limit", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable and the policy's fail mode is closed", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/acquire")]
 pub async fn acquire(
+    _: Client,
     limiter: web::Data<RateLimiter>,
     body: JsonBody<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {

@@ -1,7 +1,8 @@
 //! The OpenAPI document and the Swagger UI that shows it, both served from the binary.
 
 use actix_web::{web, HttpResponse};
-use utoipa::OpenApi;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
 
 /// The parts of the spec that are not derived from a handler.
 #[derive(OpenApi)]
@@ -14,13 +15,31 @@ use utoipa::OpenApi;
             RFC 9457 `application/problem+json` documents naming the field at fault.",
         license(name = "MIT OR Apache-2.0")
     ),
+    modifiers(&BearerAuth),
     tags(
         (name = "acquire", description = "Decisions: ask whether a subject may spend units now"),
         (name = "policies", description = "Create, read, replace and delete policies at run time"),
-        (name = "operations", description = "Health and readiness"),
+        (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
 pub struct ApiDoc;
+
+/// The `bearer` scheme: tokens from `auth.admin_tokens` (policies) or `auth.client_tokens`
+/// (acquire), required only when those settings are set.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let mut scheme = Http::new(HttpAuthScheme::Bearer);
+        scheme.description = Some(
+            "Needed for the policy API when `auth.admin_tokens` is set, and for acquire when \
+             `auth.client_tokens` is set."
+                .into(),
+        );
+        components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
 
 /// `/docs` without its slash: send browsers to the UI.
 pub async fn redirect_to_docs() -> HttpResponse {

@@ -53,6 +53,8 @@ pub enum ApiError {
     },
     #[error("the request body is larger than {limit} bytes")]
     BodyTooLarge { limit: usize },
+    #[error("{0}")]
+    Unauthorized(&'static str),
     #[error("no route for {0}")]
     NoRoute(String),
     #[error("{route} is not allowed; this path takes {allow}")]
@@ -103,6 +105,12 @@ impl ApiError {
                 "The request body is too large",
                 None,
             ),
+            ApiError::Unauthorized(_) => (
+                S::UNAUTHORIZED,
+                "urn:ratelimiter:problem:unauthorized",
+                "A valid bearer token is required",
+                None,
+            ),
             ApiError::NoRoute(_) => (
                 S::NOT_FOUND,
                 "urn:ratelimiter:problem:no-route",
@@ -129,7 +137,7 @@ impl ApiError {
                     Some("name"),
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
-                ServiceError::Store(StoreError::Unavailable(_)) => (
+                ServiceError::Store(StoreError::Unavailable(_) | StoreError::Server(_)) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
                     "The rate-limit store is unavailable",
@@ -161,6 +169,9 @@ impl ResponseError for ApiError {
         };
         let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
+        if let ApiError::Unauthorized(_) = self {
+            response.insert_header((header::WWW_AUTHENTICATE, "Bearer realm=\"ratelimiter\""));
+        }
         if let ApiError::MethodNotAllowed { allow, .. } = self {
             response.insert_header((header::ALLOW, *allow));
         }

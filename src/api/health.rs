@@ -1,5 +1,5 @@
-//! `GET /healthz` (the process answers) and `GET /readyz` (the store answers and policies are
-//! loaded).
+//! Operations: `GET /healthz` (the process answers), `GET /readyz` (the store answers and
+//! policies are loaded) and `GET /metrics` (Prometheus).
 
 use actix_web::{get, web, HttpResponse};
 use serde::Serialize;
@@ -7,7 +7,7 @@ use utoipa::ToSchema;
 
 use super::errors::{ApiError, Problem};
 use crate::service::{RateLimiter, ServiceError};
-use crate::store::{Store, StoreError};
+use crate::store::StoreError;
 
 /// The service's health.
 #[derive(Debug, Serialize, ToSchema)]
@@ -42,15 +42,26 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
 )]
 #[get("/readyz")]
 pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
-    limiter.store().ping().await.map_err(ServiceError::from)?;
-    if limiter.cache().version().is_none() {
-        return Err(ServiceError::Store(StoreError::Unavailable(
-            "policies have not been loaded yet".into(),
-        ))
-        .into());
+    if let Some(reason) = limiter.unready().await {
+        return Err(ServiceError::Store(StoreError::Unavailable(reason)).into());
     }
     Ok(HttpResponse::Ok().json(Health {
         status: "ok",
         store: limiter.store().kind(),
     }))
+}
+
+/// Metrics in the Prometheus text format.
+///
+/// Decisions by policy and outcome, acquire and Redis latency histograms, Redis errors by kind,
+/// the circuit breaker's state, the connection pool, and the number of policies.
+#[utoipa::path(
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain; version=0.0.4"))
+)]
+#[get("/metrics")]
+pub async fn metrics(limiter: web::Data<RateLimiter>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(limiter.render_metrics())
 }

@@ -3,14 +3,17 @@
 //! a store or build a Redis key.
 
 pub mod acquire;
+pub mod auth;
 pub mod body;
 pub mod docs;
 pub mod errors;
 pub mod health;
 pub mod policies;
 
+use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App, Error, HttpRequest};
+use tracing_actix_web::TracingLogger;
 use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
@@ -44,6 +47,7 @@ where
         .service(policies::remove)
         .service(health::healthz)
         .service(health::readyz)
+        .service(health::metrics)
 }
 
 /// The methods a known path takes, for the `Allow` header of a 405.
@@ -51,7 +55,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
         "/v1/acquire" => Some("POST"),
         "/v1/policies" => Some("GET, POST"),
-        "/healthz" | "/readyz" | "/openapi.json" => Some("GET"),
+        "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Some("GET"),
         _ => path
             .strip_prefix("/v1/policies/")
             .filter(|name| !name.is_empty() && !name.contains('/'))
@@ -59,19 +63,21 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     }
 }
 
-/// The whole application: API, spec, Swagger UI, and problem+json for unknown routes.
+/// The whole application: API, spec, Swagger UI, problem+json for unknown routes, and a tracing
+/// span with a request id around every request (every log line of a request carries it).
 pub fn app(
     limiter: web::Data<RateLimiter>,
+    tokens: web::Data<auth::Tokens>,
 ) -> App<
     impl ServiceFactory<
         ServiceRequest,
         Config = (),
-        Response = ServiceResponse,
+        Response = ServiceResponse<impl MessageBody>,
         Error = Error,
         InitError = (),
     >,
 > {
-    let (app, spec) = routes(App::new().app_data(limiter)).split_for_parts();
+    let (app, spec) = routes(App::new().app_data(limiter).app_data(tokens)).split_for_parts();
     app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
         .configure(docs::configure_redirect)
         .default_service(web::to(|req: HttpRequest| async move {
@@ -81,4 +87,5 @@ pub fn app(
                 None => ApiError::NoRoute(route),
             })
         }))
+        .wrap(TracingLogger::default())
 }

@@ -6,6 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 use utoipa::ToSchema;
 
+use super::auth::Admin;
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
 use crate::policy::{parse_policy, PolicyDoc, PolicyName};
@@ -32,13 +33,15 @@ fn location(name: &PolicyName) -> String {
 /// Every policy, sorted by name.
 #[utoipa::path(
     tag = "policies",
+    security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Every policy, sorted by name", body = PolicyList),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/policies")]
-pub async fn list(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
+pub async fn list(_: Admin, limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
     let policies = limiter.list_policies().await?;
     Ok(HttpResponse::Ok().json(PolicyList {
         policies: policies.iter().map(|p| p.to_doc()).collect(),
@@ -51,6 +54,7 @@ pub async fn list(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiEr
 /// that name exists (use `PUT` to replace one).
 #[utoipa::path(
     tag = "policies",
+    security((), ("bearer" = [])),
     request_body = PolicyDoc,
     responses(
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The new policy's URL"))),
@@ -58,11 +62,13 @@ pub async fn list(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiEr
         (status = 409, description = "A policy of that name exists", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/policies")]
 pub async fn create(
+    _: Admin,
     limiter: web::Data<RateLimiter>,
     body: JsonBody<Value>,
 ) -> Result<HttpResponse, ApiError> {
@@ -76,15 +82,18 @@ pub async fn create(
 /// Get a policy.
 #[utoipa::path(
     tag = "policies",
+    security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     responses(
         (status = 200, description = "The policy", body = PolicyDoc),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/policies/{name}")]
 pub async fn read(
+    _: Admin,
     limiter: web::Data<RateLimiter>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
@@ -100,6 +109,7 @@ pub async fn read(
 /// changes, in which case they start afresh.
 #[utoipa::path(
     tag = "policies",
+    security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     request_body = PolicyDoc,
     responses(
@@ -108,11 +118,13 @@ pub async fn read(
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field, or a `name` that differs from the path", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[put("/v1/policies/{name}")]
 pub async fn replace(
+    _: Admin,
     limiter: web::Data<RateLimiter>,
     name: web::Path<String>,
     body: JsonBody<Value>,
@@ -134,15 +146,18 @@ pub async fn replace(
 /// Subjects' counters are left to expire by themselves.
 #[utoipa::path(
     tag = "policies",
+    security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     responses(
         (status = 204, description = "Deleted"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[delete("/v1/policies/{name}")]
 pub async fn remove(
+    _: Admin,
     limiter: web::Data<RateLimiter>,
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {

@@ -26,6 +26,15 @@ impl PolicyCache {
         self.read().policies.get(name).cloned()
     }
 
+    /// Every cached policy, in no particular order.
+    pub fn all(&self) -> Vec<Policy> {
+        self.read()
+            .policies
+            .values()
+            .map(|p| (**p).clone())
+            .collect()
+    }
+
     /// The version last loaded with [`PolicyCache::replace_all`].
     pub fn version(&self) -> Option<u64> {
         self.read().version

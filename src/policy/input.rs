@@ -201,10 +201,11 @@ pub fn parse_policy(
         None => FailMode::default(),
         Some("open") => FailMode::Open,
         Some("closed") => FailMode::Closed,
+        Some("local") => FailMode::Local,
         Some(other) => {
             return Err(ValidationError::invalid(
                 "fail_mode",
-                format!("`{other}` is not one of open, closed"),
+                format!("`{other}` is not one of open, closed, local"),
             ))
         }
     };

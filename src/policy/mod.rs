@@ -67,6 +67,9 @@ pub enum FailMode {
     Open,
     /// Answer 503 with `Retry-After`.
     Closed,
+    /// Decide in this instance, with the embedded store's algorithms, until the store is back:
+    /// limits still hold, per instance, and answers are marked `"degraded": true`.
+    Local,
 }
 
 impl FailMode {
@@ -74,6 +77,7 @@ impl FailMode {
         match self {
             FailMode::Open => "open",
             FailMode::Closed => "closed",
+            FailMode::Local => "local",
         }
     }
 }
@@ -311,7 +315,8 @@ pub struct PolicyDoc {
     #[schema(max_length = 1024)]
     pub description: Option<String>,
     /// What to answer when the store cannot be reached: `open` (default) allows and marks the
-    /// answer degraded, `closed` answers 503.
+    /// answer degraded, `closed` answers 503, `local` decides in this instance (limits per
+    /// instance, answers marked degraded).
     #[serde(default)]
     pub fail_mode: FailMode,
 }

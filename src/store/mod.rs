@@ -4,6 +4,7 @@
 //! functions of `limiter` under a lock, Redis runs the Lua script of the same name (`lua/`) in
 //! one atomic call. [`AnyStore`] picks one at start-up. Nothing here knows about HTTP.
 
+pub mod breaker;
 pub mod key;
 pub mod memory;
 pub mod redis;

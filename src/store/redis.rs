@@ -1,7 +1,7 @@
 //! The Redis store: one Lua script call per decision, through a bb8 pool of multiplexed
-//! connections, every call bounded by `redis.timeout_ms`.
+//! connections, every call bounded by `redis.timeout_ms` and guarded by a circuit breaker.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bb8::{ManageConnection, Pool, RunError};
 use bb8_redis::RedisConnectionManager;
@@ -9,9 +9,11 @@ use redis::aio::MultiplexedConnection;
 use redis::{AsyncCommands, RedisError};
 use serde_json::{Map, Number, Value};
 
+use super::breaker::Breaker;
 use super::scripts::Scripts;
 use super::{key, PutOutcome, Store, StoreError};
 use crate::limiter::Decision;
+use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
 
 /// The shared store.
@@ -20,6 +22,7 @@ pub struct RedisStore {
     prefix: String,
     timeout: Duration,
     scripts: Scripts,
+    breaker: Breaker,
 }
 
 impl From<RedisError> for StoreError {
@@ -116,12 +119,59 @@ impl RedisStore {
             prefix: prefix.to_owned(),
             timeout,
             scripts: Scripts::new(),
+            breaker: Breaker::new(5, Duration::from_secs(1)),
         })
+    }
+
+    /// Replaces the default circuit breaker (5 failures, 1 s cooldown).
+    pub fn with_breaker(mut self, breaker: Breaker) -> Self {
+        self.breaker = breaker;
+        self
+    }
+
+    pub fn breaker(&self) -> &Breaker {
+        &self.breaker
+    }
+
+    /// Connections in the pool: `(in use, idle)`.
+    pub fn pool_connections(&self) -> (u32, u32) {
+        let state = self.pool.state();
+        (
+            state.connections.saturating_sub(state.idle_connections),
+            state.idle_connections,
+        )
     }
 
     /// Runs `f` with a pooled connection, the whole of it (checkout included) bounded by the
     /// store's timeout.
+    /// Calls through the circuit breaker: while it is open, fails at once without touching Redis.
     async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, StoreError>,
+    {
+        let Some(permit) = self.breaker.permit() else {
+            metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
+            return Err(StoreError::Unavailable(
+                "Redis is unreachable (circuit breaker open)".into(),
+            ));
+        };
+        let started = Instant::now();
+        let (result, kind) = match self.call(f).await {
+            Ok(v) => (Ok(v), None),
+            Err((e, kind)) => (Err(e), Some(kind)),
+        };
+        metrics::histogram!(m::REDIS_SECONDS).record(started.elapsed().as_secs_f64());
+        if let Some(kind) = kind {
+            metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
+        }
+        self.breaker
+            .record(permit, !matches!(result, Err(StoreError::Unavailable(_))));
+        result
+    }
+
+    /// One call with a pooled connection, bounded by the deadline; errors come with their
+    /// metric kind.
+    async fn call<T, F>(&self, f: F) -> Result<T, (StoreError, &'static str)>
     where
         F: AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, StoreError>,
     {
@@ -135,11 +185,16 @@ impl RedisStore {
             result
         };
         match tokio::time::timeout(self.timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Unavailable(format!(
-                "no answer from Redis within {} ms",
-                self.timeout.as_millis()
-            ))),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e @ StoreError::Unavailable(_))) => Err((e, "connection")),
+            Ok(Err(e)) => Err((e, "server")),
+            Err(_) => Err((
+                StoreError::Unavailable(format!(
+                    "no answer from Redis within {} ms",
+                    self.timeout.as_millis()
+                )),
+                "timeout",
+            )),
         }
     }
 

@@ -1,0 +1,67 @@
+//! Prometheus metrics: their names and meanings, the process-wide recorder, and the scrape.
+//!
+//! Hot-path counters are registered once and kept as handles (see `service`), so recording a
+//! decision is an atomic add, not a registry lookup. Gauges that describe state (circuit
+//! breaker, pool, policy count) are set when `/metrics` is scraped.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Decisions, labelled `policy` and `outcome` (`allowed`, `denied`, `degraded`).
+pub const DECISIONS: &str = "ratelimiter_decisions_total";
+/// Time to answer an acquire, from validated request to decision, in seconds.
+pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
+/// Time of each Redis call, connection checkout included, in seconds.
+pub const REDIS_SECONDS: &str = "ratelimiter_redis_call_duration_seconds";
+/// Failed Redis calls, labelled `kind`: `timeout`, `connection`, `server`, `circuit_open`.
+pub const REDIS_ERRORS: &str = "ratelimiter_redis_errors_total";
+/// 1 for the circuit breaker's current `state` (`closed`, `half_open`, `open`), 0 for the others.
+pub const BREAKER_STATE: &str = "ratelimiter_circuit_breaker_state";
+/// Redis connections in the pool, labelled `state`: `in_use` or `idle`.
+pub const POOL_CONNECTIONS: &str = "ratelimiter_redis_pool_connections";
+/// Policies in this instance's cache.
+pub const POLICIES: &str = "ratelimiter_policies";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5,
+];
+
+/// The process-wide recorder's handle, installed on first use.
+pub fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let builder = PrometheusBuilder::new()
+            .set_buckets(LATENCY_BUCKETS)
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!("another metrics recorder is installed; /metrics will be empty");
+        }
+        describe();
+        handle
+    })
+}
+
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        DECISIONS,
+        "Decisions by policy and outcome (allowed, denied, degraded)"
+    );
+    describe_histogram!(ACQUIRE_SECONDS, Unit::Seconds, "Time to decide one acquire");
+    describe_histogram!(
+        REDIS_SECONDS,
+        Unit::Seconds,
+        "Time of one Redis call, checkout included"
+    );
+    describe_counter!(REDIS_ERRORS, "Failed Redis calls by kind");
+    describe_gauge!(BREAKER_STATE, "1 for the circuit breaker's current state");
+    describe_gauge!(
+        POOL_CONNECTIONS,
+        "Redis connections in the pool, in use or idle"
+    );
+    describe_gauge!(POLICIES, "Policies in this instance's cache");
+}
