@@ -1,84 +1,32 @@
-//! Redis going away: each policy answers by its fail mode, quickly, and the process stays up.
+//! Redis failing under load: refused, hung and restarted. Every request is answered within the
+//! deadline plus a margin, by its policy's fail mode; decisions are exact again once Redis is
+//! back; the service never needs a restart.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app_with, TestRedis};
+use crate::helpers::{spawn_app_with, TestApp, TestRedis};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn with_redis_gone_policies_answer_by_their_fail_mode() {
-    let redis = Arc::new(TestRedis::start());
-    let app = spawn_app_with(
-        Some(redis.clone()),
-        &[("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
-    )
-    .await;
-    app.create_policy(json!({"name": "lenient", "algorithm": "token_bucket", "capacity": 5, "refill_tokens": 1, "refill_period_ms": 1000, "fail_mode": "open"}))
-        .await;
-    app.create_policy(json!({"name": "strict", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "fail_mode": "closed"}))
-        .await;
-    assert_eq!(app.acquire("lenient", "k", 1).await["degraded"], false);
-    assert_eq!(app.acquire("strict", "k", 1).await["allowed"], true);
+/// The Redis deadline used here, and the margin allowed on top of it on a busy 2-core machine.
+const DEADLINE_MS: u64 = 250;
+const MARGIN_MS: u64 = 750;
 
-    redis.kill();
-
-    let start = Instant::now();
-    let r = app
-        .post(
-            "/v1/acquire",
-            &json!({"policy": "lenient", "key": "k", "cost": 2}),
-        )
-        .await;
-    assert!(
-        r.headers().get("ratelimit").is_none(),
-        "nothing was counted, so no quota is claimed"
-    );
-    assert!(r.headers().get("ratelimit-policy").is_some());
-    let d: Value = r.json().await.expect("JSON");
-    assert_eq!(
-        (d["allowed"].clone(), d["degraded"].clone()),
-        (json!(true), json!(true)),
-        "{d}"
-    );
-    assert_eq!(d["remaining"], 3, "reported as if the subject were fresh");
-
-    let r = app
-        .post("/v1/acquire", &json!({"policy": "strict", "key": "k"}))
-        .await;
-    assert_eq!(r.status(), 503);
-    assert_eq!(
-        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
-        Some("1")
-    );
-    let problem: Value = r.json().await.expect("problem");
-    assert_eq!(problem["type"], "urn:ratelimiter:problem:store-unavailable");
-
-    let r = app
-        .post(
-            "/v1/policies",
-            &json!({"name": "later", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}),
-        )
-        .await;
-    assert_eq!(r.status(), 503, "a write that cannot be stored is refused");
-    assert_eq!(app.get("/readyz").await.status(), 503);
-    assert_eq!(
-        app.get("/healthz").await.status(),
-        200,
-        "the process itself is fine"
-    );
-    assert!(
-        start.elapsed() < Duration::from_secs(3),
-        "answers come within the store deadline, not after long retries: {:?}",
-        start.elapsed()
-    );
+/// One answered acquire of the load.
+#[derive(Debug)]
+struct Sample {
+    policy: &'static str,
+    status: u16,
+    took: Duration,
+    body: Value,
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_redis_restarts_decisions_come_back_without_restarting_the_service() {
-    // Persistence on, as in production, so the policy survives the restart.
-    let dir = std::env::temp_dir().join(format!("ratelimiter-restart-{}", std::process::id()));
+/// A Redis that keeps its data across restarts, and an app on it with a short deadline and a
+/// quick breaker; three policies, one per fail mode.
+async fn setup(tag: &str) -> (Arc<TestRedis>, TestApp, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("ratelimiter-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let dir_arg = dir.to_string_lossy().into_owned();
     let redis = Arc::new(TestRedis::start_with(&[
@@ -89,43 +37,275 @@ async fn after_redis_restarts_decisions_come_back_without_restarting_the_service
         "--dir",
         &dir_arg,
     ]));
+    let deadline = DEADLINE_MS.to_string();
     let app = spawn_app_with(
         Some(redis.clone()),
-        &[("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
+        &[
+            ("RATELIMITER__REDIS__TIMEOUT_MS", &deadline),
+            ("RATELIMITER__REDIS__BREAKER_FAILURES", "3"),
+            ("RATELIMITER__REDIS__BREAKER_COOLDOWN_MS", "300"),
+        ],
     )
     .await;
-    app.create_policy(json!({"name": "strict", "algorithm": "fixed_window", "limit": 3, "window_ms": 3_600_000, "fail_mode": "closed"}))
+    for (name, mode) in [("open", "open"), ("closed", "closed"), ("local", "local")] {
+        app.create_policy(json!({
+            "name": name, "algorithm": "fixed_window", "limit": 5, "window_ms": 3_600_000,
+            "fail_mode": mode
+        }))
         .await;
-    // Warm every pooled connection, and the script cache, before the restart.
-    for _ in 0..20 {
-        let _ = app.acquire("strict", "warm", 1).await;
     }
+    app.create_policy(json!({"name": "exact", "algorithm": "sliding_window_log", "limit": 5, "window_ms": 3_600_000}))
+        .await;
+    (redis, app, dir)
+}
 
-    redis.restart();
+/// Six concurrent clients acquiring for `duration`, cycling through the three policies, on one
+/// key each (so the limit of 5 is reached early and both answers are seen).
+async fn load(app: &TestApp, duration: Duration) -> Vec<Sample> {
+    let workers = (0..6).map(|w| {
+        let (client, url) = (app.client.clone(), app.url("/v1/acquire"));
+        tokio::spawn(async move {
+            let mut samples = Vec::new();
+            let end = Instant::now() + duration;
+            let mut i = w;
+            while Instant::now() < end {
+                let policy = ["open", "closed", "local"][i % 3];
+                i += 1;
+                let started = Instant::now();
+                let r = client
+                    .post(&url)
+                    .json(&json!({"policy": policy, "key": "k"}))
+                    .send()
+                    .await
+                    .expect("every request is answered");
+                let status = r.status().as_u16();
+                let body: Value = r.json().await.expect("a JSON body");
+                samples.push(Sample {
+                    policy,
+                    status,
+                    took: started.elapsed(),
+                    body,
+                });
+            }
+            samples
+        })
+    });
+    join_all(workers)
+        .await
+        .into_iter()
+        .flat_map(|r| r.expect("worker"))
+        .collect()
+}
 
-    // The pool drops its dead connections and Redis gets the script again (NOSCRIPT).
-    let start = Instant::now();
-    loop {
-        let r = app
-            .post("/v1/acquire", &json!({"policy": "strict", "key": "k"}))
-            .await;
-        if r.status() == 200 {
-            let d: Value = r.json().await.expect("JSON");
-            assert_eq!(d["allowed"], true);
-            break;
+/// Every answer is timely and follows its policy's fail mode; the outage was actually seen.
+fn check_answers(samples: &[Sample]) {
+    assert!(
+        samples.len() > 30,
+        "the load ran: {} requests",
+        samples.len()
+    );
+    let limit = Duration::from_millis(DEADLINE_MS + MARGIN_MS);
+    for s in samples {
+        assert!(
+            s.took <= limit,
+            "{} answered after {:?}: {}",
+            s.policy,
+            s.took,
+            s.body
+        );
+        let degraded = s.body["degraded"] == true;
+        match s.policy {
+            "open" => {
+                assert_eq!(s.status, 200, "{}", s.body);
+                if degraded {
+                    assert_eq!(s.body["allowed"], true, "open allows: {}", s.body);
+                }
+            }
+            "closed" => {
+                assert!(
+                    s.status == 200 || s.status == 503,
+                    "{} {}",
+                    s.status,
+                    s.body
+                );
+                if s.status == 503 {
+                    assert_eq!(s.body["type"], "urn:ratelimiter:problem:store-unavailable");
+                } else {
+                    assert_eq!(
+                        s.body["degraded"], false,
+                        "closed never degrades: {}",
+                        s.body
+                    );
+                }
+            }
+            "local" => assert_eq!(s.status, 200, "{}", s.body),
+            _ => unreachable!(),
         }
-        assert_eq!(r.status(), 503, "a failure answers by fail mode closed");
+    }
+    let count = |policy: &str, f: &dyn Fn(&Sample) -> bool| {
+        samples
+            .iter()
+            .filter(|s| s.policy == policy && f(s))
+            .count()
+    };
+    assert!(
+        count("open", &|s| s.body["degraded"] == true) > 0,
+        "open answered degraded"
+    );
+    assert!(count("closed", &|s| s.status == 503) > 0, "closed refused");
+    let local_granted = count("local", &|s| {
+        s.body["degraded"] == true && s.body["allowed"] == true
+    });
+    assert!(
+        count("local", &|s| s.body["degraded"] == true) > 0,
+        "local decided in-process"
+    );
+    assert!(
+        local_granted <= 5,
+        "local keeps the limit of 5 per instance: granted {local_granted}"
+    );
+    // The breaker answered most of the outage at once, without waiting for the deadline.
+    let fast = samples
+        .iter()
+        .filter(|s| s.status == 503 && s.took < Duration::from_millis(DEADLINE_MS / 2))
+        .count();
+    assert!(
+        fast > 0,
+        "an open circuit answers without waiting for Redis"
+    );
+}
+
+/// Redis is back: ready within seconds, and exact under concurrency again.
+async fn check_recovered(app: &TestApp) {
+    let start = Instant::now();
+    while app.get("/readyz").await.status() != 200 {
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "Redis never came back"
+            "not ready again after 5 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Exact limits again.
-    assert_eq!(app.acquire("strict", "k", 1).await["remaining"], 1);
-    assert_eq!(app.acquire("strict", "k", 1).await["remaining"], 0);
-    assert_eq!(app.acquire("strict", "k", 1).await["allowed"], false);
-    assert_eq!(app.get("/readyz").await.status(), 200);
-    drop(app);
-    let _ = std::fs::remove_dir_all(&dir);
+    let requests = (0..20).map(|_| {
+        let (client, url) = (app.client.clone(), app.url("/v1/acquire"));
+        tokio::spawn(async move {
+            let r = client
+                .post(url)
+                .json(&json!({"policy": "exact", "key": "after"}))
+                .send()
+                .await
+                .expect("sent");
+            let d: Value = r.json().await.expect("JSON");
+            (d["allowed"] == true, d["degraded"] == true)
+        })
+    });
+    let answers: Vec<(bool, bool)> = join_all(requests)
+        .await
+        .into_iter()
+        .map(|r| r.expect("task"))
+        .collect();
+    assert!(
+        answers.iter().all(|&(_, degraded)| !degraded),
+        "decided by Redis again"
+    );
+    assert_eq!(
+        answers.iter().filter(|&&(allowed, _)| allowed).count(),
+        5,
+        "exact again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
+    let (redis, app, dir) = setup("refused").await;
+    let stream = load(&app, Duration::from_millis(2_000));
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.kill();
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        redis.restart();
+    };
+    let (samples, ()) = tokio::join!(stream, outage);
+    check_answers(&samples);
+    check_recovered(&app).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_redis_is_answered_by_fail_mode_and_recovered_from() {
+    let (redis, app, dir) = setup("hung").await;
+    let stream = load(&app, Duration::from_millis(2_000));
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.signal("STOP");
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        redis.signal("CONT");
+    };
+    let (samples, ()) = tokio::join!(stream, outage);
+    check_answers(&samples);
+    check_recovered(&app).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarted_redis_is_answered_by_fail_mode_and_recovered_from() {
+    let (redis, app, dir) = setup("restarted").await;
+    let stream = load(&app, Duration::from_millis(2_000));
+    let outage = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // A restart that takes a while, as a real one does: down for 600 ms, then back with its
+        // data but no scripts (NOSCRIPT) and every old connection dead.
+        redis.kill();
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        redis.restart();
+    };
+    let (samples, ()) = tokio::join!(stream, outage);
+    check_answers(&samples);
+    check_recovered(&app).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_are_read_from_the_cache_while_redis_is_down_and_writes_are_refused() {
+    let (redis, app, dir) = setup("reads").await;
+    let before = app.policies().await;
+    redis.kill();
+    assert_eq!(app.policies().await, before, "listed from the cache");
+    let r = app
+        .post("/v1/acquire", &json!({"policy": "open", "key": "h"}))
+        .await;
+    assert!(
+        r.headers().get("ratelimit").is_none(),
+        "nothing was counted, so no quota is claimed"
+    );
+    assert!(r.headers().get("ratelimit-policy").is_some());
+    let d: Value = r.json().await.expect("JSON");
+    assert_eq!(
+        (
+            d["allowed"].clone(),
+            d["degraded"].clone(),
+            d["remaining"].clone()
+        ),
+        (json!(true), json!(true), json!(4))
+    );
+    let r = app.get("/v1/policies/open").await;
+    assert_eq!(r.status(), 200);
+    let r = app
+        .put(
+            "/v1/policies/open",
+            &json!({"algorithm": "fixed_window", "limit": 1, "window_ms": 1}),
+        )
+        .await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(app.get("/readyz").await.status(), 503);
+    assert_eq!(app.get("/healthz").await.status(), 200);
+    redis.restart();
+    check_recovered(&app).await;
+    let got: Value = app
+        .get("/v1/policies/open")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(got["limit"], 5, "the refused write left nothing behind");
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -27,7 +27,8 @@ pub struct TestRedis {
 const INSTALL_HINT: &str = "the tests need `redis-server` on PATH: on Debian or Ubuntu run \
      `apt-get install -y redis-server` (it also brings redis-cli)";
 
-fn free_port() -> u16 {
+/// A free loopback port (nothing listens on it right now).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -84,6 +85,16 @@ impl TestRedis {
     }
 }
 
+/// Sends `signal` to process `pid` with `kill(1)`.
+pub fn signal_pid(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill(1)");
+    assert!(status.success(), "kill -{signal} {pid} failed");
+}
+
 /// Starts `redis-server` on `port` and waits until it answers; `None` if it exits first (the
 /// port was taken) or does not answer within 10 s.
 fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
@@ -123,6 +134,12 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
 }
 
 impl TestRedis {
+    /// Sends a signal (`STOP`, `CONT`, `TERM`…) to the server with `kill(1)`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.lock().unwrap_or_else(|e| e.into_inner()).id();
+        signal_pid(pid, signal);
+    }
+
     /// Kills the server (as a crash would) and waits for it to be gone.
     pub fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());

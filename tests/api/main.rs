@@ -10,5 +10,6 @@ mod errors;
 mod faults;
 mod instances;
 mod openapi;
+mod operations;
 mod policies;
 mod scripts;
