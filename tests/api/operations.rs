@@ -239,3 +239,62 @@ async fn sigterm_lets_every_in_flight_request_finish() {
         "nothing listens after the stop"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_request_heads_are_refused() {
+    let app = spawn_app(Backend::Embedded).await;
+    let mut req = app.client.get(app.url("/healthz"));
+    for i in 0..100 {
+        req = req.header(format!("x-filler-{i}"), "x");
+    }
+    assert_eq!(
+        req.send().await.expect("sent").status(),
+        431,
+        "too many header fields"
+    );
+    let r = app
+        .client
+        .get(app.url("/healthz"))
+        .header("x-filler", "x".repeat(140 * 1024))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 431, "a head over 128 KiB");
+    assert_eq!(
+        app.get("/healthz").await.status(),
+        200,
+        "and the service carries on"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_too_slow_to_send_its_headers_is_cut_off() {
+    let app = spawn_app_with(
+        None,
+        &[("RATELIMITER__SERVER__CLIENT_REQUEST_TIMEOUT_MS", "300")],
+    )
+    .await;
+    let address = app.address.trim_start_matches("http://").to_owned();
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(address).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        stream
+            .write_all(b"POST /v1/acquire HTTP/1.1\r\nHost: x\r\n")
+            .expect("write");
+        let started = Instant::now();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        (answer, started.elapsed())
+    })
+    .await
+    .expect("task");
+    assert!(answer.0.starts_with("HTTP/1.1 408"), "{:?}", answer.0);
+    assert!(
+        answer.1 < Duration::from_secs(2),
+        "cut off after {:?}",
+        answer.1
+    );
+}
