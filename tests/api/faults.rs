@@ -220,7 +220,11 @@ async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
     let stream = load(&app, Duration::from_millis(2_000));
     let outage = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        redis.kill();
+        // Stopped by an operator: connections close, new ones are refused.
+        let stopping = redis.clone();
+        tokio::task::spawn_blocking(move || stopping.stop())
+            .await
+            .expect("stop");
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         redis.restart();
     };
@@ -307,5 +311,88 @@ async fn policies_are_read_from_the_cache_while_redis_is_down_and_writes_are_ref
         .await
         .expect("JSON");
     assert_eq!(got["limit"], 5, "the refused write left nothing behind");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_redis_answers_with_are_answered_by_fail_mode_too() {
+    let (redis, app, dir) = setup("errors").await;
+    let mut conn = redis.conn();
+    let status = |policy: &'static str, key: &'static str| {
+        let app = &app;
+        async move {
+            let r = app
+                .post("/v1/acquire", &json!({"policy": policy, "key": key}))
+                .await;
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("JSON"))
+        }
+    };
+    let check = |(status, body): (u16, Value), expected: u16| {
+        assert_eq!(status, expected, "{body}");
+        if status == 200 {
+            assert_eq!(body["degraded"], true, "{body}");
+        }
+    };
+
+    // A script error: someone wrote another type at a state key.
+    let _: () = redis::cmd("HSET")
+        .arg("rl:{closed:squatted}:fixed_window")
+        .arg("x")
+        .arg(1)
+        .query(&mut conn)
+        .expect("HSET");
+    let _: () = redis::cmd("HSET")
+        .arg("rl:{open:squatted}:fixed_window")
+        .arg("x")
+        .arg(1)
+        .query(&mut conn)
+        .expect("HSET");
+    check(status("closed", "squatted").await, 503);
+    check(status("open", "squatted").await, 200);
+
+    // Out of memory: Redis refuses every script that may write.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    check(status("closed", "oom").await, 503);
+    check(status("open", "oom").await, 200);
+    check(status("local", "oom").await, 200);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+
+    // Errors Redis answers with prove it is reachable: the breaker stays closed.
+    assert_eq!(app.get("/readyz").await.status(), 200);
+
+    // Every connection reset under the service's feet: the next calls reconnect.
+    let _: () = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .arg("SKIPME")
+        .arg("yes")
+        .query(&mut conn)
+        .expect("CLIENT KILL");
+    let start = Instant::now();
+    loop {
+        let (code, body) = status("closed", "after-reset").await;
+        if code == 200 {
+            assert_eq!(body["degraded"], false);
+            break;
+        }
+        assert_eq!(code, 503, "{body}");
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "never reconnected"
+        );
+    }
+    check_recovered(&app).await;
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -140,6 +140,13 @@ impl TestRedis {
         signal_pid(pid, signal);
     }
 
+    /// Stops the server as an operator would (SIGTERM) and waits for it to exit.
+    pub fn stop(&self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        signal_pid(child.id(), "TERM");
+        let _ = child.wait();
+    }
+
     /// Kills the server (as a crash would) and waits for it to be gone.
     pub fn kill(&self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
