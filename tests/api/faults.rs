@@ -214,12 +214,27 @@ async fn check_recovered(app: &TestApp) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
-    let (redis, app, dir) = setup("refused").await;
+/// Runs the load through `outage` (which starts 300 ms into it) and checks the answers and the
+/// recovery.
+async fn through_an_outage<F>(tag: &str, outage: impl FnOnce(Arc<TestRedis>) -> F)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let (redis, app, dir) = setup(tag).await;
     let stream = load(&app, Duration::from_millis(2_000));
     let outage = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
+        outage(redis.clone()).await;
+    };
+    let (samples, ()) = tokio::join!(stream, outage);
+    check_answers(&samples);
+    check_recovered(&app).await;
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
+    through_an_outage("refused", |redis| async move {
         // Stopped by an operator: connections close, new ones are refused.
         let stopping = redis.clone();
         tokio::task::spawn_blocking(move || stopping.stop())
@@ -227,45 +242,30 @@ async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
             .expect("stop");
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         redis.restart();
-    };
-    let (samples, ()) = tokio::join!(stream, outage);
-    check_answers(&samples);
-    check_recovered(&app).await;
-    let _ = std::fs::remove_dir_all(dir);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_redis_is_answered_by_fail_mode_and_recovered_from() {
-    let (redis, app, dir) = setup("hung").await;
-    let stream = load(&app, Duration::from_millis(2_000));
-    let outage = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    through_an_outage("hung", |redis| async move {
         redis.signal("STOP");
         tokio::time::sleep(Duration::from_millis(1_200)).await;
         redis.signal("CONT");
-    };
-    let (samples, ()) = tokio::join!(stream, outage);
-    check_answers(&samples);
-    check_recovered(&app).await;
-    let _ = std::fs::remove_dir_all(dir);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_redis_is_answered_by_fail_mode_and_recovered_from() {
-    let (redis, app, dir) = setup("restarted").await;
-    let stream = load(&app, Duration::from_millis(2_000));
-    let outage = async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    through_an_outage("restarted", |redis| async move {
         // A restart that takes a while, as a real one does: down for 600 ms, then back with its
         // data but no scripts (NOSCRIPT) and every old connection dead.
         redis.kill();
         tokio::time::sleep(Duration::from_millis(600)).await;
         redis.restart();
-    };
-    let (samples, ()) = tokio::join!(stream, outage);
-    check_answers(&samples);
-    check_recovered(&app).await;
-    let _ = std::fs::remove_dir_all(dir);
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
