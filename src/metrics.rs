@@ -22,6 +22,8 @@ pub const BREAKER_STATE: &str = "ratelimiter_circuit_breaker_state";
 pub const POOL_CONNECTIONS: &str = "ratelimiter_redis_pool_connections";
 /// Policies in this instance's cache.
 pub const POLICIES: &str = "ratelimiter_policies";
+/// Subjects with state in this process's embedded store (the main one, or `local` fail mode's).
+pub const EMBEDDED_SUBJECTS: &str = "ratelimiter_embedded_subjects";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -64,4 +66,5 @@ fn describe() {
         "Redis connections in the pool, in use or idle"
     );
     describe_gauge!(POLICIES, "Policies in this instance's cache");
+    describe_gauge!(EMBEDDED_SUBJECTS, "Subjects with state in the embedded store");
 }

@@ -282,9 +282,20 @@ impl RateLimiter {
         self.store.ping().await.err().map(|e| e.to_string())
     }
 
+    /// The in-process store: the main one, or the one `local` fail mode decides with.
+    fn memory(&self) -> Option<&MemoryStore> {
+        match &self.store {
+            AnyStore::Memory(m) => Some(m),
+            AnyStore::Redis(_) => self.local.as_ref(),
+        }
+    }
+
     /// The Prometheus text exposition, with the state gauges brought up to date.
     pub fn render_metrics(&self) -> String {
         metrics::gauge!(m::POLICIES).set(self.cache.len() as f64);
+        if let Some(memory) = self.memory() {
+            metrics::gauge!(m::EMBEDDED_SUBJECTS).set(memory.len() as f64);
+        }
         if let AnyStore::Redis(r) = &self.store {
             let current = r.breaker().state();
             for state in [
@@ -319,11 +330,7 @@ impl RateLimiter {
                 if last_housekeeping.elapsed() >= Duration::from_secs(1) {
                     last_housekeeping = Instant::now();
                     let now = system_now_us();
-                    let memory = match &this.store {
-                        AnyStore::Memory(m) => Some(m),
-                        AnyStore::Redis(_) => this.local.as_ref(),
-                    };
-                    if let Some(memory) = memory {
+                    if let Some(memory) = this.memory() {
                         let evicted = memory.evict_expired(now);
                         tracing::trace!(evicted, "evicted expired state");
                     }

@@ -1,0 +1,47 @@
+-- wrk script for POST /v1/acquire (bench/run.py runs it; it is not a Redis script).
+--   wrk ... -s bench/acquire.lua <url> -- <policy> <keys> [unique]
+-- <keys> = 1: every request for one hot key; N: a key drawn at random from N subjects;
+-- "unique" instead: every request a new subject (for the memory measurement).
+-- done() prints one JSON line with the throughput and latency percentiles (µs).
+
+local threads = {}
+local counter = 0
+
+function setup(thread)
+  thread:set("id", #threads + 1)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  policy = args[1]
+  keys = args[2]
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  if keys == "unique" then
+    next_body = function()
+      counter = counter + 1
+      return '{"policy":"' .. policy .. '","key":"t' .. id .. '-' .. counter .. '"}'
+    end
+  elseif tonumber(keys) == 1 then
+    local body = '{"policy":"' .. policy .. '","key":"hot"}'
+    next_body = function() return body end
+  else
+    local n = tonumber(keys)
+    next_body = function()
+      return '{"policy":"' .. policy .. '","key":"k' .. math.random(n) .. '"}'
+    end
+  end
+end
+
+function request()
+  return wrk.format(nil, nil, nil, next_body())
+end
+
+function done(summary, latency, requests)
+  local errors = summary.errors.connect + summary.errors.read + summary.errors.write
+    + summary.errors.timeout
+  io.write(string.format(
+    '{"requests":%d,"duration_us":%d,"errors":%d,"non_2xx":%d,"p50_us":%d,"p99_us":%d,"p999_us":%d}\n',
+    summary.requests, summary.duration, errors, summary.errors.status,
+    latency:percentile(50), latency:percentile(99), latency:percentile(99.9)))
+end

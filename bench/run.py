@@ -1,0 +1,399 @@
+#!/usr/bin/env python3
+"""The ratelimiter benchmark: POST /v1/acquire against its two ceilings, side by side.
+
+    python3 bench/run.py              # the default run (about 4 minutes, after the build)
+    python3 bench/run.py --smoke      # a few seconds: checks that the table comes out (CI)
+
+It builds the service in release mode, starts its own redis-server on a free loopback port, a
+service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
+wrk for each algorithm, one hot key and keys spread over 100,000 subjects, at 1, 50 and 256
+connections. In the same run and at the same concurrency it measures the two ceilings:
+redis-benchmark calling the same Lua script with EVALSHA (the limit of one Redis) and
+GET /healthz (the limit of the HTTP stack on this machine). It also reports each script's cost
+inside Redis (INFO commandstats, usec_per_call, on 100,000 keys) beside the classic token
+bucket's, and the embedded store's memory for 1,000,000 subjects and its reclaiming of them.
+
+It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
+127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
+machine's cores: compare ratios from one run, and medians of several runs.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "bench")
+ALGORITHMS = ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket"]
+SPREAD = 100_000
+HOUR_MS = 3_600_000
+
+# One policy per algorithm that admits nearly everything, so that the allowed path (the one that
+# writes) is what is measured; the sliding log is capped at 10,000 per window by design.
+POLICIES = {
+    "fixed_window": {"limit": 1_000_000_000, "window_ms": HOUR_MS},
+    "sliding_window_log": {"limit": 10_000, "window_ms": HOUR_MS},
+    "sliding_window_counter": {"limit": 1_000_000_000, "window_ms": HOUR_MS},
+    "token_bucket": {"capacity": 1_000_000_000, "refill_tokens": 1_000_000_000, "refill_period_ms": 1000},
+}
+
+
+def fail(message):
+    print(f"bench: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def need(tool, package):
+    """The tool's path; installs its Debian package when missing and running as root."""
+    path = shutil.which(tool)
+    if path:
+        return path
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"bench: installing {package} for {tool}", file=sys.stderr)
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if subprocess.call(["apt-get", "install", "-y", package], env=env) != 0:
+            subprocess.call(["apt-get", "update"], env=env)
+            subprocess.check_call(["apt-get", "install", "-y", package], env=env)
+        path = shutil.which(tool)
+    if not path:
+        fail(f"`{tool}` is missing: install it with `apt-get install -y {package}`")
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check, what, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except (OSError, subprocess.CalledProcessError):
+            pass
+        time.sleep(0.05)
+    fail(f"{what} did not come up within {timeout:.0f} s")
+
+
+def http(method, url, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+class Processes:
+    """Everything started here, stopped on exit."""
+
+    def __init__(self):
+        self.children = []
+
+    def start(self, args, env=None):
+        child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.children.append(child)
+        return child
+
+    def stop_all(self):
+        for child in reversed(self.children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+        for child in self.children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+
+
+def redis_cli(port, *args):
+    out = subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", str(port), *map(str, args)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def start_redis(procs):
+    port = free_port()
+    procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    wait_until(lambda: redis_cli(port, "PING") == "PONG", "redis-server")
+    return port
+
+
+def start_service(procs, binary, redis_port, pool_size):
+    port = free_port()
+    env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}")
+    env.pop("RATELIMITER_CONFIG", None)
+    if redis_port:
+        env["RATELIMITER__REDIS__URL"] = f"redis://127.0.0.1:{redis_port}"
+        env["RATELIMITER__REDIS__POOL_SIZE"] = str(pool_size)
+    child = procs.start([binary], env=env)
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http("GET", base + "/readyz")[0] == 200, "the service")
+    for algorithm, params in POLICIES.items():
+        status, body = http("PUT", f"{base}/v1/policies/bench-{algorithm}", {"algorithm": algorithm, **params})
+        if status not in (200, 201):
+            fail(f"creating bench-{algorithm}: {status} {body!r}")
+    return base, child
+
+
+def wrk(url, connections, duration, script, args=()):
+    threads = max(1, min(2, connections))
+    cmd = ["wrk", "-t", str(threads), "-c", str(connections), "-d", f"{duration}s", "--timeout", "5s", "-s", script, url]
+    if args:
+        cmd += ["--", *map(str, args)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("{")), None)
+    if out.returncode != 0 or line is None:
+        fail(f"wrk failed: {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+    r = json.loads(line)
+    seconds = r["duration_us"] / 1e6
+    return {
+        "rps": r["requests"] / seconds if seconds else 0.0,
+        "p50_ms": r["p50_us"] / 1000,
+        "p99_ms": r["p99_us"] / 1000,
+        "p999_ms": r["p999_us"] / 1000,
+        "errors": r["errors"] + r["non_2xx"],
+    }
+
+
+def script_source(algorithm):
+    """The script exactly as the binary sends it (src/store/scripts.rs): common.lua, a newline,
+    then the algorithm's file."""
+    with open(os.path.join(ROOT, "lua", "common.lua")) as f:
+        common = f.read()
+    with open(os.path.join(ROOT, "lua", f"{algorithm}.lua")) as f:
+        own = f.read()
+    return common + "\n" + own
+
+
+def script_args(algorithm):
+    p = POLICIES[algorithm]
+    if algorithm == "token_bucket":
+        rate, period = p["refill_tokens"], p["refill_period_ms"] * 1000
+        g = math.gcd(rate, period)
+        return [p["capacity"], rate // g, period // g, 1]
+    return [p["limit"], p["window_ms"] * 1000, 1]
+
+
+def load_script(port, source):
+    return redis_cli(port, "SCRIPT", "LOAD", source)
+
+
+def redis_benchmark(port, connections, duration, sha, key, args, spread):
+    """EVALSHA of one script; returns rps and latencies. Calibrates the request count so the
+    run lasts about `duration` seconds."""
+    def run(n):
+        cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(connections), "-n", str(n), "--csv"]
+        if spread:
+            cmd += ["-r", str(spread)]
+        cmd += ["EVALSHA", sha, "1", key, *map(str, args)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        rows = [l for l in out.stdout.splitlines() if l.startswith('"') and not l.startswith('"test"')]
+        if out.returncode != 0 or not rows:
+            fail(f"redis-benchmark failed: {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+        cells = [c.strip('"') for c in rows[-1].split('","')]
+        # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+        return {"rps": float(cells[1]), "p50_ms": float(cells[4]), "p99_ms": float(cells[6]), "p999_ms": None, "errors": 0}
+
+    probe = run(max(1000, connections * 20))
+    n = int(max(2000, probe["rps"] * duration))
+    return run(n)
+
+
+def commandstats_usec_per_call(port, sha, key, args, calls):
+    redis_cli(port, "CONFIG", "RESETSTAT")
+    subprocess.run(
+        ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50", "-n", str(calls), "-r", str(SPREAD), "-q",
+         "EVALSHA", sha, "1", key, *map(str, args)],
+        capture_output=True, check=True)
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_evalsha:"):
+            fields = dict(kv.split("=") for kv in line.split(":", 1)[1].split(","))
+            return float(fields["usec_per_call"])
+    fail("INFO commandstats has no evalsha line")
+
+
+def metric(base, name):
+    _, body = http("GET", base + "/metrics")
+    for line in body.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+def memory_run(procs, binary, subjects, fill_seconds, ttl_ms):
+    """The embedded store with `subjects` distinct keys resident, then reclaimed."""
+    base, child = start_service(procs, binary, None, 0)
+    # One token, refilled in `ttl_ms`: each subject's state lives that long after its acquire.
+    http("PUT", base + "/v1/policies/bench-memory",
+         {"algorithm": "token_bucket", "capacity": 1, "refill_tokens": 1, "refill_period_ms": ttl_ms})
+    idle = rss_mib(child.pid)
+    started = time.monotonic()
+    while (metric(base, "ratelimiter_embedded_subjects") or 0) < subjects:
+        if time.monotonic() - started > fill_seconds:
+            break
+        wrk(base + "/v1/acquire", 64, 2, os.path.join(BENCH, "acquire.lua"), ["bench-memory", "unique"])
+    resident = metric(base, "ratelimiter_embedded_subjects") or 0
+    full = rss_mib(child.pid)
+    deadline = time.monotonic() + ttl_ms / 1000 + 15
+    while (metric(base, "ratelimiter_embedded_subjects") or 0) > 0 and time.monotonic() < deadline:
+        time.sleep(1)
+    left = metric(base, "ratelimiter_embedded_subjects")
+    after = rss_mib(child.pid)
+    child.send_signal(signal.SIGTERM)
+    return {
+        "subjects": int(resident),
+        "rss_idle_mib": round(idle, 1),
+        "rss_full_mib": round(full, 1),
+        "bytes_per_subject": round((full - idle) * 1024 * 1024 / resident, 1) if resident else None,
+        "subjects_after_expiry": int(left) if left is not None else None,
+        "rss_after_expiry_mib": round(after, 1),
+    }
+
+
+def fmt_row(cols, widths):
+    return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))
+
+
+def ms(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=int, default=2, help="seconds per measurement (default 2)")
+    ap.add_argument("--connections", default="1,50,256", help="connection counts (default 1,50,256)")
+    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--pool-size", type=int, default=16, help="redis.pool_size of the service")
+    ap.add_argument("--memory-subjects", type=int, default=1_000_000, help="0 skips the memory run")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds, to check the table comes out")
+    ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
+    ap.add_argument("--out", default=os.path.join(BENCH, "results"))
+    opts = ap.parse_args()
+    if opts.smoke:
+        opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", "token_bucket", 2000
+
+    connections = [int(c) for c in opts.connections.split(",")]
+    algorithms = [a for a in opts.algorithms.split(",") if a]
+    for a in algorithms:
+        if a not in ALGORITHMS:
+            fail(f"unknown algorithm {a}")
+    for tool, package in [("wrk", "wrk"), ("redis-server", "redis-server"), ("redis-cli", "redis-server"),
+                          ("redis-benchmark", "redis-server")]:
+        need(tool, package)
+    if not opts.no_build:
+        subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=ROOT)
+    binary = os.path.join(ROOT, "target", "release", "ratelimiter")
+    if not os.path.exists(binary):
+        fail(f"{binary} is missing: run `cargo build --release`")
+
+    began = time.monotonic()
+    procs = Processes()
+    results = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": {"cores": os.cpu_count(), "redis": redis_cli_version()},
+               "settings": {"duration_s": opts.duration, "pool_size": opts.pool_size, "spread": SPREAD},
+               "rows": [], "script_cost_usec": {}, "memory": None}
+    try:
+        redis_port = start_redis(procs)
+        redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size)
+        embedded_base, _ = start_service(procs, binary, None, 0)
+        acquire = os.path.join(BENCH, "acquire.lua")
+        get = os.path.join(BENCH, "get.lua")
+
+        healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, get) for c in connections}
+        for algorithm in algorithms:
+            sha = load_script(redis_port, script_source(algorithm))
+            args = script_args(algorithm)
+            for keys in (1, SPREAD):
+                key = f"rl:{{bench-{algorithm}:{'hot' if keys == 1 else 'k__rand_int__'}}}:{algorithm}"
+                for c in connections:
+                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, acquire, [f"bench-{algorithm}", keys])
+                    ceiling = redis_benchmark(redis_port, c, opts.duration, sha, key, args, keys if keys > 1 else 0)
+                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, acquire, [f"bench-{algorithm}", keys])
+                    results["rows"].append({
+                        "algorithm": algorithm, "keys": keys, "connections": c,
+                        "redis": on_redis, "evalsha": ceiling, "embedded": embedded, "healthz": healthz[c],
+                        "redis_vs_evalsha": on_redis["rps"] / ceiling["rps"],
+                        "embedded_vs_healthz": embedded["rps"] / healthz[c]["rps"],
+                    })
+
+        calls = 20_000 if opts.smoke else 200_000
+        costs = results["script_cost_usec"]
+        for algorithm in algorithms:
+            sha = load_script(redis_port, script_source(algorithm))
+            key = f"rl:{{cost-{algorithm}:k__rand_int__}}:{algorithm}"
+            costs[algorithm] = commandstats_usec_per_call(redis_port, sha, key, script_args(algorithm), calls)
+        with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
+            classic = load_script(redis_port, f.read())
+        costs["classic_token_bucket"] = commandstats_usec_per_call(
+            redis_port, classic, "classic:{k__rand_int__}", script_args("token_bucket"), calls)
+        costs["return_1"] = commandstats_usec_per_call(redis_port, load_script(redis_port, "return 1"), "x", [], calls)
+
+        if opts.memory_subjects:
+            results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 60,
+                                           2_000 if opts.smoke else 30_000)
+    finally:
+        procs.stop_all()
+    results["seconds"] = round(time.monotonic() - began, 1)
+
+    report(results)
+    os.makedirs(opts.out, exist_ok=True)
+    stamp = results["started"].replace(":", "").replace("+0000", "Z")
+    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}{stamp}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwritten to {os.path.relpath(path, ROOT)} in {results['seconds']} s")
+
+
+def redis_cli_version():
+    out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
+    return next((w.split("=")[1] for w in out.split() if w.startswith("v=")), "?")
+
+
+def report(results):
+    widths = [22, 6, 5, 9, 7, 7, 7, 9, 9, 7, 9, 7, 6, 6]
+    head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "evalsha/s", "embed/s", "p99",
+            "healthz/s", "p99", "r/ev", "e/hz"]
+    print(fmt_row(head, widths))
+    for r in results["rows"]:
+        print(fmt_row([
+            r["algorithm"], "hot" if r["keys"] == 1 else f"{r['keys'] // 1000}k", r["connections"],
+            f"{r['redis']['rps']:.0f}", ms(r["redis"]["p50_ms"]), ms(r["redis"]["p99_ms"]), ms(r["redis"]["p999_ms"]),
+            f"{r['evalsha']['rps']:.0f}", f"{r['embedded']['rps']:.0f}", ms(r["embedded"]["p99_ms"]),
+            f"{r['healthz']['rps']:.0f}", ms(r["healthz"]["p99_ms"]),
+            f"{r['redis_vs_evalsha']:.2f}", f"{r['embedded_vs_healthz']:.2f}",
+        ], widths))
+    errors = sum(r[k]["errors"] for r in results["rows"] for k in ("redis", "embedded", "healthz"))
+    print(f"(latencies in ms; r/ev = acquire on Redis / EVALSHA; e/hz = acquire embedded / healthz; "
+          f"errors or non-2xx answers: {errors})")
+    print("\nscript cost inside Redis (usec_per_call, 100k keys):")
+    for name, usec in results["script_cost_usec"].items():
+        print(f"  {name:24} {usec:6.2f}")
+    if results["memory"]:
+        print("\nembedded store memory:", json.dumps(results["memory"]))
+
+
+if __name__ == "__main__":
+    main()
