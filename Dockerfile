@@ -12,14 +12,16 @@ FROM rust:1.95-slim-bookworm AS builder
 WORKDIR /app
 
 # Dependencies first, in their own layer: it is rebuilt only when Cargo.toml or Cargo.lock
-# change, not on every source edit. Stub sources stand in for the crate while they compile; the
-# crate's own artifacts are then removed so that the real build below cannot reuse them.
+# change, not on every source edit. Stub sources stand in for the crate while they compile (every
+# target Cargo.toml declares needs its file, benches included); the crate's own artifacts are then
+# removed so that the real build below cannot reuse them.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+RUN mkdir src benches \
     && echo 'fn main() {}' > src/main.rs \
     && touch src/lib.rs \
+    && echo 'fn main() {}' > benches/limiter.rs \
     && cargo build --release --locked \
-    && rm -rf src \
+    && rm -rf src benches \
         target/release/ratelimiter* \
         target/release/libratelimiter* \
         target/release/deps/ratelimiter-* \
@@ -28,6 +30,7 @@ RUN mkdir src \
 
 # The crate embeds lua/*.lua with include_str!, so lua/ must be present before it compiles.
 COPY src ./src
+COPY benches ./benches
 COPY lua ./lua
 COPY openapi ./openapi
 # COPY keeps the files' own modification times, which may be older than the stub build; touch

@@ -133,13 +133,15 @@ def start_redis(procs):
     return port
 
 
-def start_service(procs, binary, redis_port, pool_size):
+def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0):
     port = free_port()
-    env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}")
+    env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}",
+               RATELIMITER__SERVER__WORKERS=str(workers))
     env.pop("RATELIMITER_CONFIG", None)
     if redis_port:
         env["RATELIMITER__REDIS__URL"] = f"redis://127.0.0.1:{redis_port}"
         env["RATELIMITER__REDIS__POOL_SIZE"] = str(pool_size)
+        env["RATELIMITER__REDIS__CONNECTION_MODE"] = mode
     child = procs.start([binary], env=env)
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: http("GET", base + "/readyz")[0] == 200, "the service")
@@ -286,7 +288,10 @@ def main():
     ap.add_argument("--duration", type=int, default=2, help="seconds per measurement (default 2)")
     ap.add_argument("--connections", default="1,50,256", help="connection counts (default 1,50,256)")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    ap.add_argument("--pool-size", type=int, default=16, help="redis.pool_size of the service")
+    ap.add_argument("--pool-size", type=int, default=2, help="redis.pool_size of the service (default 2)")
+    ap.add_argument("--connection-mode", default="multiplexed", choices=["multiplexed", "pool"],
+                    help="redis.connection_mode of the service (default multiplexed)")
+    ap.add_argument("--workers", type=int, default=0, help="server.workers of the services (default 0: one per core)")
     ap.add_argument("--memory-subjects", type=int, default=1_000_000, help="0 skips the memory run")
     ap.add_argument("--smoke", action="store_true", help="a few seconds, to check the table comes out")
     ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
@@ -313,12 +318,13 @@ def main():
     procs = Processes()
     results = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": {"cores": os.cpu_count(), "redis": redis_cli_version()},
-               "settings": {"duration_s": opts.duration, "pool_size": opts.pool_size, "spread": SPREAD},
+               "settings": {"duration_s": opts.duration, "pool_size": opts.pool_size,
+                            "connection_mode": opts.connection_mode, "workers": opts.workers, "spread": SPREAD},
                "rows": [], "script_cost_usec": {}, "memory": None}
     try:
         redis_port = start_redis(procs)
-        redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size)
-        embedded_base, _ = start_service(procs, binary, None, 0)
+        redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
+        embedded_base, _ = start_service(procs, binary, None, 0, workers=opts.workers)
         acquire = os.path.join(BENCH, "acquire.lua")
         get = os.path.join(BENCH, "get.lua")
 

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::policy::{parse_policy, Policy};
+use crate::store::connection::ConnectionMode;
 
 /// Why the configuration was refused.
 #[derive(Debug, thiserror::Error)]
@@ -62,6 +63,10 @@ pub struct ServerSettings {
 pub struct RedisSettings {
     /// `redis://[:password@]host:port[/db]`; unset runs the embedded in-process store.
     pub url: Option<Secret>,
+    /// `multiplexed` (connections shared and pipelined by every call) or `pool` (bb8: a
+    /// connection to each call).
+    pub connection_mode: String,
+    /// Connections per instance, in either mode.
     pub pool_size: u32,
     /// Deadline of every Redis call, connection checkout included.
     pub timeout_ms: u64,
@@ -134,7 +139,8 @@ impl Settings {
             .set_default("server.client_request_timeout_ms", 5_000)?
             .set_default("server.keep_alive_s", 5)?
             .set_default("server.shutdown_timeout_s", 10)?
-            .set_default("redis.pool_size", 16)?
+            .set_default("redis.connection_mode", "multiplexed")?
+            .set_default("redis.pool_size", 2)?
             .set_default("redis.timeout_ms", 100)?
             .set_default("redis.key_prefix", "rl")?
             .set_default("redis.policy_refresh_ms", 250)?
@@ -175,6 +181,12 @@ impl RawSettings {
             .map_err(|_| invalid("server.bind", "must be an address such as 127.0.0.1:8080"))?;
         if self.redis.pool_size == 0 {
             return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        if !matches!(self.redis.connection_mode.as_str(), "multiplexed" | "pool") {
+            return Err(invalid(
+                "redis.connection_mode",
+                "must be `multiplexed` or `pool`",
+            ));
         }
         if self.redis.timeout_ms == 0 {
             return Err(invalid("redis.timeout_ms", "must be at least 1"));
@@ -243,6 +255,13 @@ impl RawSettings {
 }
 
 impl RedisSettings {
+    pub fn connection_mode(&self) -> ConnectionMode {
+        match self.connection_mode.as_str() {
+            "pool" => ConnectionMode::Pool,
+            _ => ConnectionMode::Multiplexed,
+        }
+    }
+
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
     }

@@ -66,5 +66,8 @@ fn describe() {
         "Redis connections in the pool, in use or idle"
     );
     describe_gauge!(POLICIES, "Policies in this instance's cache");
-    describe_gauge!(EMBEDDED_SUBJECTS, "Subjects with state in the embedded store");
+    describe_gauge!(
+        EMBEDDED_SUBJECTS,
+        "Subjects with state in the embedded store"
+    );
 }

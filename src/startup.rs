@@ -40,6 +40,7 @@ impl Application {
                 let shown = redact_url(url.expose());
                 let store = RedisStore::open(
                     url.expose(),
+                    settings.redis.connection_mode(),
                     settings.redis.pool_size,
                     settings.redis.timeout(),
                     prefix,

@@ -5,6 +5,7 @@
 //! one atomic call. [`AnyStore`] picks one at start-up. Nothing here knows about HTTP.
 
 pub mod breaker;
+pub mod connection;
 pub mod key;
 pub mod memory;
 pub mod redis;

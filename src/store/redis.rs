@@ -1,15 +1,14 @@
-//! The Redis store: one Lua script call per decision, through a bb8 pool of multiplexed
-//! connections, every call bounded by `redis.timeout_ms` and guarded by a circuit breaker.
+//! The Redis store: one Lua script call per decision, every call bounded by `redis.timeout_ms`
+//! and guarded by a circuit breaker.
 
 use std::time::{Duration, Instant};
 
-use bb8::{ManageConnection, Pool, RunError};
-use bb8_redis::RedisConnectionManager;
-use redis::aio::MultiplexedConnection;
+use bb8::RunError;
 use redis::{AsyncCommands, RedisError};
 use serde_json::{Map, Number, Value};
 
 use super::breaker::Breaker;
+use super::connection::{Conn, ConnectionMode, Connections};
 use super::scripts::Scripts;
 use super::{key, PutOutcome, Store, StoreError};
 use crate::limiter::Decision;
@@ -18,7 +17,7 @@ use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
 
 /// The shared store.
 pub struct RedisStore {
-    pool: Pool<Manager>,
+    conns: Connections,
     prefix: String,
     timeout: Duration,
     scripts: Scripts,
@@ -51,38 +50,6 @@ impl From<RunError<RedisError>> for StoreError {
     }
 }
 
-/// bb8-redis's connection manager, plus a flag it lacks: it never reports a multiplexed
-/// connection as broken, so after Redis restarts the pool would hand out dead connections
-/// forever. A call that fails to reach Redis, or is cut off by the deadline, marks its
-/// connection, and bb8 drops it instead of reusing it.
-pub struct Manager(RedisConnectionManager);
-
-/// A pooled connection and whether its last call left it unusable.
-pub struct Conn {
-    inner: MultiplexedConnection,
-    broken: bool,
-}
-
-impl ManageConnection for Manager {
-    type Connection = Conn;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Conn, RedisError> {
-        Ok(Conn {
-            inner: self.0.connect().await?,
-            broken: false,
-        })
-    }
-
-    async fn is_valid(&self, conn: &mut Conn) -> Result<(), RedisError> {
-        self.0.is_valid(&mut conn.inner).await
-    }
-
-    fn has_broken(&self, conn: &mut Conn) -> bool {
-        conn.broken
-    }
-}
-
 /// The URL with any password replaced, for logs and error messages.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
@@ -102,20 +69,16 @@ impl RedisStore {
     /// call [`Store::ping`] to find out whether Redis answers.
     pub fn open(
         url: &str,
-        pool_size: u32,
+        mode: ConnectionMode,
+        connections: u32,
         timeout: Duration,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        let manager = RedisConnectionManager::new(url).map_err(|e| {
+        let conns = Connections::open(url, mode, connections, timeout).map_err(|e| {
             StoreError::Server(format!("invalid redis.url {}: {e}", redact_url(url)))
         })?;
-        let pool = Pool::builder()
-            .max_size(pool_size)
-            .connection_timeout(timeout)
-            .test_on_check_out(false)
-            .build_unchecked(Manager(manager));
         Ok(Self {
-            pool,
+            conns,
             prefix: prefix.to_owned(),
             timeout,
             scripts: Scripts::new(),
@@ -135,19 +98,13 @@ impl RedisStore {
 
     /// Connections in the pool: `(in use, idle)`.
     pub fn pool_connections(&self) -> (u32, u32) {
-        let state = self.pool.state();
-        (
-            state.connections.saturating_sub(state.idle_connections),
-            state.idle_connections,
-        )
+        self.conns.state()
     }
 
-    /// Runs `f` with a pooled connection, the whole of it (checkout included) bounded by the
-    /// store's timeout.
     /// Calls through the circuit breaker: while it is open, fails at once without touching Redis.
     async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
     where
-        F: AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError>,
     {
         let Some(permit) = self.breaker.permit() else {
             metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
@@ -173,15 +130,12 @@ impl RedisStore {
     /// metric kind.
     async fn call<T, F>(&self, f: F) -> Result<T, (StoreError, &'static str)>
     where
-        F: AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError>,
     {
         let call = async {
-            let mut conn = self.pool.get().await?;
-            // Marked until the call returns: if the deadline drops this future mid-call, the
-            // connection goes back to the pool marked, and is discarded.
-            conn.broken = true;
-            let result = f(&mut conn.inner).await;
-            conn.broken = matches!(result, Err(StoreError::Unavailable(_)));
+            let mut conn = self.conns.get().await?;
+            let result = f(&mut conn).await;
+            conn.done(&result);
             result
         };
         match tokio::time::timeout(self.timeout, call).await {

@@ -12,8 +12,17 @@ use crate::helpers::{policies_of_every_algorithm, spawn_app_with, spawn_app_with
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_share_one_exact_limit() {
     let redis = Arc::new(TestRedis::start());
-    let a = spawn_app_with(Some(redis.clone()), &[]).await;
-    let b = spawn_app_with(Some(redis.clone()), &[]).await;
+    // One instance of each connection mode: both must be exact.
+    let a = spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__CONNECTION_MODE", "multiplexed")],
+    )
+    .await;
+    let b = spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__CONNECTION_MODE", "pool")],
+    )
+    .await;
     for policy in policies_of_every_algorithm("shared", 50) {
         a.create_policy(policy.clone()).await;
         let name = policy["name"].as_str().expect("name").to_owned();

@@ -11,6 +11,7 @@ use ratelimiter::limiter::{
     fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision,
 };
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
+use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
 use ratelimiter::store::{scripts, RedisStore, Store};
 
@@ -55,8 +56,14 @@ impl Lab {
             .expect("runtime");
         // The pool starts its housekeeping task on the current runtime.
         let _inside = rt.enter();
-        let store = RedisStore::open(&redis.url(), 2, std::time::Duration::from_secs(5), "rl")
-            .expect("store");
+        let store = RedisStore::open(
+            &redis.url(),
+            ConnectionMode::Multiplexed,
+            2,
+            std::time::Duration::from_secs(5),
+            "rl",
+        )
+        .expect("store");
         let conn = redis.conn();
         Self {
             rt,

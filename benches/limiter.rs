@@ -1,0 +1,60 @@
+//! Decisions per second of each pure limiter function on one core: the embedded store's
+//! ceiling before locking and HTTP, and the Lua scripts' Rust twins.
+//!
+//!     cargo bench --bench limiter
+
+use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
+use ratelimiter::limiter::{
+    fixed_window, sliding_window_counter, sliding_window_log, token_bucket,
+};
+
+const NOW: u64 = 1_764_460_800_123_457;
+
+fn decisions(c: &mut Criterion) {
+    let mut group = c.benchmark_group("acquire");
+
+    let p = fixed_window::Params {
+        limit: 1_000_000_000,
+        window_us: 60_000_000,
+    };
+    let state = fixed_window::acquire(None, &p, 1, NOW).state;
+    group.bench_function("fixed_window", |b| {
+        b.iter(|| fixed_window::acquire(black_box(state), &p, 1, black_box(NOW + 1)))
+    });
+
+    let p = sliding_window_counter::Params {
+        limit: 1_000_000_000,
+        window_us: 60_000_000,
+    };
+    let state = sliding_window_counter::acquire(None, &p, 1, NOW).state;
+    group.bench_function("sliding_window_counter", |b| {
+        b.iter(|| sliding_window_counter::acquire(black_box(state), &p, 1, black_box(NOW + 1)))
+    });
+
+    let p = token_bucket::Params::new(1_000, 10, 1_000_000);
+    let state = token_bucket::acquire(None, &p, 1, NOW).state;
+    group.bench_function("token_bucket", |b| {
+        b.iter(|| token_bucket::acquire(black_box(state), &p, 1, black_box(NOW + 7)))
+    });
+
+    // A log of 100 entries: the state is moved in and out, as the embedded store does.
+    let p = sliding_window_log::Params {
+        limit: 10_000,
+        window_us: 60_000_000,
+    };
+    let mut log = None;
+    for i in 0..100 {
+        log = sliding_window_log::acquire(log, &p, 1, NOW + i).state;
+    }
+    group.bench_function("sliding_window_log", |b| {
+        b.iter_batched(
+            || log.clone(),
+            |state| sliding_window_log::acquire(state, &p, 1, black_box(NOW + 1_000)),
+            BatchSize::SmallInput,
+        )
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions);
+criterion_main!(benches);
