@@ -186,6 +186,19 @@ async fn check_recovered(app: &TestApp) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A connection that died with the old Redis is found dead by its next call (answered by
+    // fail mode), then reconnects: bursts until one is decided by Redis throughout.
+    let warm = json!({"policy": "closed", "key": "warm"});
+    loop {
+        let burst = (0..20).map(|_| app.post("/v1/acquire", &warm));
+        if join_all(burst).await.iter().all(|r| r.status() == 200) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "connections did not recover"
+        );
+    }
     let requests = (0..20).map(|_| {
         let (client, url) = (app.client.clone(), app.url("/v1/acquire"));
         tokio::spawn(async move {
