@@ -1,7 +1,8 @@
 -- wrk script for POST /v1/acquire (bench/run.py runs it; it is not a Redis script).
---   wrk ... -s bench/acquire.lua <url> -- <policy> <keys> [unique]
+--   wrk ... -s bench/acquire.lua <url> -- <policy> <keys> [run]
 -- <keys> = 1: every request for one hot key; N: a key drawn at random from N subjects;
--- "unique" instead: every request a new subject (for the memory measurement).
+-- "unique": every request a new subject (for the memory measurement), named after <run> so that
+-- successive runs do not repeat each other's subjects.
 -- done() prints one JSON line with the throughput and latency percentiles (µs).
 
 local threads = {}
@@ -15,12 +16,13 @@ end
 function init(args)
   policy = args[1]
   keys = args[2]
+  run = args[3] or "0"
   wrk.method = "POST"
   wrk.headers["Content-Type"] = "application/json"
   if keys == "unique" then
     next_body = function()
       counter = counter + 1
-      return '{"policy":"' .. policy .. '","key":"t' .. id .. '-' .. counter .. '"}'
+      return '{"policy":"' .. policy .. '","key":"r' .. run .. 't' .. id .. '-' .. counter .. '"}'
     end
   elseif tonumber(keys) == 1 then
     local body = '{"policy":"' .. policy .. '","key":"hot"}'

@@ -172,14 +172,9 @@ def wrk(url, connections, duration, script, args=()):
     }
 
 
-def script_source(algorithm):
-    """The script exactly as the binary sends it (src/store/scripts.rs): common.lua, a newline,
-    then the algorithm's file."""
-    with open(os.path.join(ROOT, "lua", "common.lua")) as f:
-        common = f.read()
-    with open(os.path.join(ROOT, "lua", f"{algorithm}.lua")) as f:
-        own = f.read()
-    return common + "\n" + own
+def script_source(binary, algorithm):
+    """The script exactly as the binary sends it to Redis."""
+    return subprocess.run([binary, "--print-script", algorithm], capture_output=True, text=True, check=True).stdout
 
 
 def script_args(algorithm):
@@ -253,10 +248,12 @@ def memory_run(procs, binary, subjects, fill_seconds, ttl_ms):
          {"algorithm": "token_bucket", "capacity": 1, "refill_tokens": 1, "refill_period_ms": ttl_ms})
     idle = rss_mib(child.pid)
     started = time.monotonic()
+    run = 0
     while (metric(base, "ratelimiter_embedded_subjects") or 0) < subjects:
         if time.monotonic() - started > fill_seconds:
             break
-        wrk(base + "/v1/acquire", 64, 2, os.path.join(BENCH, "acquire.lua"), ["bench-memory", "unique"])
+        run += 1
+        wrk(base + "/v1/acquire", 64, 2, os.path.join(BENCH, "acquire.lua"), ["bench-memory", "unique", run])
     resident = metric(base, "ratelimiter_embedded_subjects") or 0
     full = rss_mib(child.pid)
     deadline = time.monotonic() + ttl_ms / 1000 + 15
@@ -328,10 +325,11 @@ def main():
         acquire = os.path.join(BENCH, "acquire.lua")
         get = os.path.join(BENCH, "get.lua")
 
-        healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, get) for c in connections}
         for algorithm in algorithms:
-            sha = load_script(redis_port, script_source(algorithm))
-            args = script_args(algorithm)
+            # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
+            healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, get) for c in connections}
+            sha = load_script(redis_port, script_source(binary, algorithm))
+            args = script_args(algorithm) + [""]
             for keys in (1, SPREAD):
                 key = f"rl:{{bench-{algorithm}:{'hot' if keys == 1 else 'k__rand_int__'}}}:{algorithm}"
                 for c in connections:
@@ -348,9 +346,9 @@ def main():
         calls = 20_000 if opts.smoke else 200_000
         costs = results["script_cost_usec"]
         for algorithm in algorithms:
-            sha = load_script(redis_port, script_source(algorithm))
+            sha = load_script(redis_port, script_source(binary, algorithm))
             key = f"rl:{{cost-{algorithm}:k__rand_int__}}:{algorithm}"
-            costs[algorithm] = commandstats_usec_per_call(redis_port, sha, key, script_args(algorithm), calls)
+            costs[algorithm] = commandstats_usec_per_call(redis_port, sha, key, script_args(algorithm) + [""], calls)
         with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
             classic = load_script(redis_port, f.read())
         costs["classic_token_bucket"] = commandstats_usec_per_call(
@@ -358,7 +356,7 @@ def main():
         costs["return_1"] = commandstats_usec_per_call(redis_port, load_script(redis_port, "return 1"), "x", [], calls)
 
         if opts.memory_subjects:
-            results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 60,
+            results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 40,
                                            2_000 if opts.smoke else 30_000)
     finally:
         procs.stop_all()

@@ -5,7 +5,8 @@
 -- ARGV[1]  limit
 -- ARGV[2]  window_us
 -- ARGV[3]  cost (1 <= cost <= limit)
--- ARGV[4]  optional: the current time in µs (tests only; otherwise Redis TIME)
+-- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
+--          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
 --
 -- A denial writes nothing. A time in an earlier window than the stored one (the clock stepped
@@ -15,9 +16,12 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window_us = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local now = clock(ARGV[4])
 
-local current = divmod(now, window_us)
+-- floor(now / window_us), corrected where the division rounds up to the next integer.
+local current = math.floor(now / window_us)
+if current * window_us > now then
+  current = current - 1
+end
 local window, count = current, 0
 local raw = redis.call('GET', key)
 if raw then
@@ -30,7 +34,7 @@ end
 local wait = (window + 1) * window_us - now
 if count + cost <= limit then
   count = count + cost
-  redis.call('SET', key, struct.pack('<ddd', window, count, window_us), 'PX', fmt(math.ceil(wait / 1000)))
+  redis.call('PSETEX', key, math.ceil(wait / 1000), struct.pack('<ddd', window, count, window_us))
   return {1, limit - count, wait, 0}
 end
 return {0, math.max(limit - count, 0), wait, wait}

@@ -6,7 +6,8 @@
 -- ARGV[1]  limit
 -- ARGV[2]  window_us
 -- ARGV[3]  cost (1 <= cost <= limit)
--- ARGV[4]  optional: the current time in µs (tests only; otherwise Redis TIME)
+-- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
+--          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
 --
 -- Allowed when current + cost + ceil(previous * (window_us - elapsed) / window_us) <= limit,
@@ -17,7 +18,6 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local w = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local now = clock(ARGV[4])
 
 local now_window = divmod(now, w)
 local window, previous, current = now_window, 0, 0
@@ -45,7 +45,7 @@ local end_of_next = start + 2 * w
 if current + cost + weighted <= limit then
   current = current + cost
   local reset = end_of_next - now
-  redis.call('SET', key, struct.pack('<dddd', window, previous, current, w), 'PX', fmt(math.ceil(reset / 1000)))
+  redis.call('PSETEX', key, math.ceil(reset / 1000), struct.pack('<dddd', window, previous, current, w))
   return {1, limit - current - weighted, reset, 0}
 end
 

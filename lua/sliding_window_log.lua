@@ -8,7 +8,8 @@
 -- ARGV[1]  limit (at most 10,000)
 -- ARGV[2]  window_us
 -- ARGV[3]  cost (1 <= cost <= limit)
--- ARGV[4]  optional: the current time in µs (tests only; otherwise Redis TIME)
+-- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
+--          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
 --
 -- Time never runs backwards past the newest member. A denial only drops members that have left
@@ -18,7 +19,6 @@ local key = KEYS[1]
 local limit = tonumber(ARGV[1])
 local window_us = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local now = clock(ARGV[4])
 
 local t, seq, newest = now, 0, nil
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -30,28 +30,31 @@ if last[1] then
   end
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(t - window_us))
+redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', t - window_us))
 local count = redis.call('ZCARD', key)
 if count == 0 then
   newest = nil
 end
 
 if count + cost <= limit then
-  local ts = fmt(t)
-  local args = {}
-  local n = 0
-  -- ZADD in batches: unpack() of thousands of arguments overflows Lua's C stack.
-  for i = 1, cost do
-    args[n + 1] = ts
-    args[n + 2] = ts .. ':' .. string.format('%05d', seq + i)
-    n = n + 2
-    if n == 1000 or i == cost then
-      redis.call('ZADD', key, unpack(args, 1, n))
-      n = 0
+  local ts = string.format('%d', t)
+  if cost == 1 then
+    redis.call('ZADD', key, ts, ts .. ':' .. string.format('%05d', seq + 1))
+  else
+    -- In batches: unpack() of thousands of arguments overflows Lua's C stack.
+    local args, n = {}, 0
+    for i = 1, cost do
+      args[n + 1] = ts
+      args[n + 2] = ts .. ':' .. string.format('%05d', seq + i)
+      n = n + 2
+      if n == 1000 or i == cost then
+        redis.call('ZADD', key, unpack(args, 1, n))
+        n = 0
+      end
     end
   end
   local reset = t + window_us - now
-  redis.call('PEXPIRE', key, fmt(math.ceil(reset / 1000)))
+  redis.call('PEXPIRE', key, math.ceil(reset / 1000))
   return {1, limit - count - cost, reset, 0}
 end
 

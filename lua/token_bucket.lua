@@ -7,7 +7,8 @@
 -- ARGV[2]  refill_tokens    } the rate in lowest terms (divided by their greatest common
 -- ARGV[3]  refill_period_us } divisor), so that refill_tokens < 2^31 and products stay exact
 -- ARGV[4]  cost (1 <= cost <= capacity)
--- ARGV[5]  optional: the current time in µs (tests only; otherwise Redis TIME)
+-- ARGV[5]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
+--          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
 --
 -- The level is whole tokens plus fraction / refill_period_us of a token, all integers: refill
@@ -15,12 +16,13 @@
 -- bucket is read. A time before updated_us refills nothing and removes nothing. A denial writes
 -- nothing. The key expires when the bucket would be full again.
 
+local MAX_WAIT_US = 1125899906842624 -- 2^50 µs; longer waits are reported as this
+
 local key = KEYS[1]
 local capacity = tonumber(ARGV[1])
 local rate = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
 local cost = tonumber(ARGV[4])
-local now = clock(ARGV[5])
 
 local tokens, fraction, updated = capacity, 0, now
 local raw = redis.call('GET', key)
@@ -50,27 +52,26 @@ if tokens < capacity then
 end
 local skew = t - now
 
--- Time until the level reaches `target` whole tokens, rounded up, capped at MAX_WAIT_US.
-local function wait_for(level, target)
-  if level >= target then
+-- Time until the level reaches `target` whole tokens:
+-- ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US.
+local function wait_for(target)
+  if tokens >= target then
     return 0
   end
-  local q, r = muldiv(period, target - level, rate)
+  local q, r = muldiv(period, target - tokens, rate)
   local wait
   if r > fraction then
     wait = q + 1
   else
     wait = q - divmod(fraction - r, rate)
   end
-  return math.min(wait, MAX_WAIT_US)
+  return math.min(skew + wait, MAX_WAIT_US)
 end
 
 if tokens >= cost then
   tokens = tokens - cost
-  local reset = math.min(skew + wait_for(tokens, capacity), MAX_WAIT_US)
-  redis.call('SET', key, struct.pack('<ddddd', tokens, fraction, t, rate, period), 'PX', fmt(math.ceil(reset / 1000)))
+  local reset = wait_for(capacity)
+  redis.call('PSETEX', key, math.ceil(reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
   return {1, tokens, reset, 0}
 end
-local reset = math.min(skew + wait_for(tokens, capacity), MAX_WAIT_US)
-local retry = math.min(skew + wait_for(tokens, cost), MAX_WAIT_US)
-return {0, tokens, reset, retry}
+return {0, tokens, wait_for(capacity), wait_for(cost)}

@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use ratelimiter::config::Settings;
+use ratelimiter::policy::Algorithm;
 use ratelimiter::startup::Application;
+use ratelimiter::store::scripts;
 use ratelimiter::telemetry;
 
-const USAGE: &str = "usage: ratelimiter [--config PATH]
+const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script ALGORITHM
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
@@ -24,6 +26,18 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
             },
             Some("-h" | "--help") => {
                 println!("{USAGE}");
+                std::process::exit(0);
+            }
+            Some("--print-script") => {
+                // The exact source sent to Redis, for bench/run.py and for operators.
+                let name = args
+                    .next()
+                    .and_then(|n| n.into_string().ok())
+                    .unwrap_or_default();
+                match Algorithm::parse(&name) {
+                    Some(a) => print!("{}", scripts::source(a)),
+                    None => bail!("--print-script takes an algorithm name, not {name:?}"),
+                }
                 std::process::exit(0);
             }
             Some("-V" | "--version") => {

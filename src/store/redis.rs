@@ -241,9 +241,11 @@ impl Store for RedisStore {
                         .arg(p.refill_period_us),
                 };
                 call.arg(cost);
-                if let Some(now) = now_us {
-                    call.arg(now);
-                }
+                // The time is always the last argument; empty means Redis's clock.
+                match now_us {
+                    Some(now) => call.arg(now),
+                    None => call.arg(""),
+                };
                 Ok(call.invoke_async(conn).await?)
             })
             .await?;

@@ -1,6 +1,7 @@
 //! The Lua scripts, embedded in the binary and called by SHA.
 //!
-//! Each decision script is `lua/common.lua` followed by `lua/<algorithm>.lua`, one chunk. redis-rs
+//! Each decision script is `lua/common.lua`, then `lua/muldiv.lua` where the algorithm multiplies
+//! large numbers, then `lua/<algorithm>.lua`, joined by newlines into one chunk. redis-rs
 //! sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis), loads the script and
 //! retries, so a script is loaded once per Redis and never sent again in steady state.
 
@@ -9,11 +10,10 @@ use redis::Script;
 use crate::policy::Algorithm;
 
 macro_rules! decision_script {
-    ($file:literal) => {
+    ($($file:literal),+) => {
         concat!(
             include_str!("../../lua/common.lua"),
-            "\n",
-            include_str!(concat!("../../lua/", $file))
+            $("\n", include_str!(concat!("../../lua/", $file))),+
         )
     };
 }
@@ -23,8 +23,10 @@ pub const fn source(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
         Algorithm::SlidingWindowLog => decision_script!("sliding_window_log.lua"),
-        Algorithm::SlidingWindowCounter => decision_script!("sliding_window_counter.lua"),
-        Algorithm::TokenBucket => decision_script!("token_bucket.lua"),
+        Algorithm::SlidingWindowCounter => {
+            decision_script!("muldiv.lua", "sliding_window_counter.lua")
+        }
+        Algorithm::TokenBucket => decision_script!("muldiv.lua", "token_bucket.lua"),
     }
 }
 
@@ -60,11 +62,13 @@ mod tests {
     #[test]
     fn every_script_opens_with_its_keys_argv_and_reply() {
         let common = include_str!("../../lua/common.lua");
+        let muldiv = include_str!("../../lua/muldiv.lua");
         for a in Algorithm::ALL {
-            let own = source(a)
+            let rest = source(a)
                 .strip_prefix(common)
                 .expect("common.lua comes first")
                 .trim_start();
+            let own = rest.strip_prefix(muldiv).unwrap_or(rest).trim_start();
             assert!(own.starts_with(&format!("-- {}.lua", a.as_str())));
             let header: String = own
                 .lines()
