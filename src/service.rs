@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use metrics::Counter;
+use metrics::{Counter, Histogram};
 
 use crate::limiter::Decision;
 use crate::metrics as m;
@@ -74,6 +74,7 @@ pub struct RateLimiter {
     /// Decides for `fail_mode: local` policies while a shared store is unreachable.
     local: Option<MemoryStore>,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
+    acquire_seconds: Histogram,
 }
 
 impl RateLimiter {
@@ -89,6 +90,7 @@ impl RateLimiter {
             cache: PolicyCache::default(),
             local,
             counters: RwLock::default(),
+            acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
         }
     }
 
@@ -123,7 +125,7 @@ impl RateLimiter {
             Ok(decision) => Ok((decision, false)),
             Err(e) => self.by_fail_mode(&policy, key, cost, now_us, e),
         };
-        metrics::histogram!(m::ACQUIRE_SECONDS).record(started.elapsed().as_secs_f64());
+        self.acquire_seconds.record(started.elapsed().as_secs_f64());
         let (decision, degraded) = result?;
         let counters = self.counters(&policy);
         match (degraded, decision.allowed) {
