@@ -285,7 +285,7 @@ def main():
     ap.add_argument("--duration", type=int, default=2, help="seconds per measurement (default 2)")
     ap.add_argument("--connections", default="1,50,256", help="connection counts (default 1,50,256)")
     ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
-    ap.add_argument("--pool-size", type=int, default=2, help="redis.pool_size of the service (default 2)")
+    ap.add_argument("--pool-size", type=int, default=16, help="redis.pool_size, for --connection-mode pool (default 16)")
     ap.add_argument("--connection-mode", default="multiplexed", choices=["multiplexed", "pool"],
                     help="redis.connection_mode of the service (default multiplexed)")
     ap.add_argument("--workers", type=int, default=0, help="server.workers of the services (default 0: one per core)")

@@ -66,7 +66,7 @@ pub struct RedisSettings {
     /// `multiplexed` (connections shared and pipelined by every call) or `pool` (bb8: a
     /// connection to each call).
     pub connection_mode: String,
-    /// Connections per instance, in either mode.
+    /// Connections in the bb8 pool (`pool` mode; multiplexed mode has one per worker thread).
     pub pool_size: u32,
     /// Deadline of every Redis call, connection checkout included.
     pub timeout_ms: u64,
@@ -140,7 +140,7 @@ impl Settings {
             .set_default("server.keep_alive_s", 5)?
             .set_default("server.shutdown_timeout_s", 10)?
             .set_default("redis.connection_mode", "multiplexed")?
-            .set_default("redis.pool_size", 2)?
+            .set_default("redis.pool_size", 16)?
             .set_default("redis.timeout_ms", 100)?
             .set_default("redis.key_prefix", "rl")?
             .set_default("redis.policy_refresh_ms", 250)?
