@@ -253,7 +253,7 @@ def memory_run(procs, binary, subjects, fill_seconds, ttl_ms):
         if time.monotonic() - started > fill_seconds:
             break
         run += 1
-        wrk(base + "/v1/acquire", 64, 2, os.path.join(BENCH, "acquire.lua"), ["bench-memory", "unique", run])
+        wrk(base + "/v1/acquire", 64, 2, os.path.join(BENCH, "wrk.lua"), ["bench-memory", "unique", run])
     resident = metric(base, "ratelimiter_embedded_subjects") or 0
     full = rss_mib(child.pid)
     deadline = time.monotonic() + ttl_ms / 1000 + 15
@@ -322,20 +322,19 @@ def main():
         redis_port = start_redis(procs)
         redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
         embedded_base, _ = start_service(procs, binary, None, 0, workers=opts.workers)
-        acquire = os.path.join(BENCH, "acquire.lua")
-        get = os.path.join(BENCH, "get.lua")
+        script = os.path.join(BENCH, "wrk.lua")
 
         for algorithm in algorithms:
             # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
-            healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, get) for c in connections}
+            healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, script) for c in connections}
             sha = load_script(redis_port, script_source(binary, algorithm))
             args = script_args(algorithm) + [""]
             for keys in (1, SPREAD):
                 key = f"rl:{{bench-{algorithm}:{'hot' if keys == 1 else 'k__rand_int__'}}}:{algorithm}"
                 for c in connections:
-                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, acquire, [f"bench-{algorithm}", keys])
+                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
                     ceiling = redis_benchmark(redis_port, c, opts.duration, sha, key, args, keys if keys > 1 else 0)
-                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, acquire, [f"bench-{algorithm}", keys])
+                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
                     results["rows"].append({
                         "algorithm": algorithm, "keys": keys, "connections": c,
                         "redis": on_redis, "evalsha": ceiling, "embedded": embedded, "healthz": healthz[c],

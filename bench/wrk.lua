@@ -1,5 +1,6 @@
--- wrk script for POST /v1/acquire (bench/run.py runs it; it is not a Redis script).
---   wrk ... -s bench/acquire.lua <url> -- <policy> <keys> [run]
+-- wrk script for bench/run.py (not a Redis script): POST /v1/acquire, or with no arguments a
+-- plain GET of the URL (/healthz, the HTTP stack's ceiling).
+--   wrk ... -s bench/wrk.lua <url> -- <policy> <keys> [run]
 -- <keys> = 1: every request for one hot key; N: a key drawn at random from N subjects;
 -- "unique": every request a new subject (for the memory measurement), named after <run> so that
 -- successive runs do not repeat each other's subjects.
@@ -14,6 +15,10 @@ function setup(thread)
 end
 
 function init(args)
+  if args[1] == nil then
+    next_body = nil
+    return
+  end
   policy = args[1]
   keys = args[2]
   run = args[3] or "0"
@@ -36,6 +41,9 @@ function init(args)
 end
 
 function request()
+  if next_body == nil then
+    return wrk.format()
+  end
   return wrk.format(nil, nil, nil, next_body())
 end
 
