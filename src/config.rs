@@ -63,6 +63,9 @@ pub struct ServerSettings {
 pub struct RedisSettings {
     /// `redis://[:password@]host:port[/db]`; unset runs the embedded in-process store.
     pub url: Option<Secret>,
+    /// Seed nodes (`host:port`) of a Redis Cluster, instead of `url`.
+    #[serde(default)]
+    pub cluster_nodes: Vec<String>,
     /// `multiplexed` (connections shared and pipelined by every call) or `pool` (bb8: a
     /// connection to each call).
     pub connection_mode: String,
@@ -161,6 +164,7 @@ impl Settings {
                 .try_parsing(true)
                 .list_separator(",")
                 .with_list_parse_key("auth.admin_tokens")
+                .with_list_parse_key("redis.cluster_nodes")
                 .with_list_parse_key("auth.client_tokens")
                 .source(Some(env)),
         );
@@ -214,6 +218,20 @@ impl RawSettings {
                 "redis.key_prefix",
                 "must be non-empty and hold no `{` or `}`",
             ));
+        }
+        if !self.redis.cluster_nodes.is_empty() && self.redis.url.is_some() {
+            return Err(invalid(
+                "redis.cluster_nodes",
+                "cannot be set together with redis.url: set one of them",
+            ));
+        }
+        for node in &self.redis.cluster_nodes {
+            let ok = node
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !ok {
+                return Err(invalid("redis.cluster_nodes", "must be host:port seeds"));
+            }
         }
         if let Some(url) = &self.redis.url {
             if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) {
@@ -362,6 +380,25 @@ mod tests {
         assert_eq!(admin, ["one", "two"]);
         assert_eq!(s.auth.client_tokens.len(), 1);
         assert!(!format!("{s:?}").contains("two"));
+    }
+
+    #[test]
+    fn cluster_seeds_come_from_a_comma_separated_variable() {
+        let s = Settings::load_from(
+            None,
+            env(&[(
+                "RATELIMITER__REDIS__CLUSTER_NODES",
+                "10.0.0.1:7000,10.0.0.2:7001",
+            )]),
+        )
+        .expect("valid");
+        assert_eq!(s.redis.cluster_nodes, ["10.0.0.1:7000", "10.0.0.2:7001"]);
+        let e = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__REDIS__CLUSTER_NODES", "nohost")]),
+        )
+        .expect_err("not host:port");
+        assert!(e.to_string().contains("redis.cluster_nodes"), "{e}");
     }
 
     #[test]

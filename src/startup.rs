@@ -29,6 +29,18 @@ impl Application {
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let prefix = &settings.redis.key_prefix;
         let store = match &settings.redis.url {
+            None if !settings.redis.cluster_nodes.is_empty() => {
+                let nodes = &settings.redis.cluster_nodes;
+                let store = RedisStore::open_cluster(nodes, settings.redis.timeout(), prefix)
+                    .await
+                    .with_context(|| format!("cannot reach the Redis Cluster at {nodes:?}"))?
+                    .with_breaker(Breaker::new(
+                        settings.redis.breaker_failures,
+                        settings.redis.breaker_cooldown(),
+                    ));
+                tracing::info!(?nodes, "using Redis Cluster");
+                AnyStore::Redis(store)
+            }
             None => {
                 tracing::warn!(
                     "no redis.url set: using the embedded in-process store; limits are per process \

@@ -15,6 +15,8 @@ use bb8_redis::RedisConnectionManager;
 use redis::aio::{
     ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
 };
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use thread_local::ThreadLocal;
 
@@ -63,6 +65,9 @@ impl ManageConnection for Manager {
 pub enum Connections {
     Pool(Pool<Manager>),
     Multiplexed(Box<Multiplexed>),
+    /// A Redis Cluster: one multiplexed connection per node, routed by key slot, following
+    /// `MOVED`/`ASK` redirects and topology changes.
+    Cluster(ClusterConnection),
 }
 
 /// Multiplexed connections, one per calling thread, made on first use.
@@ -76,6 +81,7 @@ pub struct Multiplexed {
 pub enum Conn {
     Pooled(PooledConnection<'static, Manager>),
     Shared(ConnectionManager),
+    Cluster(ClusterConnection),
 }
 
 impl Connections {
@@ -108,6 +114,17 @@ impl Connections {
         })
     }
 
+    /// Connects to a Redis Cluster through any of its `nodes` (`host:port`).
+    pub async fn open_cluster(nodes: &[String], timeout: Duration) -> Result<Self, RedisError> {
+        let urls: Vec<String> = nodes.iter().map(|n| format!("redis://{n}")).collect();
+        let client = ClusterClient::builder(urls)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .retries(2)
+            .build()?;
+        Ok(Connections::Cluster(client.get_async_connection().await?))
+    }
+
     /// A connection for one call.
     pub async fn get(&self) -> Result<Conn, StoreError> {
         match self {
@@ -125,6 +142,7 @@ impl Connections {
                 })?;
                 Ok(Conn::Shared(conn.clone()))
             }
+            Connections::Cluster(c) => Ok(Conn::Cluster(c.clone())),
         }
     }
 
@@ -142,6 +160,7 @@ impl Connections {
                 0,
                 u32::try_from(m.per_thread.iter().count()).unwrap_or(u32::MAX),
             ),
+            Connections::Cluster(_) => (0, 1),
         }
     }
 }
@@ -160,6 +179,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Pooled(c) => c.inner.req_packed_command(cmd),
             Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -172,6 +192,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Pooled(c) => c.inner.req_packed_commands(pipeline, offset, count),
             Conn::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -179,6 +200,7 @@ impl ConnectionLike for Conn {
         match self {
             Conn::Pooled(c) => c.inner.get_db(),
             Conn::Shared(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
         }
     }
 }

@@ -93,6 +93,26 @@ impl RedisStore {
         })
     }
 
+    /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`.
+    pub async fn open_cluster(
+        nodes: &[String],
+        timeout: Duration,
+        prefix: &str,
+    ) -> Result<Self, StoreError> {
+        let conns = Connections::open_cluster(nodes, timeout).await?;
+        Ok(Self {
+            conns,
+            prefix: prefix.to_owned(),
+            timeout,
+            scripts: Scripts::new(),
+            breaker: Breaker::new(5, Duration::from_secs(1)),
+            call_seconds: {
+                let _ = m::handle();
+                metrics::histogram!(m::REDIS_SECONDS)
+            },
+        })
+    }
+
     /// Replaces the default circuit breaker (5 failures, 1 s cooldown).
     pub fn with_breaker(mut self, breaker: Breaker) -> Self {
         self.breaker = breaker;

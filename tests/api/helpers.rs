@@ -14,6 +14,8 @@ use serde_json::{json, Value};
 pub enum Backend {
     Embedded,
     Redis,
+    /// A Redis Cluster of 3 masters with a replica each, started for the test.
+    Cluster,
 }
 
 /// A `redis-server` of our own on a free loopback port, killed on drop. Tests never use any
@@ -161,12 +163,121 @@ impl Drop for TestRedis {
     }
 }
 
+/// A Redis Cluster of our own: 3 masters and 3 replicas on free loopback ports (client and bus
+/// ports both chosen free), created with `redis-cli --cluster create`, killed on drop.
+pub struct TestCluster {
+    nodes: Vec<TestRedis>,
+    dir: std::path::PathBuf,
+}
+
+impl TestCluster {
+    pub fn start() -> Self {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "ratelimiter-cluster-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("cluster dir");
+        let dir_arg = dir.to_string_lossy().into_owned();
+        let nodes: Vec<TestRedis> = (0..6)
+            .map(|i| {
+                let bus = free_port().to_string();
+                let conf = format!("nodes-{i}.conf");
+                TestRedis::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-port",
+                    &bus,
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--dir",
+                    &dir_arg,
+                ])
+            })
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let out = Command::new("redis-cli")
+            .arg("--cluster")
+            .arg("create")
+            .args(&addresses)
+            .args(["--cluster-replicas", "1", "--cluster-yes"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run redis-cli ({e}); {INSTALL_HINT}"));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let cluster = Self { nodes, dir };
+        cluster.wait_until_ok();
+        cluster
+    }
+
+    /// Waits until every node reports `cluster_state:ok` and every replica is in sync.
+    pub fn wait_until_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                let mut conn = match redis::Client::open(n.url()).and_then(|c| c.get_connection()) {
+                    Ok(c) => c,
+                    Err(_) => return false,
+                };
+                let state = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut conn);
+                let replication = redis::cmd("INFO")
+                    .arg("replication")
+                    .query::<String>(&mut conn);
+                matches!((state, replication), (Ok(s), Ok(r))
+                    if s.contains("cluster_state:ok")
+                        && (r.contains("role:master") || r.contains("master_link_status:up")))
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `host:port` of every node, comma-separated, as `redis.cluster_nodes` takes them.
+    pub fn seeds(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    pub fn nodes(&self) -> &[TestRedis] {
+        &self.nodes
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        for n in &self.nodes {
+            n.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// A running application and an HTTP client for it.
 pub struct TestApp {
     pub address: String,
     pub client: reqwest::Client,
     /// Keeps the app's Redis running as long as the app.
     pub _redis: Option<Arc<TestRedis>>,
+    pub cluster: Option<Arc<TestCluster>>,
 }
 
 /// Starts the app on a free port: on the embedded store, or on a fresh private Redis.
@@ -174,7 +285,18 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
     match backend {
         Backend::Embedded => spawn_app_with(None, &[]).await,
         Backend::Redis => spawn_app_with(Some(Arc::new(TestRedis::start())), &[]).await,
+        Backend::Cluster => spawn_app_on_cluster(Arc::new(TestCluster::start()), &[]).await,
     }
+}
+
+/// Starts the app against a cluster, with extra `RATELIMITER__…` settings.
+pub async fn spawn_app_on_cluster(cluster: Arc<TestCluster>, extra: &[(&str, &str)]) -> TestApp {
+    let seeds = cluster.seeds();
+    let mut settings = vec![("RATELIMITER__REDIS__CLUSTER_NODES", seeds.as_str())];
+    settings.extend_from_slice(extra);
+    let mut app = spawn_app_with(None, &settings).await;
+    app.cluster = Some(cluster);
+    app
 }
 
 /// Starts the app against `redis` (or the embedded store), with extra `RATELIMITER__…`
@@ -206,6 +328,7 @@ pub async fn spawn_app_with_file(
         address,
         client: reqwest::Client::new(),
         _redis: redis,
+        cluster: None,
     }
 }
 
@@ -294,7 +417,8 @@ pub fn policies_of_every_algorithm(prefix: &str, limit: u64) -> Vec<Value> {
     ]
 }
 
-/// Declares each listed `async fn name(backend: Backend)` as two tests, one per store.
+/// Declares each listed `async fn name(backend: Backend)` as three tests: on the embedded store,
+/// on one Redis, on a Redis Cluster.
 #[macro_export]
 macro_rules! on_every_store {
     ($($name:ident),* $(,)?) => {
@@ -311,6 +435,14 @@ macro_rules! on_every_store {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
                     super::$name($crate::helpers::Backend::Redis).await
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::helpers::Backend::Cluster).await
                 }
             )*
         }

@@ -6,6 +6,7 @@
 mod helpers;
 
 mod acquire;
+mod cluster;
 mod errors;
 mod faults;
 mod instances;
