@@ -29,6 +29,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -133,11 +134,31 @@ def start_redis(procs):
     return port
 
 
-def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0):
+def start_cluster(procs, masters=3):
+    """A Redis Cluster of `masters` masters without replicas (the cores are few); returns the
+    seeds for redis.cluster_nodes."""
+    directory = tempfile.mkdtemp(prefix="ratelimiter-bench-cluster-")
+    ports = []
+    for _ in range(masters):
+        port, bus = free_port(), free_port()
+        procs.start(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                     "--cluster-enabled", "yes", "--cluster-port", str(bus), "--cluster-config-file",
+                     f"nodes-{port}.conf", "--dir", directory])
+        wait_until(lambda: redis_cli(port, "PING") == "PONG", "a cluster node")
+        ports.append(port)
+    subprocess.run(["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports],
+                    "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, check=True)
+    wait_until(lambda: all("cluster_state:ok" in redis_cli(p, "CLUSTER", "INFO") for p in ports), "the cluster")
+    return ",".join(f"127.0.0.1:{p}" for p in ports)
+
+
+def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0, cluster=None):
     port = free_port()
     env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}",
                RATELIMITER__SERVER__WORKERS=str(workers))
     env.pop("RATELIMITER_CONFIG", None)
+    if cluster:
+        env["RATELIMITER__REDIS__CLUSTER_NODES"] = cluster
     if redis_port:
         env["RATELIMITER__REDIS__URL"] = f"redis://127.0.0.1:{redis_port}"
         env["RATELIMITER__REDIS__POOL_SIZE"] = str(pool_size)
@@ -322,6 +343,7 @@ def main():
         redis_port = start_redis(procs)
         redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
         embedded_base, _ = start_service(procs, binary, None, 0, workers=opts.workers)
+        cluster_base, _ = start_service(procs, binary, None, 0, workers=opts.workers, cluster=start_cluster(procs))
         script = os.path.join(BENCH, "wrk.lua")
 
         for algorithm in algorithms:
@@ -335,9 +357,15 @@ def main():
                     on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
                     ceiling = redis_benchmark(redis_port, c, opts.duration, sha, key, args, keys if keys > 1 else 0)
                     embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
+                    # A hot key lives on one master, so the cluster only differs on spread keys.
+                    on_cluster = None
+                    if keys > 1:
+                        on_cluster = wrk(cluster_base + "/v1/acquire", c, opts.duration, script,
+                                         [f"bench-{algorithm}", keys])
                     results["rows"].append({
                         "algorithm": algorithm, "keys": keys, "connections": c,
-                        "redis": on_redis, "evalsha": ceiling, "embedded": embedded, "healthz": healthz[c],
+                        "redis": on_redis, "cluster": on_cluster, "evalsha": ceiling, "embedded": embedded,
+                        "healthz": healthz[c],
                         "redis_vs_evalsha": on_redis["rps"] / ceiling["rps"],
                         "embedded_vs_healthz": embedded["rps"] / healthz[c]["rps"],
                     })
@@ -383,21 +411,21 @@ def redis_cli_version():
 
 
 def report(results):
-    widths = [22, 6, 5, 9, 7, 7, 7, 9, 9, 7, 9, 7, 6, 6]
-    head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "evalsha/s", "embed/s", "p99",
+    widths = [22, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 6, 6]
+    head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "cluster/s", "evalsha/s", "embed/s", "p99",
             "healthz/s", "p99", "r/ev", "e/hz"]
     print(fmt_row(head, widths))
     for r in results["rows"]:
         print(fmt_row([
             r["algorithm"], "hot" if r["keys"] == 1 else f"{r['keys'] // 1000}k", r["connections"],
             f"{r['redis']['rps']:.0f}", ms(r["redis"]["p50_ms"]), ms(r["redis"]["p99_ms"]), ms(r["redis"]["p999_ms"]),
-            f"{r['evalsha']['rps']:.0f}", f"{r['embedded']['rps']:.0f}", ms(r["embedded"]["p99_ms"]),
+            f"{r['cluster']['rps']:.0f}" if r.get("cluster") else "-", f"{r['evalsha']['rps']:.0f}", f"{r['embedded']['rps']:.0f}", ms(r["embedded"]["p99_ms"]),
             f"{r['healthz']['rps']:.0f}", ms(r["healthz"]["p99_ms"]),
             f"{r['redis_vs_evalsha']:.2f}", f"{r['embedded_vs_healthz']:.2f}",
         ], widths))
-    errors = sum(r[k]["errors"] for r in results["rows"] for k in ("redis", "embedded", "healthz"))
-    print(f"(latencies in ms; r/ev = acquire on Redis / EVALSHA; e/hz = acquire embedded / healthz; "
-          f"errors or non-2xx answers: {errors})")
+    errors = sum(r[k]["errors"] for r in results["rows"] for k in ("redis", "cluster", "embedded", "healthz") if r.get(k))
+    print(f"(latencies in ms; cluster/s = acquire on a 3-master Redis Cluster; r/ev = acquire on Redis / EVALSHA; "
+          f"e/hz = acquire embedded / healthz; errors or non-2xx answers: {errors})")
     print("\nscript cost inside Redis (usec_per_call, 100k keys):")
     for name, usec in results["script_cost_usec"].items():
         print(f"  {name:24} {usec:6.2f}")

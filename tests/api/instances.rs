@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use crate::helpers::{policies_of_every_algorithm, spawn_app_with, spawn_app_with_file, TestRedis};
+use crate::helpers::{
+    policies_of_every_algorithm, spawn_app_on_cluster, spawn_app_with, spawn_app_with_file,
+    TestApp, TestCluster, TestRedis,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_redis_share_one_exact_limit() {
@@ -70,17 +73,23 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policy_changes_reach_the_other_instance_within_a_second() {
     let redis = Arc::new(TestRedis::start());
-    let a = spawn_app_with(
-        Some(redis.clone()),
-        &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")],
-    )
-    .await;
-    let b = spawn_app_with(
-        Some(redis.clone()),
-        &[("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")],
-    )
-    .await;
+    let refresh = [("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")];
+    let a = spawn_app_with(Some(redis.clone()), &refresh).await;
+    let b = spawn_app_with(Some(redis.clone()), &refresh).await;
+    policy_changes_reach(&a, &b).await;
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_changes_reach_the_other_instance_on_a_cluster_within_a_second() {
+    let cluster = Arc::new(TestCluster::start());
+    let refresh = [("RATELIMITER__REDIS__POLICY_REFRESH_MS", "250")];
+    let a = spawn_app_on_cluster(cluster.clone(), &refresh).await;
+    let b = spawn_app_on_cluster(cluster.clone(), &refresh).await;
+    policy_changes_reach(&a, &b).await;
+}
+
+/// Changes made through `a` are in force on `b` within a second.
+async fn policy_changes_reach(a: &TestApp, b: &TestApp) {
     // Created on A: B decides with it at once (a cache miss reads the store).
     a.create_policy(
         json!({"name": "moving", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}),
