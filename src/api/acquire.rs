@@ -38,20 +38,30 @@ pub struct AcquireRequest {
 }))]
 pub struct AcquireResponse {
     /// Whether the units were granted.
+    #[schema(example = true)]
     pub allowed: bool,
+    /// The policy asked, echoed.
+    #[schema(example = "api-per-user")]
     pub policy: String,
+    /// The subject asked for, echoed unchanged.
+    #[schema(example = "user-42")]
     pub key: String,
     /// The policy's `limit` (or a token bucket's `capacity`).
+    #[schema(example = 20)]
     pub limit: u64,
     /// Units still available after this call; never negative.
+    #[schema(example = 19)]
     pub remaining: u64,
     /// Milliseconds until the subject is back to its full quota, if nothing else arrives.
+    #[schema(example = 100)]
     pub reset_after_ms: u64,
     /// 0 when allowed; otherwise milliseconds until the same request would be allowed, if
     /// nothing else arrives.
+    #[schema(example = 0)]
     pub retry_after_ms: u64,
-    /// True when the store could not be reached and the policy's `fail_mode: open` allowed the
-    /// request without counting it.
+    /// True when the store could not be reached and the policy's fail mode (`open` or `local`)
+    /// decided instead; an `open` answer was not counted.
+    #[schema(example = false)]
     pub degraded: bool,
 }
 

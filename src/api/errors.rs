@@ -18,7 +18,7 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "type": "urn:ratelimiter:problem:invalid-field",
-    "title": "A field is out of range",
+    "title": "A field is missing, unknown or out of range",
     "status": 422,
     "detail": "`cost` 5 exceeds the policy's `limit` of 3, so it could never be granted",
     "field": "cost"
@@ -29,14 +29,17 @@ pub struct Problem {
     #[schema(example = "urn:ratelimiter:problem:invalid-field")]
     pub kind: &'static str,
     /// A short summary of the kind of problem.
+    #[schema(example = "A field is missing, unknown or out of range")]
     pub title: &'static str,
     /// The HTTP status code.
     #[schema(example = 422)]
     pub status: u16,
     /// What went wrong with this request, in words.
+    #[schema(example = "`cost` 5 exceeds the policy's `limit` of 3, so it could never be granted")]
     pub detail: String,
     /// The request field at fault, when there is one (`cost`, `limit`, `policies[0].name`…).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "cost")]
     pub field: Option<String>,
 }
 

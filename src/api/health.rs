@@ -12,6 +12,7 @@ use crate::store::StoreError;
 /// The service's health.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
+    /// Always `ok` in a 200 answer.
     #[schema(example = "ok")]
     pub status: &'static str,
     /// `embedded` or `redis`.
@@ -20,6 +21,9 @@ pub struct Health {
 }
 
 /// Liveness: the process answers HTTP.
+///
+/// 200 as long as the process runs, whatever the store's state: restart the process only when
+/// this fails.
 #[utoipa::path(
     tag = "operations",
     responses((status = 200, description = "The process is alive", body = Health))
@@ -33,6 +37,9 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
 }
 
 /// Readiness: the store answers and the policies have been loaded.
+///
+/// 503, with the reason in `detail`, while policies are not loaded, the circuit breaker is open
+/// or the store does not answer `PING`: take the instance out of the load balancer meanwhile.
 #[utoipa::path(
     tag = "operations",
     responses(

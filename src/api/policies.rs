@@ -16,6 +16,7 @@ use crate::store::PutOutcome;
 /// Every policy, sorted by name.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PolicyList {
+    /// Every policy, sorted by name.
     pub policies: Vec<PolicyDoc>,
 }
 
@@ -80,6 +81,9 @@ pub async fn create(
 }
 
 /// Get a policy.
+///
+/// The policy as stored, with its defaults filled in. While the store is unreachable, the copy
+/// this instance has cached.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),

@@ -287,6 +287,8 @@ pub struct PolicyDoc {
         example = "api-per-user"
     )]
     pub name: String,
+    /// The algorithm, which decides the other fields.
+    #[schema(example = "token_bucket")]
     pub algorithm: Algorithm,
     /// Window algorithms: units allowed per window (1 to 1,000,000,000; at most 10,000 for
     /// `sliding_window_log`).
@@ -312,11 +314,15 @@ pub struct PolicyDoc {
     pub refill_period_ms: Option<u64>,
     /// Free text for operators, at most 1,024 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(max_length = 1024)]
+    #[schema(
+        max_length = 1024,
+        example = "10 requests per second per user, bursts of 20"
+    )]
     pub description: Option<String>,
     /// What to answer when the store cannot be reached: `open` (default) allows and marks the
     /// answer degraded, `closed` answers 503, `local` decides in this instance (limits per
     /// instance, answers marked degraded).
     #[serde(default)]
+    #[schema(example = "open")]
     pub fail_mode: FailMode,
 }
