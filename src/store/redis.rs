@@ -79,18 +79,7 @@ impl RedisStore {
         let conns = Connections::open(url, mode, connections, timeout).map_err(|e| {
             StoreError::Server(format!("invalid redis.url {}: {e}", redact_url(url)))
         })?;
-        Ok(Self {
-            conns,
-            prefix: prefix.to_owned(),
-            timeout,
-            scripts: Scripts::new(),
-            breaker: Breaker::new(5, Duration::from_secs(1)),
-            // The recorder must exist before a handle is taken, or the handle records nothing.
-            call_seconds: {
-                let _ = m::handle();
-                metrics::histogram!(m::REDIS_SECONDS)
-            },
-        })
+        Ok(Self::on(conns, timeout, prefix))
     }
 
     /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`.
@@ -100,17 +89,20 @@ impl RedisStore {
         prefix: &str,
     ) -> Result<Self, StoreError> {
         let conns = Connections::open_cluster(nodes, timeout).await?;
-        Ok(Self {
+        Ok(Self::on(conns, timeout, prefix))
+    }
+
+    fn on(conns: Connections, timeout: Duration, prefix: &str) -> Self {
+        // The recorder must exist before a handle is taken, or the handle records nothing.
+        let _ = m::handle();
+        Self {
             conns,
             prefix: prefix.to_owned(),
             timeout,
             scripts: Scripts::new(),
             breaker: Breaker::new(5, Duration::from_secs(1)),
-            call_seconds: {
-                let _ = m::handle();
-                metrics::histogram!(m::REDIS_SECONDS)
-            },
-        })
+            call_seconds: metrics::histogram!(m::REDIS_SECONDS),
+        }
     }
 
     /// Replaces the default circuit breaker (5 failures, 1 s cooldown).
