@@ -1,4 +1,5 @@
-//! Where limiter state and policies live: the embedded in-process store, or Redis.
+//! Where limiter state and policies live: the embedded in-process store, or Redis (one server
+//! or a Cluster; `connection` holds the ways of reaching it).
 //!
 //! Both implement [`Store`] and give the same answers: the embedded store runs the pure
 //! functions of `limiter` under a lock, Redis runs the Lua script of the same name (`lua/`) in
