@@ -33,13 +33,9 @@ impl Application {
                 let nodes = &settings.redis.cluster_nodes;
                 let store = RedisStore::open_cluster(nodes, settings.redis.timeout(), prefix)
                     .await
-                    .with_context(|| format!("cannot reach the Redis Cluster at {nodes:?}"))?
-                    .with_breaker(Breaker::new(
-                        settings.redis.breaker_failures,
-                        settings.redis.breaker_cooldown(),
-                    ));
+                    .with_context(|| format!("cannot reach the Redis Cluster at {nodes:?}"))?;
                 tracing::info!(?nodes, "using Redis Cluster");
-                AnyStore::Redis(store)
+                AnyStore::Redis(store.with_breaker(breaker(&settings)))
             }
             None => {
                 tracing::warn!(
@@ -57,10 +53,7 @@ impl Application {
                     settings.redis.timeout(),
                     prefix,
                 )?
-                .with_breaker(Breaker::new(
-                    settings.redis.breaker_failures,
-                    settings.redis.breaker_cooldown(),
-                ));
+                .with_breaker(breaker(&settings));
                 store
                     .ping()
                     .await
@@ -110,10 +103,6 @@ impl Application {
         self.port
     }
 
-    pub fn limiter(&self) -> Arc<RateLimiter> {
-        self.limiter.clone()
-    }
-
     /// Serves until SIGINT or SIGTERM, then stops accepting, lets in-flight requests finish (up
     /// to `server.shutdown_timeout_s`) and closes the store's connections.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
@@ -122,6 +111,14 @@ impl Application {
         drop(self.limiter);
         result
     }
+}
+
+/// The circuit breaker the settings ask for.
+fn breaker(settings: &Settings) -> Breaker {
+    Breaker::new(
+        settings.redis.breaker_failures,
+        settings.redis.breaker_cooldown(),
+    )
 }
 
 fn warn_if_open(address: &SocketAddr, tokens: &Tokens) {
