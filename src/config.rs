@@ -94,6 +94,16 @@ pub struct AuthSettings {
     pub client_tokens: Vec<Secret>,
 }
 
+/// Bounds on what the service keeps.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSettings {
+    /// The most policies the store may hold; creating one more is refused.
+    pub max_policies: u64,
+    /// The most subjects the embedded store keeps state for (about 216 bytes each).
+    pub max_embedded_subjects: u64,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
@@ -107,6 +117,7 @@ pub struct Settings {
     pub server: ServerSettings,
     pub redis: RedisSettings,
     pub auth: AuthSettings,
+    pub limits: LimitsSettings,
     pub log: LogSettings,
     /// Created at start-up when absent; never overwrite a policy changed through the API.
     pub policies: Vec<Policy>,
@@ -119,6 +130,7 @@ struct RawSettings {
     redis: RedisSettings,
     #[serde(default)]
     auth: AuthSettings,
+    limits: LimitsSettings,
     log: LogSettings,
     #[serde(default)]
     policies: Vec<serde_json::Value>,
@@ -149,6 +161,8 @@ impl Settings {
             .set_default("redis.policy_refresh_ms", 250)?
             .set_default("redis.breaker_failures", 5)?
             .set_default("redis.breaker_cooldown_ms", 1_000)?
+            .set_default("limits.max_policies", 50_000)?
+            .set_default("limits.max_embedded_subjects", 1_000_000)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -209,6 +223,15 @@ impl RawSettings {
                 return Err(invalid(key, "must not hold an empty token"));
             }
         }
+        if self.limits.max_policies == 0 {
+            return Err(invalid("limits.max_policies", "must be at least 1"));
+        }
+        if self.limits.max_embedded_subjects == 0 {
+            return Err(invalid(
+                "limits.max_embedded_subjects",
+                "must be at least 1",
+            ));
+        }
         if self.redis.policy_refresh_ms == 0 {
             return Err(invalid("redis.policy_refresh_ms", "must be at least 1"));
         }
@@ -266,6 +289,7 @@ impl RawSettings {
             server: self.server,
             redis: self.redis,
             auth: self.auth,
+            limits: self.limits,
             log: self.log,
             policies,
         })

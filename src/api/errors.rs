@@ -140,7 +140,11 @@ impl ApiError {
                     Some("name"),
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
-                ServiceError::Store(StoreError::Unavailable(_) | StoreError::Server(_)) => (
+                ServiceError::Store(
+                    StoreError::Unavailable(_)
+                    | StoreError::OutcomeUnknown(_)
+                    | StoreError::Server(_),
+                ) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
                     "The rate-limit store is unavailable",

@@ -169,7 +169,7 @@ impl Conn {
     /// Reports how the call went: a pooled connection that could not reach Redis is dropped.
     pub fn done<T>(&mut self, result: &Result<T, StoreError>) {
         if let Conn::Pooled(conn) = self {
-            conn.broken = matches!(result, Err(StoreError::Unavailable(_)));
+            conn.broken = matches!(result, Err(e) if e.is_transient());
         }
     }
 }

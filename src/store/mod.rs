@@ -23,10 +23,15 @@ pub use self::redis::RedisStore;
 /// Why a store call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    /// The store could not be reached in time (refused, reset, timed out, pool exhausted):
-    /// worth retrying, and answered by the policy's fail mode.
+    /// The store could not be reached, and the call was provably not executed (refused, no
+    /// connection, circuit breaker open): worth retrying, and answered by the policy's fail mode.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The call may have been executed, but no answer came (the deadline passed, or the
+    /// connection broke after the command was sent): transient like `Unavailable`, but a write
+    /// must be read back before it is retried.
+    #[error("no answer from the store: {0}")]
+    OutcomeUnknown(String),
     /// The store answered with an error (a script error, out of memory, a wrong type).
     #[error("store error: {0}")]
     Server(String),
@@ -38,7 +43,10 @@ pub enum StoreError {
 impl StoreError {
     /// Whether the same call may succeed later without anyone changing anything.
     pub fn is_transient(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)
+        )
     }
 }
 

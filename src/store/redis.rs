@@ -141,7 +141,7 @@ impl RedisStore {
             metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
         }
         self.breaker
-            .record(permit, !matches!(result, Err(StoreError::Unavailable(_))));
+            .record(permit, !matches!(&result, Err(e) if e.is_transient()));
         result
     }
 
@@ -159,10 +159,10 @@ impl RedisStore {
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e @ StoreError::Unavailable(_))) => Err((e, "connection")),
+            Ok(Err(e)) if e.is_transient() => Err((e, "connection")),
             Ok(Err(e)) => Err((e, "server")),
             Err(_) => Err((
-                StoreError::Unavailable(format!(
+                StoreError::OutcomeUnknown(format!(
                     "no answer from Redis within {} ms",
                     self.timeout.as_millis()
                 )),
