@@ -1,38 +1,100 @@
--- policy_write.lua: creates, replaces or deletes one policy together with the index of names
--- and the version counter, atomically, so that no reader sees half a write.
+#!lua
+-- policy_write.lua: every change to the policy set, atomically, with the metadata that lets each
+-- instance follow the changes in order and notice when Redis has lost its data.
 --
--- KEYS[1]  the policy's hash: <prefix>:{policies}:policy:<name>
--- KEYS[2]  the set of policy names: <prefix>:{policies}:index
--- KEYS[3]  the version counter, bumped on every change: <prefix>:{policies}:version
--- ARGV[1]  'create' (only when absent), 'put' (create or replace) or 'delete'
+-- The shebang declares the script to Redis 7: a flagged script that may write is refused whole
+-- while Redis is out of memory, so no write is ever half done.
+--
+-- KEYS[1]  <prefix>:{policies}:meta     hash: generation (a random id chosen by the first writer,
+--                                       gone when Redis loses its data), version (bumped by every
+--                                       change), floor (deletions at or below it are forgotten)
+-- KEYS[2]  <prefix>:{policies}:names    sorted set: live policy name -> version of its last write
+-- KEYS[3]  <prefix>:{policies}:deleted  sorted set: deleted name -> version of its deletion; the
+--                                       newest MAX_DELETED are kept
+-- KEYS[4]  <prefix>:{policies}:seeded   set: names the configuration file has created once
+-- KEYS[5]  <prefix>:{policies}:policy:<name>  hash: the policy's fields
+-- ARGV[1]  'create' (only when absent), 'put' (create or replace), 'delete', 'seed' (create
+--          unless present or ever seeded before), or 'probe' (change nothing)
 -- ARGV[2]  the policy's name
--- ARGV[3…] create and put: the hash's field, value pairs
--- Reply    create: 1 created, 0 already exists; put: 1 created, 2 replaced;
---          delete: 1 deleted, 0 no such policy
+-- ARGV[3]  the precondition: '' none, '*' the policy must not exist, '+' it must exist,
+--          '<generation>.<version>' it must exist at exactly that version (an ETag)
+-- ARGV[4]  the most policies the store may hold
+-- ARGV[5]  a fresh random generation id, used only if the store has none yet
+-- ARGV[6…] create, put and seed: the hash's field, value pairs
+-- Reply    {status, generation, version}: status is one of created, replaced, deleted, exists,
+--          missing, full, precondition_failed, probed; version is the version the change was
+--          given, or for a refusal the policy's current version (0 when absent)
 
-local mode = ARGV[1]
-local exists = redis.call('EXISTS', KEYS[1]) == 1
+local MAX_DELETED = 10000
+
+local meta, names, deleted, seeded, hash = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local mode, name, precondition = ARGV[1], ARGV[2], ARGV[3]
+
+local generation = redis.call('HGET', meta, 'generation')
+if not generation then
+  generation = ARGV[5]
+  redis.call('HSET', meta, 'generation', generation)
+end
+if mode == 'probe' then
+  return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0')}
+end
+
+local current = redis.call('ZSCORE', names, name)
+if current then
+  current = tonumber(current)
+end
+local refuse = function(status)
+  return {status, generation, current or 0}
+end
+
+if precondition == '*' then
+  if current then
+    return refuse('precondition_failed')
+  end
+elseif precondition == '+' then
+  if not current then
+    return refuse('precondition_failed')
+  end
+elseif precondition ~= '' then
+  if not current or precondition ~= generation .. '.' .. string.format('%d', current) then
+    return refuse('precondition_failed')
+  end
+end
 
 if mode == 'delete' then
-  if not exists then
-    return 0
+  if not current then
+    return refuse('missing')
   end
-  redis.call('DEL', KEYS[1])
-  redis.call('SREM', KEYS[2], ARGV[2])
-  redis.call('INCR', KEYS[3])
-  return 1
+  redis.call('DEL', hash)
+  redis.call('ZREM', names, name)
+  local version = redis.call('HINCRBY', meta, 'version', 1)
+  redis.call('ZADD', deleted, version, name)
+  if redis.call('ZCARD', deleted) > MAX_DELETED then
+    local oldest = redis.call('ZRANGE', deleted, 0, 0, 'WITHSCORES')
+    redis.call('ZREMRANGEBYRANK', deleted, 0, 0)
+    redis.call('HSET', meta, 'floor', oldest[2])
+  end
+  return {'deleted', generation, version}
 end
 
-if mode == 'create' and exists then
-  return 0
+if mode == 'seed' and (current or redis.call('SISMEMBER', seeded, name) == 1) then
+  return refuse('exists')
+elseif mode == 'create' and current then
+  return refuse('exists')
 end
-if exists then
-  redis.call('DEL', KEYS[1])
+if not current and redis.call('ZCARD', names) >= tonumber(ARGV[4]) then
+  return refuse('full')
 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 3))
-redis.call('SADD', KEYS[2], ARGV[2])
-redis.call('INCR', KEYS[3])
-if exists then
-  return 2
+if mode == 'seed' then
+  redis.call('SADD', seeded, name)
 end
-return 1
+
+redis.call('DEL', hash)
+redis.call('HSET', hash, unpack(ARGV, 6))
+local version = redis.call('HINCRBY', meta, 'version', 1)
+redis.call('ZADD', names, version, name)
+redis.call('ZREM', deleted, name)
+if current then
+  return {'replaced', generation, version}
+end
+return {'created', generation, version}

@@ -315,6 +315,12 @@ impl RedisSettings {
     pub fn policy_refresh(&self) -> Duration {
         Duration::from_millis(self.policy_refresh_ms)
     }
+
+    /// How long the policy cache may go without being brought up to date before `/readyz`
+    /// reports it stale: eight refresh intervals, and at least 2 s.
+    pub fn policy_stale_after(&self) -> Duration {
+        (self.policy_refresh() * 8).max(Duration::from_secs(2))
+    }
 }
 
 #[cfg(test)]

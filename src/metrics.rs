@@ -22,6 +22,13 @@ pub const BREAKER_STATE: &str = "ratelimiter_circuit_breaker_state";
 pub const POOL_CONNECTIONS: &str = "ratelimiter_redis_pool_connections";
 /// Policies in this instance's cache.
 pub const POLICIES: &str = "ratelimiter_policies";
+/// The version of the store's policy change log up to which this instance's cache is current.
+pub const POLICY_VERSION: &str = "ratelimiter_policy_cache_version";
+/// Seconds since this instance's policy cache was last brought up to date with the store.
+pub const POLICY_AGE: &str = "ratelimiter_policy_cache_age_seconds";
+/// Pages of policy changes read from the store, labelled `kind`: `full` (a complete reload) or
+/// `incremental` (changes since the cache's version).
+pub const POLICY_PAGES: &str = "ratelimiter_policy_pages_total";
 /// Subjects with state in this process's embedded store (the main one, or `local` fail mode's).
 pub const EMBEDDED_SUBJECTS: &str = "ratelimiter_embedded_subjects";
 
@@ -66,6 +73,19 @@ fn describe() {
         "Redis connections in the pool, in use or idle"
     );
     describe_gauge!(POLICIES, "Policies in this instance's cache");
+    describe_gauge!(
+        POLICY_VERSION,
+        "Version of the policy change log this instance's cache is current with"
+    );
+    describe_gauge!(
+        POLICY_AGE,
+        Unit::Seconds,
+        "Time since this instance's policy cache was last brought up to date"
+    );
+    describe_counter!(
+        POLICY_PAGES,
+        "Pages of policy changes read from the store, full or incremental"
+    );
     describe_gauge!(
         EMBEDDED_SUBJECTS,
         "Subjects with state in the embedded store"

@@ -62,12 +62,17 @@ impl Application {
                 AnyStore::Redis(store)
             }
         };
-        let limiter = Arc::new(RateLimiter::new(store, prefix));
+        let limiter = Arc::new(RateLimiter::new(
+            store,
+            prefix,
+            settings.policies.clone(),
+            settings.limits.max_policies,
+            settings.redis.policy_stale_after(),
+        ));
         limiter
-            .ensure_policies(&settings.policies)
+            .refresh()
             .await
-            .context("creating the configured policies")?;
-        limiter.refresh().await.context("loading policies")?;
+            .context("loading policies (and creating the configured ones)")?;
         limiter.spawn_background(settings.redis.policy_refresh());
 
         let listener = TcpListener::bind(&settings.server.bind)

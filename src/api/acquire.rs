@@ -79,6 +79,7 @@ pub struct AcquireResponse {
             ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`"),
             ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`"),
             ("Retry-After" = u64, description = "On a denial: seconds until the request would be allowed"),
+            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
         )),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
@@ -120,6 +121,14 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     value.push_str(";w=");
     value.push_str(num.format(a.policy.limit.window_seconds()));
     push_header(&mut response, "ratelimit-policy", &value);
+
+    value.clear();
+    value.push('"');
+    value.push_str(&a.etag.generation);
+    value.push('.');
+    value.push_str(num.format(a.etag.version));
+    value.push('"');
+    push_header(&mut response, "policy-etag", &value);
 
     // A degraded answer counted nothing, so there is no remaining quota to report.
     if !a.degraded {

@@ -9,6 +9,8 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::policy::ValidationError;
+use crate::service::policies::etag_header;
+use crate::service::readiness::Unready;
 use crate::service::ServiceError;
 use crate::store::StoreError;
 
@@ -62,6 +64,14 @@ pub enum ApiError {
     NoRoute(String),
     #[error("{route} is not allowed; this path takes {allow}")]
     MethodNotAllowed { route: String, allow: &'static str },
+    #[error("not ready: {0}")]
+    NotReady(#[from] Unready),
+    /// A request header the endpoint reads is malformed.
+    #[error("`{header}` {reason}")]
+    BadHeader {
+        header: &'static str,
+        reason: &'static str,
+    },
     #[error(transparent)]
     Service(#[from] ServiceError),
 }
@@ -126,6 +136,18 @@ impl ApiError {
                 "The endpoint does not take this method",
                 None,
             ),
+            ApiError::NotReady(_) => (
+                S::SERVICE_UNAVAILABLE,
+                "urn:ratelimiter:problem:not-ready",
+                "This instance cannot decide with current policies now",
+                None,
+            ),
+            ApiError::BadHeader { header, .. } => (
+                S::BAD_REQUEST,
+                "urn:ratelimiter:problem:malformed-header",
+                "A request header is malformed",
+                Some(header),
+            ),
             ApiError::Service(e) => match e {
                 ServiceError::UnknownPolicy(_) => (
                     S::NOT_FOUND,
@@ -140,11 +162,25 @@ impl ApiError {
                     Some("name"),
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
-                ServiceError::Store(
-                    StoreError::Unavailable(_)
-                    | StoreError::OutcomeUnknown(_)
-                    | StoreError::Server(_),
-                ) => (
+                ServiceError::TooManyPolicies(_) => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:too-many-policies",
+                    "The store holds as many policies as it may",
+                    None,
+                ),
+                ServiceError::PreconditionFailed { .. } => (
+                    S::PRECONDITION_FAILED,
+                    "urn:ratelimiter:problem:precondition-failed",
+                    "The policy is not at the version the request names",
+                    None,
+                ),
+                ServiceError::Store(StoreError::OutcomeUnknown(_)) => (
+                    S::SERVICE_UNAVAILABLE,
+                    "urn:ratelimiter:problem:outcome-unknown",
+                    "The store did not answer in time: the request may or may not have taken effect",
+                    None,
+                ),
+                ServiceError::Store(StoreError::Unavailable(_) | StoreError::Server(_)) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
                     "The rate-limit store is unavailable",
@@ -168,11 +204,24 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let (status, kind, title, field) = self.parts();
-        let detail = if status == StatusCode::INTERNAL_SERVER_ERROR {
-            tracing::error!(error = %self, "request failed");
-            "The request could not be completed; the cause is in the service's log.".to_owned()
-        } else {
-            self.to_string()
+        // What the store said (script names, line numbers, addresses) is for the log, not for
+        // clients.
+        let detail = match self {
+            _ if status == StatusCode::INTERNAL_SERVER_ERROR => {
+                tracing::error!(error = %self, "request failed");
+                "The request could not be completed; the cause is in the service's log.".to_owned()
+            }
+            ApiError::Service(ServiceError::Store(StoreError::OutcomeUnknown(_))) => {
+                "The store did not answer in time, so it is not known whether this request took \
+                 effect. For a policy write, read the policy and compare its ETag before \
+                 retrying, or retry with If-Match (a write with a precondition is safe to repeat)."
+                    .to_owned()
+            }
+            ApiError::Service(ServiceError::Store(_)) => {
+                "The rate-limit store could not be used; the cause is in the service's log."
+                    .to_owned()
+            }
+            _ => self.to_string(),
         };
         let mut response = HttpResponse::build(status);
         response.content_type(PROBLEM_JSON);
@@ -183,8 +232,14 @@ impl ResponseError for ApiError {
             response.insert_header((header::ALLOW, *allow));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(error = %self, "store unavailable");
+            tracing::warn!(error = %self, "answered 503");
             response.insert_header((header::RETRY_AFTER, "1"));
+        }
+        if let ApiError::Service(ServiceError::PreconditionFailed {
+            current: Some(etag),
+        }) = self
+        {
+            response.insert_header((header::ETAG, etag_header(etag)));
         }
         response.json(Problem {
             kind,

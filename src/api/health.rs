@@ -6,8 +6,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::errors::{ApiError, Problem};
-use crate::service::{RateLimiter, ServiceError};
-use crate::store::StoreError;
+use crate::service::RateLimiter;
 
 /// The service's health.
 #[derive(Debug, Serialize, ToSchema)]
@@ -18,6 +17,24 @@ pub struct Health {
     /// `embedded` or `redis`.
     #[schema(example = "redis")]
     pub store: &'static str,
+    /// `/readyz` only: the policies this instance enforces.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub policies: Option<PolicyView>,
+}
+
+/// What this instance's policy cache holds: compare `generation` and `version` across instances
+/// to see them converge.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PolicyView {
+    /// The store's generation: a random id that changes when the store loses its data.
+    #[schema(example = "8c3f0a51d2e94b7a")]
+    pub generation: String,
+    /// The version of the store's policy change log this instance is current with.
+    #[schema(example = 42)]
+    pub version: u64,
+    /// Policies in the cache.
+    #[schema(example = 12)]
+    pub count: usize,
 }
 
 /// Liveness: the process answers HTTP.
@@ -33,13 +50,17 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
     HttpResponse::Ok().json(Health {
         status: "ok",
         store: limiter.store().kind(),
+        policies: None,
     })
 }
 
-/// Readiness: the store answers and the policies have been loaded.
+/// Readiness: this instance can decide with current policies.
 ///
-/// 503, with the reason in `detail`, while policies are not loaded, the circuit breaker is open
-/// or the store does not answer `PING`: take the instance out of the load balancer meanwhile.
+/// 503, with the reason in `detail`, while policies are not loaded yet, the store is unreachable
+/// (or the circuit breaker open), the store refuses writes (Redis out of memory), the policy
+/// cache has not been brought up to date within its bound, or policies listed in the
+/// configuration file are missing: take the instance out of the load balancer meanwhile. A 200
+/// answer shows the policy version this instance enforces.
 #[utoipa::path(
     tag = "operations",
     responses(
@@ -50,11 +71,21 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
 #[get("/readyz")]
 pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
     if let Some(reason) = limiter.unready().await {
-        return Err(ServiceError::Store(StoreError::Unavailable(reason)).into());
+        return Err(reason.into());
     }
+    let position = limiter.cache().position();
     Ok(HttpResponse::Ok().json(Health {
         status: "ok",
         store: limiter.store().kind(),
+        policies: Some(PolicyView {
+            generation: position
+                .generation
+                .as_deref()
+                .unwrap_or_default()
+                .to_owned(),
+            version: position.applied,
+            count: limiter.cache().len(),
+        }),
     }))
 }
 

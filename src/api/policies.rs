@@ -1,23 +1,45 @@
 //! `/v1/policies`: create, read, replace and delete policies at run time.
 
 use actix_web::http::header;
-use actix_web::{delete, get, post, put, web, HttpResponse};
-use serde::Serialize;
+use actix_web::{delete, get, post, put, web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use super::auth::Admin;
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
-use crate::policy::{parse_policy, PolicyDoc, PolicyName};
+use crate::policy::{parse_policy, PolicyDoc, PolicyName, ValidationError};
+use crate::service::policies::etag_header;
 use crate::service::{RateLimiter, ServiceError};
-use crate::store::PutOutcome;
+use crate::store::{Precondition, WriteKind, WriteStatus};
 
-/// Every policy, sorted by name.
+/// One page of policies, sorted by name.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PolicyList {
-    /// Every policy, sorted by name.
+    /// Policies sorted by name, at most `limit`.
     pub policies: Vec<PolicyDoc>,
+    /// Pass as `cursor` to get the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "api-per-user")]
+    pub next_cursor: Option<String>,
+}
+
+/// Default and largest page of `GET /v1/policies`.
+pub const DEFAULT_PAGE: usize = 100;
+pub const MAX_PAGE: usize = 1_000;
+
+/// The query of `GET /v1/policies`.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Policies per page: 1 to 1,000; 100 when left out.
+    #[param(minimum = 1, maximum = 1000, example = 100)]
+    pub limit: Option<String>,
+    /// `next_cursor` of the previous page; left out for the first page.
+    #[param(example = "api-per-user")]
+    pub cursor: Option<String>,
 }
 
 /// A name from the path; one that is not a valid name names no policy.
@@ -29,42 +51,123 @@ fn location(name: &PolicyName) -> String {
     format!("/v1/policies/{name}")
 }
 
+/// The precondition of a write, from `If-Match` (one ETag, or `*`) and `If-None-Match: *`.
+fn precondition(req: &HttpRequest) -> Result<Precondition, ApiError> {
+    let one = |name: &'static str| -> Result<Option<&str>, ApiError> {
+        let mut values = req.headers().get_all(name);
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        let bad = |reason| ApiError::BadHeader {
+            header: name,
+            reason,
+        };
+        if values.next().is_some() {
+            return Err(bad("may be given once"));
+        }
+        let value = value.to_str().map_err(|_| bad("must be ASCII"))?.trim();
+        if value.contains(',') {
+            return Err(bad(
+                "takes one ETag, as the policy's ETag header shows it, or `*`",
+            ));
+        }
+        Ok(Some(value))
+    };
+    match (one("if-match")?, one("if-none-match")?) {
+        (Some(_), Some(_)) => Err(ApiError::BadHeader {
+            header: "if-none-match",
+            reason: "cannot be combined with If-Match",
+        }),
+        (Some("*"), None) => Ok(Precondition::Exists),
+        (Some(etag), None) => {
+            let inner = etag
+                .strip_prefix('"')
+                .and_then(|e| e.strip_suffix('"'))
+                .filter(|e| !e.is_empty() && !e.contains('"'))
+                .ok_or(ApiError::BadHeader {
+                    header: "if-match",
+                    reason: "must be a quoted ETag, as the policy's ETag header shows it, or `*`",
+                })?;
+            Ok(Precondition::Matches(inner.to_owned()))
+        }
+        (None, Some("*")) => Ok(Precondition::Absent),
+        (None, Some(_)) => Err(ApiError::BadHeader {
+            header: "if-none-match",
+            reason: "only `*` is supported (create only if absent)",
+        }),
+        (None, None) => Ok(Precondition::None),
+    }
+}
+
 /// List policies.
 ///
-/// Every policy, sorted by name.
+/// Policies sorted by name, a page at a time: follow `next_cursor` until it is absent. The list
+/// is this instance's copy, brought up to date with the store first (while the store is
+/// unreachable, the copy as it is).
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
+    params(ListQuery),
     responses(
-        (status = 200, description = "Every policy, sorted by name", body = PolicyList),
+        (status = 200, description = "One page of policies, sorted by name", body = PolicyList),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`limit` out of range, or an unknown query parameter", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable and no policies have been loaded yet", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[get("/v1/policies")]
-pub async fn list(_: Admin, limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
-    let policies = limiter.list_policies().await?;
+pub async fn list(
+    _: Admin,
+    limiter: web::Data<RateLimiter>,
+    req: HttpRequest,
+) -> Result<HttpResponse, ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string()).map_err(|e| {
+        let message = e.to_string();
+        let field = ["limit", "cursor"]
+            .into_iter()
+            .find(|f| message.contains(&format!("`{f}`")))
+            .unwrap_or("query");
+        ValidationError::invalid(field, format!("is not understood: {message}"))
+    })?;
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                ValidationError::invalid(
+                    "limit",
+                    format!("must be a whole number from 1 to {MAX_PAGE}"),
+                )
+            })?,
+    };
+    let (page, next_cursor) = limiter
+        .list_policies(query.cursor.as_deref(), limit)
+        .await?;
     Ok(HttpResponse::Ok().json(PolicyList {
-        policies: policies.iter().map(|p| p.to_doc()).collect(),
+        policies: page.iter().map(|(p, _)| p.to_doc()).collect(),
+        next_cursor,
     }))
 }
 
 /// Create a policy.
 ///
 /// In force on every instance sharing the store within a second. Fails with 409 when a policy of
-/// that name exists (use `PUT` to replace one).
+/// that name exists (use `PUT` to replace one) or when the store holds `limits.max_policies`
+/// policies already. The answer's `ETag` names the version created.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
     request_body = PolicyDoc,
     responses(
-        (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The new policy's URL"))),
+        (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The new policy's URL"), ("ETag" = String, description = "The version created"))),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A policy of that name exists", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A policy of that name exists, or the store holds `limits.max_policies` policies", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable; with type `urn:ratelimiter:problem:outcome-unknown`, it did not answer in time and the policy may have been created: read it before retrying", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/policies")]
@@ -74,22 +177,28 @@ pub async fn create(
     body: JsonBody<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let policy = parse_policy(&body.0, None)?;
-    let policy = limiter.create_policy(policy).await?;
+    let doc = policy.to_doc();
+    let name = policy.name.clone();
+    let written = limiter
+        .change_policy(WriteKind::Create, &name, Some(policy), &Precondition::None)
+        .await?;
     Ok(HttpResponse::Created()
-        .insert_header((header::LOCATION, location(&policy.name)))
-        .json(policy.to_doc()))
+        .insert_header((header::LOCATION, location(&name)))
+        .insert_header((header::ETAG, etag_header(&written.etag)))
+        .json(doc))
 }
 
 /// Get a policy.
 ///
-/// The policy as stored, with its defaults filled in. While the store is unreachable, the copy
-/// this instance has cached.
+/// The policy as stored, with its defaults filled in, and its version as the `ETag` header (use
+/// it with `If-Match` to change the policy only if nobody else has since). While the store is
+/// unreachable, the copy this instance has cached.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     responses(
-        (status = 200, description = "The policy", body = PolicyDoc),
+        (status = 200, description = "The policy", body = PolicyDoc, headers(("ETag" = String, description = "The policy's version"))),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
@@ -102,28 +211,35 @@ pub async fn read(
     name: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
-    let policy = limiter.get_policy(&name).await?;
-    Ok(HttpResponse::Ok().json(policy.to_doc()))
+    let (policy, etag) = limiter.get_policy(&name).await?;
+    Ok(HttpResponse::Ok()
+        .insert_header((header::ETAG, etag_header(&etag)))
+        .json(policy.to_doc()))
 }
 
 /// Create or replace a policy.
 ///
 /// The body is a whole policy; its `name` may be left out and must match the path when given.
 /// Replacing a policy keeps the subjects' counters unless the algorithm or its window or rate
-/// changes, in which case they start afresh.
+/// changes, in which case they start afresh. With `If-Match: "<ETag>"` the write happens only if
+/// the policy is still at that version (`If-Match: *`: only if it exists); with
+/// `If-None-Match: *` only if it does not exist. Either makes a retry after an
+/// `outcome-unknown` 503 safe.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     request_body = PolicyDoc,
     responses(
-        (status = 200, description = "Replaced", body = PolicyDoc),
-        (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The policy's URL"))),
-        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "Replaced", body = PolicyDoc, headers(("ETag" = String, description = "The version written"))),
+        (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version written"))),
+        (status = 400, description = "Not a JSON object, a field of the wrong JSON type, or a malformed `If-Match`/`If-None-Match`", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The store holds `limits.max_policies` policies", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`If-Match` or `If-None-Match` does not hold; `ETag` is the policy's version now", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field, or a `name` that differs from the path", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable; with type `urn:ratelimiter:problem:outcome-unknown`, it did not answer in time and the write may have happened: read the policy before retrying, or retry with `If-Match`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[put("/v1/policies/{name}")]
@@ -131,32 +247,46 @@ pub async fn replace(
     _: Admin,
     limiter: web::Data<RateLimiter>,
     name: web::Path<String>,
+    req: HttpRequest,
     body: JsonBody<Value>,
 ) -> Result<HttpResponse, ApiError> {
     let path = PolicyName::parse(&name)
-        .map_err(|r| ApiError::Validation(crate::policy::ValidationError::invalid("name", r)))?;
+        .map_err(|r| ApiError::Validation(ValidationError::invalid("name", r)))?;
+    let precondition = precondition(&req)?;
     let policy = parse_policy(&body.0, Some(&path))?;
     let doc = policy.to_doc();
-    Ok(match limiter.put_policy(policy).await? {
-        PutOutcome::Created => HttpResponse::Created()
-            .insert_header((header::LOCATION, location(&path)))
-            .json(doc),
-        PutOutcome::Replaced => HttpResponse::Ok().json(doc),
-    })
+    let written = limiter
+        .change_policy(WriteKind::Put, &path, Some(policy), &precondition)
+        .await?;
+    let mut response = match written.status {
+        WriteStatus::Created => {
+            let mut r = HttpResponse::Created();
+            r.insert_header((header::LOCATION, location(&path)));
+            r
+        }
+        _ => HttpResponse::Ok(),
+    };
+    Ok(response
+        .insert_header((header::ETAG, etag_header(&written.etag)))
+        .json(doc))
 }
 
 /// Delete a policy.
 ///
-/// Subjects' counters are left to expire by themselves.
+/// Subjects' counters are left to expire by themselves. With `If-Match: "<ETag>"`, only if the
+/// policy is still at that version. A policy listed in the configuration file stays deleted: the
+/// file only creates each policy once.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
     responses(
         (status = 204, description = "Deleted"),
+        (status = 400, description = "A malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 412, description = "`If-Match` does not hold; `ETag` is the policy's version now", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store is unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store is unavailable; with type `urn:ratelimiter:problem:outcome-unknown`, it did not answer in time and the policy may have been deleted: read it before retrying", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[delete("/v1/policies/{name}")]
@@ -164,8 +294,18 @@ pub async fn remove(
     _: Admin,
     limiter: web::Data<RateLimiter>,
     name: web::Path<String>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let name = path_name(&name)?;
-    limiter.delete_policy(&name).await?;
+    let precondition = precondition(&req)?;
+    if precondition == Precondition::Absent {
+        return Err(ApiError::BadHeader {
+            header: "if-none-match",
+            reason: "does not apply to DELETE",
+        });
+    }
+    limiter
+        .change_policy(WriteKind::Delete, &name, None, &precondition)
+        .await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -1,11 +1,10 @@
-//! The policy model: what a policy is, how it is validated, and the in-process cache of them.
+//! The policy model: what a policy is and how it is validated.
 //!
 //! A [`Policy`] only exists validated: [`input::parse_policy`] turns client JSON into one or
 //! names the field that is wrong, and every later layer trusts it. The HTTP shape of a policy
 //! (`PolicyDoc`) lives here too, so that the OpenAPI schema and the validation describe the same
 //! fields.
 
-pub mod cache;
 pub mod input;
 mod name;
 
@@ -14,7 +13,6 @@ use utoipa::ToSchema;
 
 use crate::limiter::{fixed_window, sliding_window_counter, sliding_window_log, token_bucket};
 
-pub use cache::PolicyCache;
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName};
 

@@ -7,9 +7,9 @@
 //! hold none of those bytes). The algorithm is part of the name, so a policy whose algorithm
 //! changes never hands one script another script's state.
 //!
-//! Policies: `<prefix>:{policies}:policy:<name>` hashes, the `<prefix>:{policies}:index` set
-//! of names and the `<prefix>:{policies}:version` counter share one hash tag, so one script can
-//! change them together, on a cluster too.
+//! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
+//! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
+//! can change them together, on a cluster too.
 
 use crate::policy::Algorithm;
 
@@ -45,19 +45,33 @@ fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b'{' | b'}' | b':') || b.is_ascii_control()
 }
 
-/// The hash holding one policy.
-pub fn policy_key(prefix: &str, name: &str) -> String {
-    format!("{prefix}:{{policies}}:policy:{name}")
+/// The keys of the policy set, all on the `{policies}` hash tag (see `lua/policy_write.lua`).
+#[derive(Debug, Clone)]
+pub struct PolicyKeys {
+    pub meta: String,
+    pub names: String,
+    pub deleted: String,
+    pub seeded: String,
+    /// Prefix of each policy's hash; the name follows.
+    pub hash_prefix: String,
 }
 
-/// The set of all policy names.
-pub fn policy_index_key(prefix: &str) -> String {
-    format!("{prefix}:{{policies}}:index")
-}
+impl PolicyKeys {
+    pub fn new(prefix: &str) -> Self {
+        let key = |part: &str| format!("{prefix}:{{policies}}:{part}");
+        Self {
+            meta: key("meta"),
+            names: key("names"),
+            deleted: key("deleted"),
+            seeded: key("seeded"),
+            hash_prefix: key("policy:"),
+        }
+    }
 
-/// The counter bumped by every policy write.
-pub fn policy_version_key(prefix: &str) -> String {
-    format!("{prefix}:{{policies}}:version")
+    /// The hash holding one policy.
+    pub fn hash(&self, name: &str) -> String {
+        format!("{}{name}", self.hash_prefix)
+    }
 }
 
 /// The hash tag of a key as Redis Cluster computes it: the bytes between the first `{` and the

@@ -7,13 +7,13 @@
 //! second by the service) frees them, so memory stays bounded by the live subjects.
 
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::{key, PutOutcome, Store, StoreError};
+use super::policy_set::PolicySet;
+use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
 use crate::limiter::{
     fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision, Outcome,
 };
@@ -40,8 +40,7 @@ struct Slot {
 pub struct MemoryStore {
     prefix: String,
     shards: Box<[Mutex<HashMap<String, Slot>>]>,
-    policies: Mutex<BTreeMap<PolicyName, Policy>>,
-    version: AtomicU64,
+    policies: Mutex<PolicySet>,
 }
 
 /// Microseconds since the Unix epoch by the system clock.
@@ -62,8 +61,7 @@ impl MemoryStore {
         Self {
             prefix: prefix.to_owned(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            policies: Mutex::new(BTreeMap::new()),
-            version: AtomicU64::new(0),
+            policies: Mutex::new(PolicySet::default()),
         }
     }
 
@@ -144,10 +142,6 @@ impl MemoryStore {
         name.hash(&mut h);
         &self.shards[(h.finish() as usize) % SHARDS]
     }
-
-    fn bump(&self) {
-        self.version.fetch_add(1, Ordering::Relaxed);
-    }
 }
 
 impl Store for MemoryStore {
@@ -161,47 +155,16 @@ impl Store for MemoryStore {
         Ok(self.acquire_at(policy, key, cost, now_us.unwrap_or_else(system_now_us)))
     }
 
-    async fn load_policies(&self) -> Result<(Vec<Policy>, u64), StoreError> {
-        let policies = lock(&self.policies);
-        Ok((
-            policies.values().cloned().collect(),
-            self.version.load(Ordering::Relaxed),
-        ))
+    async fn write_policy(&self, write: PolicyWrite<'_>) -> Result<Written, StoreError> {
+        Ok(lock(&self.policies).write(write))
     }
 
-    async fn load_policy(&self, name: &PolicyName) -> Result<Option<Policy>, StoreError> {
-        Ok(lock(&self.policies).get(name).cloned())
+    async fn policy_changes(&self, since: u64, max: usize) -> Result<ChangePage, StoreError> {
+        Ok(lock(&self.policies).changes(since, max))
     }
 
-    async fn create_policy(&self, policy: &Policy) -> Result<bool, StoreError> {
-        let mut policies = lock(&self.policies);
-        if policies.contains_key(&policy.name) {
-            return Ok(false);
-        }
-        policies.insert(policy.name.clone(), policy.clone());
-        self.bump();
-        Ok(true)
-    }
-
-    async fn put_policy(&self, policy: &Policy) -> Result<PutOutcome, StoreError> {
-        let replaced = lock(&self.policies).insert(policy.name.clone(), policy.clone());
-        self.bump();
-        Ok(match replaced {
-            Some(_) => PutOutcome::Replaced,
-            None => PutOutcome::Created,
-        })
-    }
-
-    async fn delete_policy(&self, name: &PolicyName) -> Result<bool, StoreError> {
-        let deleted = lock(&self.policies).remove(name).is_some();
-        if deleted {
-            self.bump();
-        }
-        Ok(deleted)
-    }
-
-    async fn policy_version(&self) -> Result<u64, StoreError> {
-        Ok(self.version.load(Ordering::Relaxed))
+    async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
+        Ok(lock(&self.policies).read(name))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

@@ -9,10 +9,13 @@ pub mod breaker;
 pub mod connection;
 pub mod key;
 pub mod memory;
+mod policy_set;
 pub mod redis;
 pub mod scripts;
 
+use std::fmt;
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::limiter::Decision;
 use crate::policy::{LimitKey, Policy, PolicyName};
@@ -50,11 +53,156 @@ impl StoreError {
     }
 }
 
-/// What a `put` did.
+/// A policy's version in the store: the data set it belongs to (`generation`, a random id that
+/// changes when the store loses its data) and the change that wrote it (`version`, counted up
+/// by every policy write). The API shows it as the policy's `ETag`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Etag {
+    pub generation: Arc<str>,
+    pub version: u64,
+}
+
+impl fmt::Display for Etag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.generation, self.version)
+    }
+}
+
+/// What a policy write does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PutOutcome {
+pub enum WriteKind {
+    /// Create, unless a policy of that name exists.
+    Create,
+    /// Create or replace.
+    Put,
+    Delete,
+    /// Create from the configuration file: unless it exists or was ever seeded before (so a
+    /// deletion through the API sticks), in this generation of the store.
+    Seed,
+    /// Change nothing; proves the store takes writes, and gives the store a generation if it
+    /// has none yet.
+    Probe,
+}
+
+impl WriteKind {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            WriteKind::Create => "create",
+            WriteKind::Put => "put",
+            WriteKind::Delete => "delete",
+            WriteKind::Seed => "seed",
+            WriteKind::Probe => "probe",
+        }
+    }
+}
+
+/// A condition on the stored policy for a write to happen (`If-Match`, `If-None-Match: *`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Precondition {
+    #[default]
+    None,
+    /// The policy must not exist.
+    Absent,
+    /// The policy must exist.
+    Exists,
+    /// The policy must exist with exactly this ETag (as [`Etag`] prints it).
+    Matches(String),
+}
+
+/// One policy write.
+#[derive(Debug, Clone, Copy)]
+pub struct PolicyWrite<'a> {
+    pub kind: WriteKind,
+    pub name: &'a PolicyName,
+    /// The policy to store, for `Create`, `Put` and `Seed`.
+    pub policy: Option<&'a Policy>,
+    pub precondition: &'a Precondition,
+    /// Creating a policy beyond this many is refused (`WriteStatus::Full`).
+    pub max_policies: u64,
+}
+
+/// What a policy write did, or why it did nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteStatus {
     Created,
     Replaced,
+    Deleted,
+    /// `Create` or `Seed` found the policy (or, for `Seed`, found it seeded before).
+    Exists,
+    /// `Delete` found no such policy.
+    Missing,
+    /// The store holds `max_policies` already.
+    Full,
+    PreconditionFailed,
+    Probed,
+}
+
+impl WriteStatus {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "created" => WriteStatus::Created,
+            "replaced" => WriteStatus::Replaced,
+            "deleted" => WriteStatus::Deleted,
+            "exists" => WriteStatus::Exists,
+            "missing" => WriteStatus::Missing,
+            "full" => WriteStatus::Full,
+            "precondition_failed" => WriteStatus::PreconditionFailed,
+            "probed" => WriteStatus::Probed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the write changed the policy set.
+    pub fn changed(self) -> bool {
+        matches!(
+            self,
+            WriteStatus::Created | WriteStatus::Replaced | WriteStatus::Deleted
+        )
+    }
+}
+
+/// The answer to a policy write: what happened, and the ETag the change was given (for a
+/// refusal, the policy's current one; version 0 when it does not exist).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub status: WriteStatus,
+    pub etag: Etag,
+}
+
+/// One policy changed after a given version: its state now.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub name: String,
+    /// The version of the change.
+    pub version: u64,
+    /// The policy, or `None` when it was deleted.
+    pub policy: Option<Policy>,
+}
+
+/// A page of the changes made to the policy set after a version, oldest first.
+#[derive(Debug, Clone)]
+pub struct ChangePage {
+    /// `None` when the store has no policy metadata at all: new, or it lost its data.
+    pub generation: Option<Arc<str>>,
+    /// The store's version now.
+    pub version: u64,
+    /// Deletions at or below this version are forgotten: an instance that knows an older
+    /// version must reload everything.
+    pub floor: u64,
+    pub changes: Vec<Change>,
+}
+
+/// A fresh random generation id (16 hex digits), for a store that has none yet.
+pub fn new_generation() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
 }
 
 /// The operations every store provides.
@@ -69,33 +217,25 @@ pub trait Store: Send + Sync {
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
-    /// Every policy, and the policy version they reflect.
-    fn load_policies(&self) -> impl Future<Output = Result<(Vec<Policy>, u64), StoreError>> + Send;
+    /// Writes (or refuses to write) one policy, atomically with the change tracking.
+    fn write_policy(
+        &self,
+        write: PolicyWrite<'_>,
+    ) -> impl Future<Output = Result<Written, StoreError>> + Send;
 
-    fn load_policy(
+    /// At most `max` changes made after version `since` (0: every policy), in one consistent
+    /// read.
+    fn policy_changes(
+        &self,
+        since: u64,
+        max: usize,
+    ) -> impl Future<Output = Result<ChangePage, StoreError>> + Send;
+
+    /// One policy and its ETag, in one consistent read.
+    fn read_policy(
         &self,
         name: &PolicyName,
-    ) -> impl Future<Output = Result<Option<Policy>, StoreError>> + Send;
-
-    /// Creates the policy unless one of that name exists; `Ok(false)` when it does.
-    fn create_policy(
-        &self,
-        policy: &Policy,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    fn put_policy(
-        &self,
-        policy: &Policy,
-    ) -> impl Future<Output = Result<PutOutcome, StoreError>> + Send;
-
-    /// `Ok(false)` when there was no such policy.
-    fn delete_policy(
-        &self,
-        name: &PolicyName,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
-
-    /// A number that changes whenever any policy is written, by any instance.
-    fn policy_version(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<(Policy, Etag)>, StoreError>> + Send;
 
     /// Whether the store answers at all.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -140,28 +280,16 @@ impl Store for AnyStore {
         dispatch!(self, s => s.acquire(policy, key, cost, now_us))
     }
 
-    async fn load_policies(&self) -> Result<(Vec<Policy>, u64), StoreError> {
-        dispatch!(self, s => s.load_policies())
+    async fn write_policy(&self, write: PolicyWrite<'_>) -> Result<Written, StoreError> {
+        dispatch!(self, s => s.write_policy(write))
     }
 
-    async fn load_policy(&self, name: &PolicyName) -> Result<Option<Policy>, StoreError> {
-        dispatch!(self, s => s.load_policy(name))
+    async fn policy_changes(&self, since: u64, max: usize) -> Result<ChangePage, StoreError> {
+        dispatch!(self, s => s.policy_changes(since, max))
     }
 
-    async fn create_policy(&self, policy: &Policy) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.create_policy(policy))
-    }
-
-    async fn put_policy(&self, policy: &Policy) -> Result<PutOutcome, StoreError> {
-        dispatch!(self, s => s.put_policy(policy))
-    }
-
-    async fn delete_policy(&self, name: &PolicyName) -> Result<bool, StoreError> {
-        dispatch!(self, s => s.delete_policy(name))
-    }
-
-    async fn policy_version(&self) -> Result<u64, StoreError> {
-        dispatch!(self, s => s.policy_version())
+    async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
+        dispatch!(self, s => s.read_policy(name))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

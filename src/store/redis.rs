@@ -1,16 +1,21 @@
 //! The Redis store: one Lua script call per decision, every call bounded by `redis.timeout_ms`
 //! and guarded by a circuit breaker.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bb8::RunError;
-use redis::{AsyncCommands, RedisError};
-use serde_json::{Map, Number, Value};
+use redis::{RedisError, Value};
+use serde_json::{Map, Number, Value as Json};
 
 use super::breaker::Breaker;
 use super::connection::{Conn, ConnectionMode, Connections};
+use super::key::PolicyKeys;
 use super::scripts::Scripts;
-use super::{key, PutOutcome, Store, StoreError};
+use super::{
+    key, new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, Store, StoreError,
+    WriteStatus, Written,
+};
 use crate::limiter::Decision;
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
@@ -20,6 +25,7 @@ pub struct RedisStore {
     conns: Connections,
     prefix: String,
     timeout: Duration,
+    policy_keys: PolicyKeys,
     scripts: Scripts,
     breaker: Breaker,
     /// Registered once: a lookup by name on every call would cost more than recording.
@@ -98,6 +104,7 @@ impl RedisStore {
         Self {
             conns,
             prefix: prefix.to_owned(),
+            policy_keys: PolicyKeys::new(prefix),
             timeout,
             scripts: Scripts::new(),
             breaker: Breaker::new(5, Duration::from_secs(1)),
@@ -170,44 +177,18 @@ impl RedisStore {
             )),
         }
     }
-
-    async fn write_policy(
-        &self,
-        mode: &str,
-        name: &PolicyName,
-        fields: &[(String, String)],
-    ) -> Result<i64, StoreError> {
-        let (hash, index, version) = (
-            key::policy_key(&self.prefix, name.as_str()),
-            key::policy_index_key(&self.prefix),
-            key::policy_version_key(&self.prefix),
-        );
-        self.with_conn(async |conn| {
-            let mut call = self.scripts.policy_write.prepare_invoke();
-            call.key(&hash)
-                .key(&index)
-                .key(&version)
-                .arg(mode)
-                .arg(name.as_str());
-            for (f, v) in fields {
-                call.arg(f).arg(v);
-            }
-            Ok(call.invoke_async(conn).await?)
-        })
-        .await
-    }
 }
 
 /// A policy as the fields of its hash.
 fn encode(policy: &Policy) -> Vec<(String, String)> {
-    let doc = serde_json::to_value(policy.to_doc()).unwrap_or(Value::Null);
-    let Value::Object(map) = doc else {
+    let doc = serde_json::to_value(policy.to_doc()).unwrap_or(Json::Null);
+    let Json::Object(map) = doc else {
         return Vec::new();
     };
     map.into_iter()
         .filter_map(|(k, v)| match v {
-            Value::String(s) => Some((k, s)),
-            Value::Number(n) => Some((k, n.to_string())),
+            Json::String(s) => Some((k, s)),
+            Json::Number(n) => Some((k, n.to_string())),
             _ => None,
         })
         .collect()
@@ -215,18 +196,43 @@ fn encode(policy: &Policy) -> Vec<(String, String)> {
 
 /// A policy from the fields of its hash, validated like any input.
 fn decode(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
-    let map: Map<String, Value> = fields
+    let map: Map<String, Json> = fields
         .into_iter()
         .map(|(k, v)| {
             let value = match v.parse::<u64>() {
-                Ok(n) if k != "name" && k != "description" => Value::Number(Number::from(n)),
-                _ => Value::String(v),
+                Ok(n) if k != "name" && k != "description" => Json::Number(Number::from(n)),
+                _ => Json::String(v),
             };
             (k, value)
         })
         .collect();
-    parse_policy(&Value::Object(map), None)
+    parse_policy(&Json::Object(map), None)
         .map_err(|e| StoreError::Corrupt(format!("policy hash: {e}")))
+}
+
+/// One `{name, version, fields}` entry of `policy_read.lua`'s reply.
+type Entry = (String, u64, Vec<(String, String)>);
+
+/// `policy_read.lua`'s reply: `(generation, version, floor, entries)`.
+type ReadReply = (Option<Arc<str>>, u64, u64, Vec<Entry>);
+
+fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
+    let corrupt = |e: &dyn std::fmt::Display| {
+        StoreError::Corrupt(format!("policy_read.lua answered an unexpected shape: {e}"))
+    };
+    let Value::Array(items) = reply else {
+        return Err(corrupt(&"not an array"));
+    };
+    let mut items = items.into_iter();
+    let mut next = || items.next().ok_or_else(|| corrupt(&"too short"));
+    let generation: Option<String> = redis::from_redis_value(next()?).map_err(|e| corrupt(&e))?;
+    let version: u64 = redis::from_redis_value(next()?).map_err(|e| corrupt(&e))?;
+    let floor: u64 = redis::from_redis_value(next()?).map_err(|e| corrupt(&e))?;
+    let entries = items
+        .map(redis::from_redis_value::<Entry>)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| corrupt(&e))?;
+    Ok((generation.map(Arc::from), version, floor, entries))
 }
 
 impl Store for RedisStore {
@@ -276,79 +282,119 @@ impl Store for RedisStore {
         })
     }
 
-    async fn load_policies(&self) -> Result<(Vec<Policy>, u64), StoreError> {
-        let (index, version) = (
-            key::policy_index_key(&self.prefix),
-            key::policy_version_key(&self.prefix),
-        );
-        self.with_conn(async |conn| {
-            // The version first: a write racing this read leaves the cache newer than its version,
-            // so the next poll reloads; never the other way round.
-            let (version, names): (Option<u64>, Vec<String>) = redis::pipe()
-                .get(&version)
-                .smembers(&index)
-                .query_async(conn)
-                .await?;
-            if names.is_empty() {
-                return Ok((Vec::new(), version.unwrap_or(0)));
-            }
-            let mut pipe = redis::pipe();
-            for name in &names {
-                pipe.hgetall(key::policy_key(&self.prefix, name));
-            }
-            let hashes: Vec<Vec<(String, String)>> = pipe.query_async(conn).await?;
-            let mut policies = Vec::with_capacity(hashes.len());
-            for fields in hashes.into_iter().filter(|f| !f.is_empty()) {
-                policies.push(decode(fields)?);
-            }
-            Ok((policies, version.unwrap_or(0)))
-        })
-        .await
-    }
-
-    async fn load_policy(&self, name: &PolicyName) -> Result<Option<Policy>, StoreError> {
-        let hash = key::policy_key(&self.prefix, name.as_str());
-        self.with_conn(async |conn| {
-            let fields: Vec<(String, String)> = conn.hgetall(&hash).await?;
-            if fields.is_empty() {
-                Ok(None)
-            } else {
-                decode(fields).map(Some)
-            }
-        })
-        .await
-    }
-
-    async fn create_policy(&self, policy: &Policy) -> Result<bool, StoreError> {
-        Ok(self
-            .write_policy("create", &policy.name, &encode(policy))
-            .await?
-            == 1)
-    }
-
-    async fn put_policy(&self, policy: &Policy) -> Result<PutOutcome, StoreError> {
-        Ok(
-            match self
-                .write_policy("put", &policy.name, &encode(policy))
-                .await?
-            {
-                1 => PutOutcome::Created,
-                _ => PutOutcome::Replaced,
+    async fn write_policy(&self, w: PolicyWrite<'_>) -> Result<Written, StoreError> {
+        let keys = &self.policy_keys;
+        let hash = keys.hash(w.name.as_str());
+        let precondition = match w.precondition {
+            Precondition::None => "",
+            Precondition::Absent => "*",
+            Precondition::Exists => "+",
+            Precondition::Matches(etag) => etag.as_str(),
+        };
+        let fields = w.policy.map(encode).unwrap_or_default();
+        let generation = new_generation();
+        let (status, generation, version): (String, String, u64) = self
+            .with_conn(async |conn| {
+                let mut call = self.scripts.policy_write.prepare_invoke();
+                call.key(&keys.meta)
+                    .key(&keys.names)
+                    .key(&keys.deleted)
+                    .key(&keys.seeded)
+                    .key(&hash)
+                    .arg(w.kind.as_str())
+                    .arg(w.name.as_str())
+                    .arg(precondition)
+                    .arg(w.max_policies)
+                    .arg(&generation);
+                for (f, v) in &fields {
+                    call.arg(f).arg(v);
+                }
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        let status = WriteStatus::parse(&status)
+            .ok_or_else(|| StoreError::Corrupt(format!("policy_write.lua answered {status:?}")))?;
+        Ok(Written {
+            status,
+            etag: Etag {
+                generation: generation.into(),
+                version,
             },
-        )
-    }
-
-    async fn delete_policy(&self, name: &PolicyName) -> Result<bool, StoreError> {
-        Ok(self.write_policy("delete", name, &[]).await? == 1)
-    }
-
-    async fn policy_version(&self) -> Result<u64, StoreError> {
-        let version = key::policy_version_key(&self.prefix);
-        self.with_conn(async |conn| {
-            let v: Option<u64> = conn.get(&version).await?;
-            Ok(v.unwrap_or(0))
         })
-        .await
+    }
+
+    async fn policy_changes(&self, since: u64, max: usize) -> Result<ChangePage, StoreError> {
+        let keys = &self.policy_keys;
+        let reply: Value = self
+            .with_conn(async |conn| {
+                let mut call = self.scripts.policy_read.prepare_invoke();
+                call.key(&keys.meta)
+                    .key(&keys.names)
+                    .key(&keys.deleted)
+                    .arg("changes")
+                    .arg(since)
+                    .arg(max)
+                    .arg(&keys.hash_prefix);
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        let (generation, version, floor, entries) = read_reply(reply)?;
+        let changes = entries
+            .into_iter()
+            .map(|(name, version, fields)| {
+                let policy = if fields.is_empty() {
+                    None
+                } else {
+                    match decode(fields) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            // One bad hash must not stop every other change from loading.
+                            tracing::error!(policy = %name, error = %e, "ignoring a stored policy that does not decode");
+                            None
+                        }
+                    }
+                };
+                Change {
+                    name,
+                    version,
+                    policy,
+                }
+            })
+            .collect();
+        Ok(ChangePage {
+            generation,
+            version,
+            floor,
+            changes,
+        })
+    }
+
+    async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
+        let keys = &self.policy_keys;
+        let hash = keys.hash(name.as_str());
+        let reply: Value = self
+            .with_conn(async |conn| {
+                let mut call = self.scripts.policy_read.prepare_invoke();
+                call.key(&keys.meta)
+                    .key(&keys.names)
+                    .key(&keys.deleted)
+                    .arg("one")
+                    .arg(name.as_str())
+                    .arg(&hash);
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        let (generation, _, _, entries) = read_reply(reply)?;
+        match (generation, entries.into_iter().next()) {
+            (Some(generation), Some((_, version, fields))) if !fields.is_empty() => Ok(Some((
+                decode(fields)?,
+                Etag {
+                    generation,
+                    version,
+                },
+            ))),
+            _ => Ok(None),
+        }
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

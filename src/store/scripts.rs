@@ -34,6 +34,7 @@ pub const fn source(algorithm: Algorithm) -> &'static str {
 pub struct Scripts {
     decisions: [Script; 4],
     pub policy_write: Script,
+    pub policy_read: Script,
 }
 
 impl Scripts {
@@ -41,6 +42,7 @@ impl Scripts {
         Self {
             decisions: Algorithm::ALL.map(|a| Script::new(source(a))),
             policy_write: Script::new(include_str!("../../lua/policy_write.lua")),
+            policy_read: Script::new(include_str!("../../lua/policy_read.lua")),
         }
     }
 

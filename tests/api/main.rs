@@ -13,4 +13,5 @@ mod instances;
 mod openapi;
 mod operations;
 mod policies;
+mod policy_sync;
 mod scripts;

@@ -1,12 +1,14 @@
-//! The rate limiter as the API sees it: the policy cache in front of the store, and what to do
-//! when the store fails.
+//! The rate limiter as the API sees it: acquires decided by the store with the cached policy,
+//! and what to answer when the store fails.
 //!
-//! Acquires read the policy from the in-process cache and make one store call. When the store
-//! cannot answer, the policy's fail mode decides: `open` allows, `closed` refuses, `local`
-//! decides with an in-process store until the shared one is back. Policy writes go to the store
-//! first and then to the cache, so this instance reads its own writes at once; other instances
-//! see them when their refresh loop notices the store's policy version move. Policy reads fall
-//! back to the cache while the store is unreachable.
+//! Acquires read the policy from the in-process cache ([`cache`]) and make one store call. When
+//! the store cannot answer, the policy's fail mode decides: `open` allows, `closed` refuses,
+//! `local` decides with an in-process store until the shared one is back. How the cache follows
+//! the store, and policy reads and writes, are in [`policies`]; readiness in [`readiness`].
+
+pub mod cache;
+pub mod policies;
+pub mod readiness;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -16,10 +18,13 @@ use metrics::{Counter, Histogram};
 
 use crate::limiter::Decision;
 use crate::metrics as m;
-use crate::policy::{FailMode, LimitKey, Policy, PolicyCache, PolicyName};
+use crate::policy::{FailMode, LimitKey, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
-use crate::store::{AnyStore, MemoryStore, PutOutcome, Store, StoreError};
+use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
+
+pub use cache::PolicyCache;
+pub use policies::PolicySync;
 
 /// Why a service call did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +33,14 @@ pub enum ServiceError {
     UnknownPolicy(String),
     #[error("a policy named `{0}` already exists")]
     PolicyExists(String),
+    #[error("the store holds {0} policies already, the most `limits.max_policies` allows")]
+    TooManyPolicies(u64),
+    /// `If-Match` or `If-None-Match` did not hold; `current` is the policy's ETag now.
+    #[error("{}", match current {
+        Some(etag) => format!("the policy's ETag is \"{etag}\", not the one the request names"),
+        None => "the policy does not exist".to_owned(),
+    })]
+    PreconditionFailed { current: Option<Etag> },
     #[error(
         "`cost` {cost} exceeds the policy's `{field}` of {quota}, so it could never be granted"
     )]
@@ -45,6 +58,8 @@ pub enum ServiceError {
 #[derive(Debug, Clone)]
 pub struct Acquired {
     pub policy: Arc<Policy>,
+    /// The version of the policy this instance decided with.
+    pub etag: Etag,
     pub decision: Decision,
     /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
     pub degraded: bool,
@@ -71,6 +86,7 @@ impl DecisionCounters {
 pub struct RateLimiter {
     store: AnyStore,
     cache: PolicyCache,
+    sync: PolicySync,
     /// Decides for `fail_mode: local` policies while a shared store is unreachable.
     local: Option<MemoryStore>,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
@@ -78,7 +94,16 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(store: AnyStore, key_prefix: &str) -> Self {
+    /// `configured` are the policies of the configuration file, created once per store
+    /// generation; `max_policies` bounds the store's policy set; the cache counts as stale when
+    /// it has not been refreshed for `stale_after`.
+    pub fn new(
+        store: AnyStore,
+        key_prefix: &str,
+        configured: Vec<Policy>,
+        max_policies: u64,
+        stale_after: Duration,
+    ) -> Self {
         let local = match store {
             AnyStore::Memory(_) => None,
             AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix)),
@@ -88,6 +113,7 @@ impl RateLimiter {
         Self {
             store,
             cache: PolicyCache::default(),
+            sync: PolicySync::new(configured, max_policies, stale_after),
             local,
             counters: RwLock::default(),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
@@ -103,7 +129,7 @@ impl RateLimiter {
     }
 
     /// Decides one acquire for the policy named `name` (already checked with
-    /// [`PolicyName::check`]). `now_us` drives time explicitly (tests only).
+    /// [`crate::policy::PolicyName::check`]). `now_us` drives time explicitly (tests only).
     pub async fn acquire(
         &self,
         name: &str,
@@ -112,7 +138,7 @@ impl RateLimiter {
         now_us: Option<u64>,
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let policy = self.policy(name).await?;
+        let (policy, etag) = self.policy(name).await?;
         let quota = policy.limit.quota();
         if cost > quota {
             return Err(ServiceError::CostAboveQuota {
@@ -135,6 +161,7 @@ impl RateLimiter {
         }
         Ok(Acquired {
             policy,
+            etag,
             decision,
             degraded,
         })
@@ -187,103 +214,6 @@ impl RateLimiter {
             .clone()
     }
 
-    /// The policy from the cache; on a miss, from the store (it may have been created on another
-    /// instance since the last refresh).
-    async fn policy(&self, name: &str) -> Result<Arc<Policy>, ServiceError> {
-        if let Some(p) = self.cache.get(name) {
-            return Ok(p);
-        }
-        let unknown = || ServiceError::UnknownPolicy(name.to_owned());
-        let parsed = PolicyName::parse(name).map_err(|_| unknown())?;
-        let policy = self.store.load_policy(&parsed).await?.ok_or_else(unknown)?;
-        self.cache.insert(policy);
-        self.cache.get(name).ok_or_else(unknown)
-    }
-
-    /// Every policy, sorted by name; from the cache while the store is unreachable.
-    pub async fn list_policies(&self) -> Result<Vec<Policy>, ServiceError> {
-        let mut policies = match self.store.load_policies().await {
-            Ok((policies, _)) => policies,
-            Err(e) if e.is_transient() && self.cache.version().is_some() => {
-                tracing::warn!(error = %e, "store unreachable; listing cached policies");
-                self.cache.all()
-            }
-            Err(e) => return Err(e.into()),
-        };
-        policies.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(policies)
-    }
-
-    /// One policy; from the cache while the store is unreachable.
-    pub async fn get_policy(&self, name: &PolicyName) -> Result<Policy, ServiceError> {
-        let found = match self.store.load_policy(name).await {
-            Ok(found) => found,
-            Err(e) if e.is_transient() && self.cache.version().is_some() => {
-                tracing::warn!(error = %e, "store unreachable; reading the cached policy");
-                self.cache.get(name.as_str()).map(|p| (*p).clone())
-            }
-            Err(e) => return Err(e.into()),
-        };
-        found.ok_or_else(|| ServiceError::UnknownPolicy(name.to_string()))
-    }
-
-    pub async fn create_policy(&self, policy: Policy) -> Result<Policy, ServiceError> {
-        if !self.store.create_policy(&policy).await? {
-            return Err(ServiceError::PolicyExists(policy.name.to_string()));
-        }
-        self.cache.insert(policy.clone());
-        Ok(policy)
-    }
-
-    pub async fn put_policy(&self, policy: Policy) -> Result<PutOutcome, ServiceError> {
-        let outcome = self.store.put_policy(&policy).await?;
-        self.cache.insert(policy);
-        Ok(outcome)
-    }
-
-    pub async fn delete_policy(&self, name: &PolicyName) -> Result<(), ServiceError> {
-        if !self.store.delete_policy(name).await? {
-            return Err(ServiceError::UnknownPolicy(name.to_string()));
-        }
-        self.cache.remove(name.as_str());
-        Ok(())
-    }
-
-    /// Creates each policy that does not exist yet; never overwrites one (it may have been
-    /// changed through the API since).
-    pub async fn ensure_policies(&self, policies: &[Policy]) -> Result<(), StoreError> {
-        for policy in policies {
-            if self.store.create_policy(policy).await? {
-                tracing::info!(policy = %policy.name, "created policy from the configuration");
-            }
-        }
-        Ok(())
-    }
-
-    /// Reloads every policy when the store's version differs from the cache's.
-    pub async fn refresh(&self) -> Result<bool, StoreError> {
-        let version = self.store.policy_version().await?;
-        if self.cache.version() == Some(version) {
-            return Ok(false);
-        }
-        let (policies, version) = self.store.load_policies().await?;
-        self.cache.replace_all(policies, version);
-        Ok(true)
-    }
-
-    /// Why the service cannot decide with its shared store now, if it cannot.
-    pub async fn unready(&self) -> Option<String> {
-        if self.cache.version().is_none() {
-            return Some("policies have not been loaded yet".into());
-        }
-        if let AnyStore::Redis(r) = &self.store {
-            if r.breaker().state() == BreakerState::Open {
-                return Some("Redis is unreachable (circuit breaker open)".into());
-            }
-        }
-        self.store.ping().await.err().map(|e| e.to_string())
-    }
-
     /// The in-process store: the main one, or the one `local` fail mode decides with.
     fn memory(&self) -> Option<&MemoryStore> {
         match &self.store {
@@ -295,6 +225,11 @@ impl RateLimiter {
     /// The Prometheus text exposition, with the state gauges brought up to date.
     pub fn render_metrics(&self) -> String {
         metrics::gauge!(m::POLICIES).set(self.cache.len() as f64);
+        let position = self.cache.position();
+        metrics::gauge!(m::POLICY_VERSION).set(position.applied as f64);
+        if let Some(age) = self.sync.age() {
+            metrics::gauge!(m::POLICY_AGE).set(age.as_secs_f64());
+        }
         if let Some(memory) = self.memory() {
             metrics::gauge!(m::EMBEDDED_SUBJECTS).set(memory.len() as f64);
         }

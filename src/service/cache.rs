@@ -1,0 +1,298 @@
+//! The in-process copy of every policy, read on every acquire, and the rules that keep it from
+//! ever going back in time.
+//!
+//! The cache follows the store's change log: it knows the store's `generation` (which changes
+//! when the store loses its data) and `applied`, the version up to which every change has been
+//! applied. Each entry carries the version of the change that wrote it. A change is applied only
+//! when it is newer than both `applied` and the entry it would replace, so a slow answer (a write
+//! made through this instance, a page read before a newer one) never replaces newer knowledge.
+//! A deletion this instance made ahead of `applied` is kept as a tombstone until the change log
+//! has caught up with it.
+//!
+//! Reads take a shared lock for one hash lookup and two reference-count increments.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use crate::policy::Policy;
+use crate::store::{Change, Etag};
+
+/// What the cache holds for one name.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// `None`: deleted at `version` (a tombstone).
+    policy: Option<Arc<Policy>>,
+    version: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct PolicyCache {
+    inner: RwLock<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// `None` before the first load.
+    generation: Option<Arc<str>>,
+    applied: u64,
+    entries: HashMap<Arc<str>, Entry>,
+    /// Names whose entry is a tombstone.
+    tombstones: Vec<(Arc<str>, u64)>,
+}
+
+/// Where the cache stands in the store's change log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Position {
+    pub generation: Option<Arc<str>>,
+    pub applied: u64,
+}
+
+impl Inner {
+    /// Applies one change newer than `applied`, unless the entry is newer still.
+    fn apply(&mut self, name: &str, version: u64, policy: Option<Policy>) {
+        if let Some(e) = self.entries.get(name) {
+            if e.version >= version {
+                return;
+            }
+        }
+        let name: Arc<str> = Arc::from(name);
+        match policy {
+            Some(p) => {
+                self.entries.insert(
+                    name,
+                    Entry {
+                        policy: Some(Arc::new(p)),
+                        version,
+                    },
+                );
+            }
+            None if version > self.applied => {
+                self.tombstones.push((name.clone(), version));
+                self.entries.insert(
+                    name,
+                    Entry {
+                        policy: None,
+                        version,
+                    },
+                );
+            }
+            // Known deleted up to `applied`: nothing older can be applied any more, so no
+            // tombstone is needed.
+            None => {
+                self.entries.remove(&name);
+            }
+        }
+    }
+
+    fn advance(&mut self, applied: u64) {
+        self.applied = self.applied.max(applied);
+        if self.tombstones.is_empty() {
+            return;
+        }
+        let applied = self.applied;
+        let entries = &mut self.entries;
+        self.tombstones.retain(|(name, version)| {
+            if *version > applied {
+                return true;
+            }
+            if entries.get(name).is_some_and(|e| e.policy.is_none()) {
+                entries.remove(name);
+            }
+            false
+        });
+    }
+}
+
+impl PolicyCache {
+    /// The policy and the ETag of the version this instance enforces.
+    pub fn get(&self, name: &str) -> Option<(Arc<Policy>, Etag)> {
+        let inner = self.read();
+        let entry = inner.entries.get(name)?;
+        let policy = entry.policy.clone()?;
+        let generation = inner.generation.clone()?;
+        Some((
+            policy,
+            Etag {
+                generation,
+                version: entry.version,
+            },
+        ))
+    }
+
+    pub fn position(&self) -> Position {
+        let inner = self.read();
+        Position {
+            generation: inner.generation.clone(),
+            applied: inner.applied,
+        }
+    }
+
+    /// Whether the first load has happened.
+    pub fn is_loaded(&self) -> bool {
+        self.read().generation.is_some()
+    }
+
+    /// Every live policy with its version, sorted by name.
+    pub fn list(&self) -> Vec<(Arc<Policy>, u64)> {
+        let mut all: Vec<(Arc<Policy>, u64)> = self
+            .read()
+            .entries
+            .values()
+            .filter_map(|e| e.policy.clone().map(|p| (p, e.version)))
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.name.cmp(&b.0.name));
+        all
+    }
+
+    /// Live policies.
+    pub fn len(&self) -> usize {
+        let inner = self.read();
+        inner.entries.len() - inner.tombstones.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Applies a change this instance made itself, as the store answered it. Ignored when it
+    /// belongs to another generation or the change log has already been applied past it.
+    pub fn apply_own(&self, etag: &Etag, name: &str, policy: Option<Policy>) {
+        let mut inner = self.write();
+        if inner.generation.as_deref() != Some(&*etag.generation) || etag.version <= inner.applied {
+            return;
+        }
+        inner.apply(name, etag.version, policy);
+    }
+
+    /// Applies one page of the change log, read after `applied`, and moves `applied` to
+    /// `upto` (the version of its last change, or the store's version when the page was the
+    /// last one). Ignored when the generation is not the cache's.
+    pub fn apply_page(&self, generation: &str, changes: Vec<Change>, upto: u64) {
+        let mut inner = self.write();
+        if inner.generation.as_deref() != Some(generation) {
+            return;
+        }
+        for c in changes {
+            if c.version > inner.applied {
+                inner.apply(&c.name, c.version, c.policy);
+            }
+        }
+        inner.advance(upto);
+    }
+
+    /// Replaces everything with a full load of `generation`, complete up to `applied`.
+    pub fn replace_all(&self, generation: Arc<str>, policies: Vec<Change>, applied: u64) {
+        let entries = policies
+            .into_iter()
+            .filter_map(|c| {
+                let policy = Arc::new(c.policy?);
+                Some((
+                    Arc::from(c.name.as_str()),
+                    Entry {
+                        policy: Some(policy),
+                        version: c.version,
+                    },
+                ))
+            })
+            .collect();
+        *self.write() = Inner {
+            generation: Some(generation),
+            applied,
+            entries,
+            tombstones: Vec::new(),
+        };
+    }
+
+    // A poisoned lock only means a writer panicked between two whole-entry assignments: the
+    // map itself is always consistent, so keep serving it.
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{FailMode, Limit, PolicyName};
+
+    fn policy(limit: u64) -> Policy {
+        Policy::new(
+            PolicyName::parse("p").expect("valid"),
+            Limit::FixedWindow {
+                limit,
+                window_ms: 1_000,
+            },
+            None,
+            FailMode::Open,
+        )
+    }
+
+    fn change(version: u64, limit: Option<u64>) -> Change {
+        Change {
+            name: "p".into(),
+            version,
+            policy: limit.map(policy),
+        }
+    }
+
+    fn etag(version: u64) -> Etag {
+        Etag {
+            generation: "g".into(),
+            version,
+        }
+    }
+
+    fn limit(cache: &PolicyCache) -> Option<u64> {
+        cache.get("p").map(|(p, _)| p.limit.quota())
+    }
+
+    #[test]
+    fn an_older_answer_never_replaces_a_newer_one() {
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![change(1, Some(1))], 1);
+        cache.apply_page("g", vec![change(3, Some(3))], 3);
+        // This instance's own write at version 2 answers late.
+        cache.apply_own(&etag(2), "p", Some(policy(2)));
+        assert_eq!(limit(&cache), Some(3));
+        assert_eq!(cache.get("p").map(|(_, e)| e.version), Some(3));
+    }
+
+    #[test]
+    fn an_own_deletion_is_not_undone_by_a_page_read_before_it() {
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![change(1, Some(1))], 1);
+        cache.apply_own(&etag(3), "p", None);
+        assert_eq!(limit(&cache), None);
+        // A page read before the deletion carries a replacement at version 2.
+        cache.apply_page("g", vec![change(2, Some(2))], 2);
+        assert_eq!(limit(&cache), None, "the tombstone holds");
+        cache.apply_page("g", vec![change(3, None)], 3);
+        assert_eq!(limit(&cache), None);
+        assert_eq!(cache.len(), 0);
+        assert!(
+            cache.read().tombstones.is_empty(),
+            "tombstone dropped once applied"
+        );
+    }
+
+    #[test]
+    fn changes_of_another_generation_are_ignored() {
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![change(5, Some(5))], 5);
+        cache.apply_page("other", vec![change(6, None)], 6);
+        cache.apply_own(
+            &Etag {
+                generation: "other".into(),
+                version: 7,
+            },
+            "p",
+            None,
+        );
+        assert_eq!(limit(&cache), Some(5));
+        assert_eq!(cache.position().applied, 5);
+    }
+}

@@ -1,0 +1,359 @@
+//! Policies: how this instance's cache follows the store, and policy reads and writes.
+//!
+//! The store keeps a change log: every write gets the next version, and a page read
+//! (`Store::policy_changes`) returns the policies changed after a version, oldest first. The
+//! background loop asks for the changes after the cache's version every `policy_refresh_ms`:
+//! when nothing changed that is one small read, and when something did, only what changed is
+//! read, in pages of [`PAGE`] policies, each a store call with its own deadline. A full reload,
+//! also in pages, happens only at start-up, when the store's generation changes (it lost its
+//! data, or it is another store) or when the cache is too far behind to be brought up to date
+//! from the deletions the store still remembers.
+//!
+//! A store seen for the first time (at start-up, or after it lost its data) gets the configured
+//! policies that it lacks: each is created once per generation of the store, so a policy the
+//! configuration file lists and an admin deleted through the API stays deleted.
+//!
+//! An acquire for a name the cache lacks does not read the store itself: it waits for a refresh,
+//! shared by every miss and started at most once per [`MISS_RECHECK`], so a policy just created
+//! through another instance is found at once, while a flood of unknown names costs the store at
+//! most one small read per [`MISS_RECHECK`].
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{RateLimiter, ServiceError};
+use crate::metrics as m;
+use crate::policy::{Policy, PolicyName};
+use crate::store::{
+    Change, Etag, PolicyWrite, Precondition, Store, StoreError, WriteKind, WriteStatus, Written,
+};
+
+/// Policies per page of the change log.
+pub const PAGE: usize = 500;
+/// How often misses may start a refresh.
+pub const MISS_RECHECK: Duration = Duration::from_millis(50);
+
+/// The state of following the store.
+pub struct PolicySync {
+    configured: Vec<Policy>,
+    max_policies: u64,
+    stale_after: Duration,
+    /// Held for the whole of a refresh, so that one runs at a time; holds when the last one
+    /// started.
+    running: tokio::sync::Mutex<Option<Instant>>,
+    /// When the cache was last brought up to date with the store.
+    refreshed: Mutex<Option<Instant>>,
+    /// The generation of the store in which every configured policy has been seeded.
+    seeded: Mutex<Option<Arc<str>>>,
+    full_pages: metrics::Counter,
+    incremental_pages: metrics::Counter,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl PolicySync {
+    pub fn new(configured: Vec<Policy>, max_policies: u64, stale_after: Duration) -> Self {
+        Self {
+            configured,
+            max_policies,
+            stale_after,
+            running: tokio::sync::Mutex::new(None),
+            refreshed: Mutex::new(None),
+            seeded: Mutex::new(None),
+            full_pages: metrics::counter!(m::POLICY_PAGES, "kind" => "full"),
+            incremental_pages: metrics::counter!(m::POLICY_PAGES, "kind" => "incremental"),
+        }
+    }
+
+    /// Time since the cache was last brought up to date.
+    pub fn age(&self) -> Option<Duration> {
+        lock(&self.refreshed).map(|t| t.elapsed())
+    }
+
+    /// Whether the cache has gone without a refresh for longer than its bound.
+    pub fn is_stale(&self) -> bool {
+        self.age().is_none_or(|age| age > self.stale_after)
+    }
+
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
+    /// Whether every configured policy has been seeded into the store's generation `g`.
+    pub fn seeded_in(&self, generation: Option<&str>) -> bool {
+        self.configured.is_empty() || lock(&self.seeded).as_deref() == generation
+    }
+}
+
+/// The ETag of the policy, as a header value: quoted.
+pub fn etag_header(etag: &Etag) -> String {
+    format!("\"{etag}\"")
+}
+
+impl RateLimiter {
+    /// The policy from the cache. On a miss, waits for a refresh (shared, and at most one per
+    /// [`MISS_RECHECK`]) in case it was just created through another instance.
+    pub(super) async fn policy(&self, name: &str) -> Result<(Arc<Policy>, Etag), ServiceError> {
+        if let Some(hit) = self.cache.get(name) {
+            return Ok(hit);
+        }
+        let arrived = Instant::now();
+        if let Err(e) = self
+            .refresh_unless_started_after(arrived.checked_sub(MISS_RECHECK))
+            .await
+        {
+            tracing::debug!(error = %e, "could not refresh policies after a miss");
+        }
+        self.cache
+            .get(name)
+            .ok_or_else(|| ServiceError::UnknownPolicy(name.to_owned()))
+    }
+
+    /// Brings the cache up to date with the store.
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        self.refresh_unless_started_after(None).await
+    }
+
+    /// Refreshes, unless a refresh started after `after` (it would see the same).
+    async fn refresh_unless_started_after(&self, after: Option<Instant>) -> Result<(), StoreError> {
+        let mut last_started = self.sync.running.lock().await;
+        if let (Some(after), Some(last)) = (after, *last_started) {
+            if last >= after {
+                return Ok(());
+            }
+        }
+        *last_started = Some(Instant::now());
+        let position = self.cache.position();
+        let mut page = self.store.policy_changes(position.applied, PAGE).await?;
+        let current = match (&page.generation, &position.generation) {
+            (Some(store), Some(cache)) if store == cache && position.applied >= page.floor => {
+                Some(store.clone())
+            }
+            _ => None,
+        };
+        match current {
+            Some(generation) => {
+                if !self.sync.seeded_in(Some(&generation)) {
+                    // A configured policy did not fit before; it may now.
+                    self.seed().await?;
+                    page = self.store.policy_changes(position.applied, PAGE).await?;
+                }
+                self.follow(generation, page).await?;
+            }
+            None => self.reload().await?,
+        }
+        *lock(&self.sync.refreshed) = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Applies the change log page by page, starting from `page`.
+    async fn follow(
+        &self,
+        generation: Arc<str>,
+        mut page: crate::store::ChangePage,
+    ) -> Result<(), StoreError> {
+        loop {
+            if !page.changes.is_empty() {
+                self.sync.incremental_pages.increment(1);
+            }
+            let full = page.changes.len() >= PAGE;
+            let upto = match (full, page.changes.last()) {
+                (true, Some(last)) => last.version,
+                _ => page.version,
+            };
+            self.cache.apply_page(&generation, page.changes, upto);
+            if !full {
+                return Ok(());
+            }
+            page = self.store.policy_changes(upto, PAGE).await?;
+            if page.generation.as_deref() != Some(&*generation) {
+                // The store lost its data meanwhile: the next refresh reloads.
+                return Ok(());
+            }
+        }
+    }
+
+    /// Loads every policy afresh, page by page, after making sure the store has a generation
+    /// and the configured policies.
+    async fn reload(&self) -> Result<(), StoreError> {
+        let generation = self.seed().await?;
+        let mut policies: Vec<Change> = Vec::new();
+        let mut since = 0;
+        loop {
+            let page = self.store.policy_changes(since, PAGE).await?;
+            if page.generation.as_deref() != Some(&*generation) {
+                return Err(StoreError::Unavailable(
+                    "the store lost its data while its policies were being loaded".into(),
+                ));
+            }
+            self.sync.full_pages.increment(1);
+            let full = page.changes.len() >= PAGE;
+            since = match (full, page.changes.last()) {
+                (true, Some(last)) => last.version,
+                _ => page.version,
+            };
+            // A policy changed while the pages are read moves to a later page: keep its latest.
+            policies.extend(page.changes);
+            if !full {
+                break;
+            }
+        }
+        policies.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
+        policies.dedup_by(|later, first| later.name == first.name);
+        let count = policies.iter().filter(|c| c.policy.is_some()).count();
+        tracing::info!(%generation, version = since, policies = count, "loaded every policy");
+        self.cache.replace_all(generation, policies, since);
+        Ok(())
+    }
+
+    /// Gives the store a generation if it has none, and creates each configured policy it has
+    /// never had in this generation. Returns the store's generation.
+    async fn seed(&self) -> Result<Arc<str>, StoreError> {
+        let probe = self
+            .write(WriteKind::Probe, None, None, &Precondition::None)
+            .await?;
+        let generation = probe.etag.generation;
+        if self.sync.seeded_in(Some(&generation)) {
+            return Ok(generation);
+        }
+        let mut complete = true;
+        for policy in &self.sync.configured {
+            let written = self
+                .write(
+                    WriteKind::Seed,
+                    Some(&policy.name),
+                    Some(policy),
+                    &Precondition::None,
+                )
+                .await?;
+            match written.status {
+                WriteStatus::Created => {
+                    tracing::info!(policy = %policy.name, "created policy from the configuration")
+                }
+                WriteStatus::Full => {
+                    complete = false;
+                    tracing::error!(
+                        policy = %policy.name,
+                        "cannot create policy from the configuration: limits.max_policies reached"
+                    )
+                }
+                _ => {}
+            }
+        }
+        if complete {
+            *lock(&self.sync.seeded) = Some(generation.clone());
+        }
+        Ok(generation)
+    }
+
+    pub(super) async fn write(
+        &self,
+        kind: WriteKind,
+        name: Option<&PolicyName>,
+        policy: Option<&Policy>,
+        precondition: &Precondition,
+    ) -> Result<Written, StoreError> {
+        // The probe names no policy; any valid name does.
+        let placeholder;
+        let name = match name {
+            Some(n) => n,
+            None => {
+                placeholder = PolicyName::parse("probe").map_err(|_| {
+                    StoreError::Corrupt("`probe` is not a valid policy name".into())
+                })?;
+                &placeholder
+            }
+        };
+        self.store
+            .write_policy(PolicyWrite {
+                kind,
+                name,
+                policy,
+                precondition,
+                max_policies: self.sync.max_policies,
+            })
+            .await
+    }
+
+    /// Live policies sorted by name, at most `limit` after the name `after`, and the cursor of
+    /// the next page. From this instance's cache brought up to date first, or as it is while the
+    /// store is unreachable.
+    pub async fn list_policies(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<(Arc<Policy>, Etag)>, Option<String>), ServiceError> {
+        if let Err(e) = self.refresh().await {
+            if !(e.is_transient() && self.cache.is_loaded()) {
+                return Err(e.into());
+            }
+            tracing::warn!(error = %e, "store unreachable; listing cached policies");
+        }
+        let Some(generation) = self.cache.position().generation else {
+            return Err(StoreError::Unavailable("policies have not been loaded yet".into()).into());
+        };
+        let all = self.cache.list();
+        let start = match after {
+            Some(after) => all.partition_point(|(p, _)| p.name.as_str() <= after),
+            None => 0,
+        };
+        let page: Vec<(Arc<Policy>, Etag)> = all[start..]
+            .iter()
+            .take(limit)
+            .map(|(p, version)| {
+                let etag = Etag {
+                    generation: generation.clone(),
+                    version: *version,
+                };
+                (p.clone(), etag)
+            })
+            .collect();
+        let next = (start + page.len() < all.len())
+            .then(|| page.last().map(|(p, _)| p.name.to_string()))
+            .flatten();
+        Ok((page, next))
+    }
+
+    /// One policy and its ETag, from the store; from the cache while the store is unreachable.
+    pub async fn get_policy(&self, name: &PolicyName) -> Result<(Policy, Etag), ServiceError> {
+        let found = match self.store.read_policy(name).await {
+            Ok(found) => found,
+            Err(e) if e.is_transient() && self.cache.is_loaded() => {
+                tracing::warn!(error = %e, "store unreachable; reading the cached policy");
+                self.cache
+                    .get(name.as_str())
+                    .map(|(p, etag)| ((*p).clone(), etag))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        found.ok_or_else(|| ServiceError::UnknownPolicy(name.to_string()))
+    }
+
+    /// Creates (`WriteKind::Create`), creates or replaces (`Put`) or deletes (`Delete`) a policy,
+    /// if `precondition` holds; this instance enforces the change at once.
+    pub async fn change_policy(
+        &self,
+        kind: WriteKind,
+        name: &PolicyName,
+        policy: Option<Policy>,
+        precondition: &Precondition,
+    ) -> Result<Written, ServiceError> {
+        let written = self
+            .write(kind, Some(name), policy.as_ref(), precondition)
+            .await?;
+        let current = (written.etag.version > 0).then(|| written.etag.clone());
+        match written.status {
+            WriteStatus::Created | WriteStatus::Replaced | WriteStatus::Deleted => {
+                self.cache.apply_own(&written.etag, name.as_str(), policy);
+                Ok(written)
+            }
+            WriteStatus::Exists => Err(ServiceError::PolicyExists(name.to_string())),
+            WriteStatus::Missing => Err(ServiceError::UnknownPolicy(name.to_string())),
+            WriteStatus::Full => Err(ServiceError::TooManyPolicies(self.sync.max_policies)),
+            WriteStatus::PreconditionFailed => Err(ServiceError::PreconditionFailed { current }),
+            WriteStatus::Probed => Ok(written),
+        }
+    }
+}
