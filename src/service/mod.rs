@@ -178,7 +178,13 @@ impl RateLimiter {
     ) -> Result<(Decision, bool), ServiceError> {
         tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), "store failed; answering by fail mode");
         match (policy.fail_mode, &self.local) {
-            (FailMode::Closed, _) => Err(error.into()),
+            // Whether a decision that got no answer was counted does not matter to the client:
+            // it was not granted. `outcome-unknown` is for writes that must be read back.
+            (FailMode::Closed, _) => Err(match error {
+                StoreError::OutcomeUnknown(cause) => StoreError::Unavailable(cause),
+                other => other,
+            }
+            .into()),
             (FailMode::Local, Some(local)) => {
                 let now = now_us.unwrap_or_else(system_now_us);
                 Ok((local.acquire_at(policy, key, cost, now), true))

@@ -235,6 +235,24 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
     Ok((generation.map(Arc::from), version, floor, entries))
 }
 
+impl RedisStore {
+    /// One call of `policy_read.lua` with `args`.
+    async fn policy_read(&self, args: &[&str]) -> Result<ReadReply, StoreError> {
+        let keys = &self.policy_keys;
+        let reply: Value = self
+            .with_conn(async |conn| {
+                let mut call = self.scripts.policy_read.prepare_invoke();
+                call.key(&keys.meta).key(&keys.names).key(&keys.deleted);
+                for arg in args {
+                    call.arg(*arg);
+                }
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        read_reply(reply)
+    }
+}
+
 impl Store for RedisStore {
     async fn acquire(
         &self,
@@ -324,21 +342,10 @@ impl Store for RedisStore {
     }
 
     async fn policy_changes(&self, since: u64, max: usize) -> Result<ChangePage, StoreError> {
-        let keys = &self.policy_keys;
-        let reply: Value = self
-            .with_conn(async |conn| {
-                let mut call = self.scripts.policy_read.prepare_invoke();
-                call.key(&keys.meta)
-                    .key(&keys.names)
-                    .key(&keys.deleted)
-                    .arg("changes")
-                    .arg(since)
-                    .arg(max)
-                    .arg(&keys.hash_prefix);
-                Ok(call.invoke_async(conn).await?)
-            })
+        let (since, max) = (since.to_string(), max.to_string());
+        let (generation, version, floor, entries) = self
+            .policy_read(&["changes", &since, &max, &self.policy_keys.hash_prefix])
             .await?;
-        let (generation, version, floor, entries) = read_reply(reply)?;
         let changes = entries
             .into_iter()
             .map(|(name, version, fields)| {
@@ -370,21 +377,8 @@ impl Store for RedisStore {
     }
 
     async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
-        let keys = &self.policy_keys;
-        let hash = keys.hash(name.as_str());
-        let reply: Value = self
-            .with_conn(async |conn| {
-                let mut call = self.scripts.policy_read.prepare_invoke();
-                call.key(&keys.meta)
-                    .key(&keys.names)
-                    .key(&keys.deleted)
-                    .arg("one")
-                    .arg(name.as_str())
-                    .arg(&hash);
-                Ok(call.invoke_async(conn).await?)
-            })
-            .await?;
-        let (generation, _, _, entries) = read_reply(reply)?;
+        let hash = self.policy_keys.hash(name.as_str());
+        let (generation, _, _, entries) = self.policy_read(&["one", name.as_str(), &hash]).await?;
         match (generation, entries.into_iter().next()) {
             (Some(generation), Some((_, version, fields))) if !fields.is_empty() => Ok(Some((
                 decode(fields)?,

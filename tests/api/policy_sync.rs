@@ -56,6 +56,22 @@ fn etag(r: &reqwest::Response) -> String {
         .to_owned()
 }
 
+/// A write to `/v1/policies/<name>` with one precondition header; a PUT when `limit` is given.
+async fn conditional(
+    app: &TestApp,
+    name: &str,
+    header: &str,
+    value: &str,
+    limit: Option<u64>,
+) -> reqwest::Response {
+    let url = app.url(&format!("/v1/policies/{name}"));
+    let request = match limit {
+        Some(limit) => app.client.put(url).json(&window(name, limit)),
+        None => app.client.delete(url),
+    };
+    request.header(header, value).send().await.expect("sent")
+}
+
 async fn acquire_raw(app: &TestApp, policy: &str) -> reqwest::Response {
     app.post("/v1/acquire", &json!({"policy": policy, "key": "k"}))
         .await
@@ -383,15 +399,10 @@ async fn conditional_writes_let_admins_not_overwrite_each_other() {
         assert_eq!(etag(&r), created, "GET shows the version created");
 
         // Two admins change it from the same version: one wins, the other is told.
-        let put = |limit: u64, tag: &str| {
-            app.client
-                .put(app.url("/v1/policies/cond"))
-                .header("If-Match", tag)
-                .json(&window("cond", limit))
-                .send()
-        };
-        let (first, second) = tokio::join!(put(2, &created), put(3, &created));
-        let (first, second) = (first.expect("sent"), second.expect("sent"));
+        let (first, second) = tokio::join!(
+            conditional(&app, "cond", "If-Match", &created, Some(2)),
+            conditional(&app, "cond", "If-Match", &created, Some(3)),
+        );
         let mut statuses = [first.status().as_u16(), second.status().as_u16()];
         statuses.sort_unstable();
         assert_eq!(statuses, [200, 412], "{backend:?}");
@@ -404,40 +415,14 @@ async fn conditional_writes_let_admins_not_overwrite_each_other() {
         let (_, kind, _) = problem_type(loser).await;
         assert_eq!(kind, "urn:ratelimiter:problem:precondition-failed");
 
-        let r = app
-            .client
-            .put(app.url("/v1/policies/cond"))
-            .header("If-None-Match", "*")
-            .json(&window("cond", 4))
-            .send()
-            .await
-            .expect("sent");
+        let r = conditional(&app, "cond", "If-None-Match", "*", Some(4)).await;
         assert_eq!(r.status(), 412, "If-None-Match: * on an existing policy");
-        let r = app
-            .client
-            .delete(app.url("/v1/policies/cond"))
-            .header("If-Match", created.as_str())
-            .send()
-            .await
-            .expect("sent");
+        let r = conditional(&app, "cond", "If-Match", &created, None).await;
         assert_eq!(r.status(), 412, "a stale ETag deletes nothing");
-        let r = app
-            .client
-            .put(app.url("/v1/policies/cond"))
-            .header("If-Match", "not-quoted")
-            .json(&window("cond", 4))
-            .send()
-            .await
-            .expect("sent");
+        let r = conditional(&app, "cond", "If-Match", "not-quoted", Some(4)).await;
         let (status, _, body) = problem_type(r).await;
         assert_eq!((status, body["field"].as_str()), (400, Some("if-match")));
-        let r = app
-            .client
-            .delete(app.url("/v1/policies/cond"))
-            .header("If-Match", etag(&winner))
-            .send()
-            .await
-            .expect("sent");
+        let r = conditional(&app, "cond", "If-Match", &etag(&winner), None).await;
         assert_eq!(r.status(), 204);
     }
 }
@@ -454,14 +439,7 @@ async fn a_write_redis_did_not_answer_in_time_says_its_outcome_is_unknown() {
     let first = etag(&r);
 
     redis.signal("STOP");
-    let put = app
-        .client
-        .put(app.url("/v1/policies/slow"))
-        .header("If-Match", first.as_str())
-        .json(&window("slow", 2))
-        .send()
-        .await
-        .expect("sent");
+    let put = conditional(&app, "slow", "If-Match", &first, Some(2)).await;
     let (status, kind, body) = problem_type(put).await;
     redis.signal("CONT");
     assert_eq!(
@@ -476,14 +454,7 @@ async fn a_write_redis_did_not_answer_in_time_says_its_outcome_is_unknown() {
     assert_eq!(got["limit"], 2);
     assert_ne!(now, first);
     // Retrying with the same precondition is safe: it does nothing, and says why.
-    let retry = app
-        .client
-        .put(app.url("/v1/policies/slow"))
-        .header("If-Match", first.as_str())
-        .json(&window("slow", 2))
-        .send()
-        .await
-        .expect("sent");
+    let retry = conditional(&app, "slow", "If-Match", &first, Some(2)).await;
     assert_eq!(retry.status(), 412);
     assert_eq!(etag(&retry), now);
 }
