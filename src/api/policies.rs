@@ -35,7 +35,7 @@ pub const MAX_PAGE: usize = 1_000;
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Policies per page: 1 to 1,000; 100 when left out.
-    #[param(minimum = 1, maximum = 1000, example = 100)]
+    #[param(value_type = Option<u32>, minimum = 1, maximum = 1000, example = 100)]
     pub limit: Option<String>,
     /// `next_cursor` of the previous page; left out for the first page.
     #[param(example = "api-per-user")]
@@ -228,7 +228,11 @@ pub async fn read(
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
-    params(("name" = String, Path, description = "The policy's name")),
+    params(
+        ("name" = String, Path, description = "The policy's name"),
+        ("If-Match" = Option<String>, Header, description = "Write only if the policy is at this version: its `ETag`, quoted as the header shows it, or `*` for any version"),
+        ("If-None-Match" = Option<String>, Header, description = "`*`: write only if the policy does not exist"),
+    ),
     request_body = PolicyDoc,
     responses(
         (status = 200, description = "Replaced", body = PolicyDoc, headers(("ETag" = String, description = "The version written"))),
@@ -279,7 +283,10 @@ pub async fn replace(
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
-    params(("name" = String, Path, description = "The policy's name")),
+    params(
+        ("name" = String, Path, description = "The policy's name"),
+        ("If-Match" = Option<String>, Header, description = "Delete only if the policy is at this version: its `ETag`, quoted as the header shows it, or `*` for any version"),
+    ),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "A malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
