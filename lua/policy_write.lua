@@ -13,6 +13,9 @@
 --                                       newest MAX_DELETED are kept
 -- KEYS[4]  <prefix>:{policies}:seeded   set: names the configuration file has created once
 -- KEYS[5]  <prefix>:{policies}:policy:<name>  hash: the policy's fields
+-- KEYS[6]  <prefix>:{policies}:index    set of names written by versions before the change log;
+-- KEYS[7]  <prefix>:{policies}:version  and their counter: adopted, then deleted, by the write
+--                                       that gives the store its generation
 -- ARGV[1]  'create' (only when absent), 'put' (create or replace), 'delete', 'seed' (create
 --          unless present or ever seeded before), or 'probe' (change nothing)
 -- ARGV[2]  the policy's name
@@ -34,6 +37,15 @@ local generation = redis.call('HGET', meta, 'generation')
 if not generation then
   generation = ARGV[5]
   redis.call('HSET', meta, 'generation', generation)
+  local adopted = 0
+  for _, old in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+    adopted = adopted + 1
+    redis.call('ZADD', names, adopted, old)
+  end
+  if adopted > 0 then
+    redis.call('HSET', meta, 'version', adopted)
+  end
+  redis.call('DEL', KEYS[6], KEYS[7])
 end
 if mode == 'probe' then
   return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0')}

@@ -54,6 +54,10 @@ pub struct PolicyKeys {
     pub seeded: String,
     /// Prefix of each policy's hash; the name follows.
     pub hash_prefix: String,
+    /// The set of names and the version counter of the layout before the change log, adopted
+    /// once (see `lua/policy_write.lua`).
+    pub legacy_index: String,
+    pub legacy_version: String,
 }
 
 impl PolicyKeys {
@@ -65,6 +69,8 @@ impl PolicyKeys {
             deleted: key("deleted"),
             seeded: key("seeded"),
             hash_prefix: key("policy:"),
+            legacy_index: key("index"),
+            legacy_version: key("version"),
         }
     }
 

@@ -319,6 +319,8 @@ impl Store for RedisStore {
                     .key(&keys.deleted)
                     .key(&keys.seeded)
                     .key(&hash)
+                    .key(&keys.legacy_index)
+                    .key(&keys.legacy_version)
                     .arg(w.kind.as_str())
                     .arg(w.name.as_str())
                     .arg(precondition)

@@ -548,3 +548,42 @@ async fn racing_writes_misses_and_refreshes_leave_every_instance_on_the_latest_p
     }
     assert_eq!(ops, 1_600);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_written_before_the_change_log_are_adopted() {
+    let redis = Arc::new(TestRedis::start());
+    // The layout of earlier versions: a set of names, a counter, one hash per policy.
+    let mut conn = redis.conn();
+    let _: () = redis::pipe()
+        .cmd("SADD")
+        .arg("rl:{policies}:index")
+        .arg("old")
+        .cmd("SET")
+        .arg("rl:{policies}:version")
+        .arg(1)
+        .cmd("HSET")
+        .arg("rl:{policies}:policy:old")
+        .arg(&[
+            ("name", "old"),
+            ("algorithm", "fixed_window"),
+            ("limit", "3"),
+            ("window_ms", "60000"),
+            ("fail_mode", "open"),
+        ])
+        .query(&mut conn)
+        .expect("old layout");
+    let app = spawn_app_with(Some(redis.clone()), &[]).await;
+    assert_eq!(app.acquire("old", "k", 1).await["limit"], 3);
+    app.create_policy(window("new", 1)).await;
+    let listed = app.policies().await;
+    assert_eq!(
+        listed["policies"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("rl:{policies}:index")
+        .query(&mut conn)
+        .expect("EXISTS");
+    assert!(!exists, "the old index is gone once adopted");
+}
