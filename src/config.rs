@@ -92,6 +92,9 @@ pub struct AuthSettings {
     /// Bearer tokens for `POST /v1/acquire`; empty leaves it open.
     #[serde(default)]
     pub client_tokens: Vec<Secret>,
+    /// Bearer tokens for `GET /metrics`; empty leaves it open.
+    #[serde(default)]
+    pub metrics_tokens: Vec<Secret>,
 }
 
 /// Bounds on what the service keeps.
@@ -180,6 +183,7 @@ impl Settings {
                 .with_list_parse_key("auth.admin_tokens")
                 .with_list_parse_key("redis.cluster_nodes")
                 .with_list_parse_key("auth.client_tokens")
+                .with_list_parse_key("auth.metrics_tokens")
                 .source(Some(env)),
         );
         let raw: RawSettings = builder.build()?.try_deserialize()?;
@@ -218,6 +222,7 @@ impl RawSettings {
         for (key, tokens) in [
             ("auth.admin_tokens", &self.auth.admin_tokens),
             ("auth.client_tokens", &self.auth.client_tokens),
+            ("auth.metrics_tokens", &self.auth.metrics_tokens),
         ] {
             if tokens.iter().any(|t| t.expose().trim().is_empty()) {
                 return Err(invalid(key, "must not hold an empty token"));
@@ -423,6 +428,18 @@ mod tests {
         )
         .expect_err("not host:port");
         assert!(e.to_string().contains("redis.cluster_nodes"), "{e}");
+    }
+
+    #[test]
+    fn metrics_tokens_come_from_a_comma_separated_variable() {
+        let s = Settings::load_from(None, env(&[("RATELIMITER__AUTH__METRICS_TOKENS", "m1,m2")]))
+            .expect("valid");
+        assert_eq!(s.auth.metrics_tokens.len(), 2);
+        assert!(Settings::load_from(None, env(&[]))
+            .expect("defaults")
+            .auth
+            .metrics_tokens
+            .is_empty());
     }
 
     #[test]
