@@ -48,10 +48,14 @@ pub struct ServerSettings {
     pub bind: String,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
-    /// Open connections per worker beyond which new ones wait to be accepted.
+    /// Open connections per worker beyond which new ones wait to be accepted; lowered at
+    /// start-up so that every worker's connections fit in the process's file limit.
     pub max_connections: usize,
     /// Time a client has to send a request's headers; slower clients are answered 408.
     pub client_request_timeout_ms: u64,
+    /// Time a client has to send a request's body once its headers have arrived; a body still
+    /// unfinished then is answered 408 and its connection closed.
+    pub request_timeout_ms: u64,
     /// How long an idle keep-alive connection is kept open.
     pub keep_alive_s: u64,
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
@@ -153,8 +157,9 @@ impl Settings {
         let mut builder = config::Config::builder()
             .set_default("server.bind", "127.0.0.1:8080")?
             .set_default("server.workers", 0)?
-            .set_default("server.max_connections", 25_000)?
+            .set_default("server.max_connections", 4_096)?
             .set_default("server.client_request_timeout_ms", 5_000)?
+            .set_default("server.request_timeout_ms", 10_000)?
             .set_default("server.keep_alive_s", 5)?
             .set_default("server.shutdown_timeout_s", 10)?
             .set_default("redis.connection_mode", "multiplexed")?
@@ -218,6 +223,15 @@ impl RawSettings {
         }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
+        }
+        if self.server.client_request_timeout_ms == 0 {
+            return Err(invalid(
+                "server.client_request_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.server.request_timeout_ms == 0 {
+            return Err(invalid("server.request_timeout_ms", "must be at least 1"));
         }
         for (key, tokens) in [
             ("auth.admin_tokens", &self.auth.admin_tokens),
@@ -298,6 +312,12 @@ impl RawSettings {
             log: self.log,
             policies,
         })
+    }
+}
+
+impl ServerSettings {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
     }
 }
 
@@ -440,6 +460,16 @@ mod tests {
             .auth
             .metrics_tokens
             .is_empty());
+    }
+
+    #[test]
+    fn a_zero_request_timeout_is_refused() {
+        let e = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__SERVER__REQUEST_TIMEOUT_MS", "0")]),
+        )
+        .expect_err("zero");
+        assert!(e.to_string().contains("server.request_timeout_ms"), "{e}");
     }
 
     #[test]

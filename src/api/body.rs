@@ -22,6 +22,7 @@ use futures_util::StreamExt;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use super::errors::ApiError;
+use super::guard::BodyDeadline;
 use crate::policy::ValidationError;
 
 /// Largest accepted request body.
@@ -50,9 +51,12 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             }
             let mut body = BytesMut::with_capacity(declared.unwrap_or(256).min(MAX_BODY_BYTES));
             while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| ApiError::MalformedBody {
-                    detail: format!("the request body could not be read: {e}"),
-                    field: None,
+                let chunk = chunk.map_err(|e| match BodyDeadline::of(&e) {
+                    Some(BodyDeadline { limit_ms }) => ApiError::RequestTimeout { limit_ms },
+                    None => ApiError::MalformedBody {
+                        detail: format!("the request body could not be read: {e}"),
+                        field: None,
+                    },
                 })?;
                 if body.len() + chunk.len() > MAX_BODY_BYTES {
                     return Err(too_large);
