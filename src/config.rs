@@ -6,7 +6,7 @@
 //! service with a bad configuration never starts.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -56,6 +56,10 @@ pub struct ServerSettings {
     /// Time a client has to send a request's body once its headers have arrived; a body still
     /// unfinished then is answered 408 and its connection closed.
     pub request_timeout_ms: u64,
+    /// Proxies (addresses or CIDR networks) whose `X-Forwarded-For` / `Forwarded` header names
+    /// the client in the logs; from any other peer the logs show the peer's own address.
+    #[serde(default)]
+    pub trusted_proxies: Vec<ProxyNet>,
     /// How long an idle keep-alive connection is kept open.
     pub keep_alive_s: u64,
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
@@ -99,6 +103,31 @@ pub struct AuthSettings {
     /// Bearer tokens for `GET /metrics`; empty leaves it open.
     #[serde(default)]
     pub metrics_tokens: Vec<Secret>,
+}
+
+/// An address or a CIDR network (`10.0.0.7`, `10.0.0.0/8`, `fd00::/8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ProxyNet(ipnet::IpNet);
+
+impl ProxyNet {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        self.0.contains(ip)
+    }
+}
+
+impl TryFrom<String> for ProxyNet {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let text = text.trim();
+        if let Ok(net) = text.parse::<ipnet::IpNet>() {
+            return Ok(Self(net.trunc()));
+        }
+        text.parse::<IpAddr>()
+            .map(|ip| Self(ipnet::IpNet::from(ip)))
+            .map_err(|_| format!("`{text}` is neither an IP address nor a CIDR network"))
+    }
 }
 
 /// Bounds on what the service keeps.
@@ -189,6 +218,7 @@ impl Settings {
                 .with_list_parse_key("redis.cluster_nodes")
                 .with_list_parse_key("auth.client_tokens")
                 .with_list_parse_key("auth.metrics_tokens")
+                .with_list_parse_key("server.trusted_proxies")
                 .source(Some(env)),
         );
         let raw: RawSettings = builder.build()?.try_deserialize()?;
@@ -448,6 +478,30 @@ mod tests {
         )
         .expect_err("not host:port");
         assert!(e.to_string().contains("redis.cluster_nodes"), "{e}");
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_networks() {
+        let s = Settings::load_from(
+            None,
+            env(&[(
+                "RATELIMITER__SERVER__TRUSTED_PROXIES",
+                "10.0.0.7,192.168.0.0/16,fd00::/8",
+            )]),
+        )
+        .expect("valid");
+        let proxies = &s.server.trusted_proxies;
+        let trusted = |ip: &str| proxies.iter().any(|p| p.contains(&ip.parse().expect("ip")));
+        assert!(trusted("10.0.0.7") && trusted("192.168.3.4") && trusted("fd00::1"));
+        assert!(!trusted("10.0.0.8") && !trusted("127.0.0.1"));
+        let e = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__SERVER__TRUSTED_PROXIES", "10.0.0.0/33")]),
+        )
+        .expect_err("not a network");
+        assert!(e.to_string().contains("10.0.0.0/33"), "{e}");
+        let none = Settings::load_from(None, env(&[])).expect("defaults");
+        assert!(none.server.trusted_proxies.is_empty());
     }
 
     #[test]

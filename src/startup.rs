@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use crate::api;
 use crate::api::auth::Tokens;
+use crate::api::span::TrustedProxies;
 use crate::config::Settings;
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
@@ -80,6 +81,9 @@ impl Application {
         let server_settings = &settings.server;
         let edge = api::Edge {
             tokens: web::Data::new(tokens),
+            trusted_proxies: web::Data::new(TrustedProxies(
+                server_settings.trusted_proxies.clone(),
+            )),
             request_timeout: server_settings.request_timeout(),
         };
         let workers = match server_settings.workers {

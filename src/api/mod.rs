@@ -1,7 +1,7 @@
 //! HTTP only: routes, request and response shapes, headers, and the one error mapping
 //! (`errors`). Handlers validate input into policy types and call the service; they never touch
-//! a store or build a Redis key. Around every request: the guard that keeps a body from holding
-//! a connection (`guard`).
+//! a store or build a Redis key. Around every request: its log span (`span`) and the guard that
+//! keeps a body from holding a connection (`guard`).
 
 pub mod acquire;
 pub mod auth;
@@ -11,6 +11,7 @@ pub mod errors;
 pub mod guard;
 pub mod health;
 pub mod policies;
+pub mod span;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
@@ -66,10 +67,11 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     }
 }
 
-/// What the HTTP edge needs beyond the service: tokens, the body deadline.
+/// What the HTTP edge needs beyond the service: tokens, proxies, the body deadline.
 #[derive(Clone)]
 pub struct Edge {
     pub tokens: web::Data<auth::Tokens>,
+    pub trusted_proxies: web::Data<span::TrustedProxies>,
     /// `server.request_timeout_ms`: how long a request's body may take to arrive.
     pub request_timeout: Duration,
 }
@@ -89,7 +91,10 @@ pub fn app(
         InitError = (),
     >,
 > {
-    let app = App::new().app_data(limiter).app_data(edge.tokens);
+    let app = App::new()
+        .app_data(limiter)
+        .app_data(edge.tokens)
+        .app_data(edge.trusted_proxies);
     let (app, spec) = routes(app).split_for_parts();
     app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
         .configure(docs::configure_redirect)
@@ -101,5 +106,5 @@ pub fn app(
             })
         }))
         .wrap(guard::Guard::new(edge.request_timeout))
-        .wrap(TracingLogger::default())
+        .wrap(TracingLogger::<span::EdgeRootSpan>::new())
 }

@@ -1,5 +1,6 @@
 //! The HTTP edge under hostile clients: bodies that never end, connection floods under a low
-//! file limit, Authorization headers, `/metrics` behind a token, and repeated JSON keys.
+//! file limit, Authorization headers, `/metrics` behind a token, repeated JSON keys, and what
+//! the logs show of a request.
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -10,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{free_port, spawn_app_with, TestApp};
+use crate::helpers::{free_port, spawn_app_with, TestApp, TestRedis};
 
 /// Connects to `address` (`http://127.0.0.1:port`) and writes `request` as is.
 async fn send_raw(address: &str, request: &[u8]) -> TcpStream {
@@ -483,4 +484,62 @@ async fn thousands_of_unfinished_bodies_do_not_starve_other_clients() {
     fresh_client_is_served(&service.address, Duration::from_secs(5))
         .await
         .expect("served after the flood");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_show_no_query_string_no_spoofed_address_and_escaped_fields() {
+    let redis = TestRedis::start();
+    let service = Binary::start(
+        "true",
+        &[
+            ("RATELIMITER__REDIS__URL", &redis.url()),
+            ("RATELIMITER__REDIS__TIMEOUT_MS", "500"),
+        ],
+    )
+    .await;
+    // With Redis gone, /readyz logs a warning inside the request's span.
+    redis.kill();
+    let user_agent = "probe\" http.client_ip=6.6.6.7 \\ \tend \u{e9}";
+    let r = reqwest::Client::new()
+        .get(format!(
+            "{}/readyz?access_token=SUPERSECRET-IN-QUERY",
+            service.address
+        ))
+        .header("X-Forwarded-For", "6.6.6.6")
+        .header(
+            "User-Agent",
+            reqwest::header::HeaderValue::from_bytes(user_agent.as_bytes()).expect("obs-text"),
+        )
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 503);
+    // The line is written after the answer; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let line = loop {
+        let log = service.log_text();
+        if let Some(line) = log
+            .lines()
+            .find(|l| l.contains("HTTP request") && l.contains("/readyz"))
+        {
+            break line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line of the request: {log}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = service.log_text();
+    assert!(!log.contains("SUPERSECRET"), "{line}");
+    assert!(!log.contains("6.6.6.6"), "{line}");
+    assert!(line.contains("http.client_ip=127.0.0.1"), "{line}");
+    assert!(line.contains("http.target=\"/readyz\""), "{line}");
+    // The User-Agent is one escaped string: its quote, backslash, tab and non-ASCII cannot end
+    // the field or forge another.
+    assert!(
+        line.contains(r#"http.user_agent="probe\" http.client_ip=6.6.6.7 \\ \tend é""#),
+        "{line}"
+    );
+    assert!(!line.contains('\t'), "{line}");
 }
