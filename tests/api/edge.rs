@@ -403,6 +403,24 @@ async fn thousands_of_unfinished_bodies_do_not_starve_other_clients() {
         ],
     )
     .await;
+    // The service raised its soft limit to the hard one, and lowered max_connections (4,096 per
+    // worker by default) to fit: (4,096 - 256 reserved) / 2 workers.
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", service.child.id()))
+        .expect("/proc limits");
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    assert_eq!(
+        open_files.split_whitespace().nth(3),
+        Some(HARD.to_string().as_str()),
+        "{open_files}"
+    );
+    assert!(
+        service.log_text().contains("lowered_to=1920"),
+        "{}",
+        service.log_text()
+    );
     let created = reqwest::Client::new()
         .post(format!("{}/v1/policies", service.address))
         .json(&json!({"name": "edge-flood", "algorithm": "token_bucket", "capacity": 1000, "refill_tokens": 1000, "refill_period_ms": 1000}))
