@@ -6,7 +6,7 @@
 //! service with a bad configuration never starts.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -48,10 +48,18 @@ pub struct ServerSettings {
     pub bind: String,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
-    /// Open connections per worker beyond which new ones wait to be accepted.
+    /// Open connections per worker beyond which new ones wait to be accepted; lowered at
+    /// start-up so that every worker's connections fit in the process's file limit.
     pub max_connections: usize,
     /// Time a client has to send a request's headers; slower clients are answered 408.
     pub client_request_timeout_ms: u64,
+    /// Time a client has to send a request's body once its headers have arrived; a body still
+    /// unfinished then is answered 408 and its connection closed.
+    pub request_timeout_ms: u64,
+    /// Proxies (addresses or CIDR networks) whose `X-Forwarded-For` / `Forwarded` header names
+    /// the client in the logs; from any other peer the logs show the peer's own address.
+    #[serde(default)]
+    pub trusted_proxies: Vec<ProxyNet>,
     /// How long an idle keep-alive connection is kept open.
     pub keep_alive_s: u64,
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
@@ -92,6 +100,34 @@ pub struct AuthSettings {
     /// Bearer tokens for `POST /v1/acquire`; empty leaves it open.
     #[serde(default)]
     pub client_tokens: Vec<Secret>,
+    /// Bearer tokens for `GET /metrics`; empty leaves it open.
+    #[serde(default)]
+    pub metrics_tokens: Vec<Secret>,
+}
+
+/// An address or a CIDR network (`10.0.0.7`, `10.0.0.0/8`, `fd00::/8`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ProxyNet(ipnet::IpNet);
+
+impl ProxyNet {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        self.0.contains(ip)
+    }
+}
+
+impl TryFrom<String> for ProxyNet {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, String> {
+        let text = text.trim();
+        if let Ok(net) = text.parse::<ipnet::IpNet>() {
+            return Ok(Self(net.trunc()));
+        }
+        text.parse::<IpAddr>()
+            .map(|ip| Self(ipnet::IpNet::from(ip)))
+            .map_err(|_| format!("`{text}` is neither an IP address nor a CIDR network"))
+    }
 }
 
 /// Bounds on what the service keeps.
@@ -150,8 +186,9 @@ impl Settings {
         let mut builder = config::Config::builder()
             .set_default("server.bind", "127.0.0.1:8080")?
             .set_default("server.workers", 0)?
-            .set_default("server.max_connections", 25_000)?
+            .set_default("server.max_connections", 4_096)?
             .set_default("server.client_request_timeout_ms", 5_000)?
+            .set_default("server.request_timeout_ms", 10_000)?
             .set_default("server.keep_alive_s", 5)?
             .set_default("server.shutdown_timeout_s", 10)?
             .set_default("redis.connection_mode", "multiplexed")?
@@ -180,6 +217,8 @@ impl Settings {
                 .with_list_parse_key("auth.admin_tokens")
                 .with_list_parse_key("redis.cluster_nodes")
                 .with_list_parse_key("auth.client_tokens")
+                .with_list_parse_key("auth.metrics_tokens")
+                .with_list_parse_key("server.trusted_proxies")
                 .source(Some(env)),
         );
         let raw: RawSettings = builder.build()?.try_deserialize()?;
@@ -215,9 +254,19 @@ impl RawSettings {
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
+        if self.server.client_request_timeout_ms == 0 {
+            return Err(invalid(
+                "server.client_request_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.server.request_timeout_ms == 0 {
+            return Err(invalid("server.request_timeout_ms", "must be at least 1"));
+        }
         for (key, tokens) in [
             ("auth.admin_tokens", &self.auth.admin_tokens),
             ("auth.client_tokens", &self.auth.client_tokens),
+            ("auth.metrics_tokens", &self.auth.metrics_tokens),
         ] {
             if tokens.iter().any(|t| t.expose().trim().is_empty()) {
                 return Err(invalid(key, "must not hold an empty token"));
@@ -293,6 +342,12 @@ impl RawSettings {
             log: self.log,
             policies,
         })
+    }
+}
+
+impl ServerSettings {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
     }
 }
 
@@ -429,6 +484,52 @@ mod tests {
         )
         .expect_err("not host:port");
         assert!(e.to_string().contains("redis.cluster_nodes"), "{e}");
+    }
+
+    #[test]
+    fn trusted_proxies_are_addresses_or_networks() {
+        let s = Settings::load_from(
+            None,
+            env(&[(
+                "RATELIMITER__SERVER__TRUSTED_PROXIES",
+                "10.0.0.7,192.168.0.0/16,fd00::/8",
+            )]),
+        )
+        .expect("valid");
+        let proxies = &s.server.trusted_proxies;
+        let trusted = |ip: &str| proxies.iter().any(|p| p.contains(&ip.parse().expect("ip")));
+        assert!(trusted("10.0.0.7") && trusted("192.168.3.4") && trusted("fd00::1"));
+        assert!(!trusted("10.0.0.8") && !trusted("127.0.0.1"));
+        let e = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__SERVER__TRUSTED_PROXIES", "10.0.0.0/33")]),
+        )
+        .expect_err("not a network");
+        assert!(e.to_string().contains("10.0.0.0/33"), "{e}");
+        let none = Settings::load_from(None, env(&[])).expect("defaults");
+        assert!(none.server.trusted_proxies.is_empty());
+    }
+
+    #[test]
+    fn metrics_tokens_come_from_a_comma_separated_variable() {
+        let s = Settings::load_from(None, env(&[("RATELIMITER__AUTH__METRICS_TOKENS", "m1,m2")]))
+            .expect("valid");
+        assert_eq!(s.auth.metrics_tokens.len(), 2);
+        assert!(Settings::load_from(None, env(&[]))
+            .expect("defaults")
+            .auth
+            .metrics_tokens
+            .is_empty());
+    }
+
+    #[test]
+    fn a_zero_request_timeout_is_refused() {
+        let e = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__SERVER__REQUEST_TIMEOUT_MS", "0")]),
+        )
+        .expect_err("zero");
+        assert!(e.to_string().contains("server.request_timeout_ms"), "{e}");
     }
 
     #[test]

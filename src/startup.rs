@@ -10,6 +10,7 @@ use anyhow::Context;
 
 use crate::api;
 use crate::api::auth::Tokens;
+use crate::api::span::TrustedProxies;
 use crate::config::Settings;
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
@@ -82,20 +83,29 @@ impl Application {
         warn_if_open(&address, &tokens);
 
         let data = web::Data::from(limiter.clone());
-        let tokens = web::Data::new(tokens);
         let server_settings = &settings.server;
-        let mut server = HttpServer::new(move || api::app(data.clone(), tokens.clone()))
+        let edge = api::Edge {
+            tokens: web::Data::new(tokens),
+            trusted_proxies: web::Data::new(TrustedProxies(
+                server_settings.trusted_proxies.clone(),
+            )),
+            request_timeout: server_settings.request_timeout(),
+        };
+        let workers = match server_settings.workers {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        let max_connections = connections_that_fit(server_settings.max_connections, workers);
+        let server = HttpServer::new(move || api::app(data.clone(), edge.clone()))
+            .workers(workers)
             .listen(listener)?
-            .max_connections(server_settings.max_connections)
+            .max_connections(max_connections)
             .client_request_timeout(Duration::from_millis(
                 server_settings.client_request_timeout_ms,
             ))
             .client_disconnect_timeout(Duration::from_secs(1))
             .keep_alive(Duration::from_secs(server_settings.keep_alive_s))
             .shutdown_timeout(server_settings.shutdown_timeout_s);
-        if server_settings.workers > 0 {
-            server = server.workers(server_settings.workers);
-        }
         tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
         Ok(Self {
             port: address.port(),
@@ -132,5 +142,58 @@ fn warn_if_open(address: &SocketAddr, tokens: &Tokens) {
             %address,
             "the policy API is open to anyone who can reach this address: set auth.admin_tokens"
         );
+    }
+}
+
+/// File descriptors kept out of the HTTP connections' share: Redis connections, the listener,
+/// log output, the runtime's own.
+const RESERVED_FILES: u64 = 256;
+
+/// Raises the soft limit on open files to the hard one, then lowers `wanted` connections per
+/// worker so that every worker's connections and [`RESERVED_FILES`] fit under it: a process out
+/// of descriptors answers nothing, `/healthz` included, while one at its connection cap leaves
+/// the excess waiting in the listen queue.
+fn connections_that_fit(wanted: usize, workers: usize) -> usize {
+    let soft = match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => soft,
+        Err(error) => {
+            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+            tracing::warn!(%error, soft, "could not raise the open-file limit");
+            soft
+        }
+    };
+    let fit = fit_connections(wanted, workers, soft);
+    if fit < wanted {
+        tracing::warn!(
+            max_connections = wanted,
+            lowered_to = fit,
+            workers,
+            open_file_limit = soft,
+            "server.max_connections lowered so that every worker's connections fit in the \
+             open-file limit; raise the limit (ulimit -n, LimitNOFILE) to accept more"
+        );
+    }
+    fit
+}
+
+/// Connections per worker that fit under `limit` open files with [`RESERVED_FILES`] aside (at
+/// least 1, so that a tiny limit still serves).
+fn fit_connections(wanted: usize, workers: usize, limit: u64) -> usize {
+    let share = limit.saturating_sub(RESERVED_FILES) / (workers.max(1) as u64);
+    wanted
+        .min(usize::try_from(share).unwrap_or(usize::MAX))
+        .max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_lowered_to_fit_the_file_limit() {
+        assert_eq!(fit_connections(4_096, 2, 1_024), 384);
+        assert_eq!(fit_connections(100, 2, 1_024), 100);
+        assert_eq!(fit_connections(4_096, 4, 1_048_576), 4_096);
+        assert_eq!(fit_connections(4_096, 2, 100), 1);
     }
 }

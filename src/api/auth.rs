@@ -1,33 +1,47 @@
 //! Bearer-token access control: `auth.admin_tokens` guard the policy API, `auth.client_tokens`
-//! guard `POST /v1/acquire`. An empty list leaves that part of the API open.
+//! guard `POST /v1/acquire`, `auth.metrics_tokens` guard `GET /metrics`. An empty list leaves
+//! that part of the API open.
+//!
+//! Tokens are kept and compared as SHA-256 digests with `subtle`, so neither a token's bytes nor
+//! its length can be found by timing answers.
 
 use std::future::{ready, Ready};
 
 use actix_web::dev::Payload;
 use actix_web::http::header;
 use actix_web::{web, FromRequest, HttpRequest};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
 
 use super::errors::ApiError;
-use crate::config::AuthSettings;
+use crate::config::{AuthSettings, Secret};
 
-/// The accepted tokens, as bytes.
+type TokenDigest = [u8; 32];
+
+/// The accepted tokens, as digests.
 #[derive(Debug, Default, Clone)]
 pub struct Tokens {
-    admin: Vec<Vec<u8>>,
-    client: Vec<Vec<u8>>,
+    admin: Vec<TokenDigest>,
+    client: Vec<TokenDigest>,
+    metrics: Vec<TokenDigest>,
+}
+
+fn digest(token: &[u8]) -> TokenDigest {
+    Sha256::digest(token).into()
 }
 
 impl Tokens {
     pub fn from_settings(auth: &AuthSettings) -> Self {
-        let bytes = |tokens: &[crate::config::Secret]| {
+        let digests = |tokens: &[Secret]| {
             tokens
                 .iter()
-                .map(|t| t.expose().as_bytes().to_vec())
+                .map(|t| digest(t.expose().as_bytes()))
                 .collect()
         };
         Self {
-            admin: bytes(&auth.admin_tokens),
-            client: bytes(&auth.client_tokens),
+            admin: digests(&auth.admin_tokens),
+            client: digests(&auth.client_tokens),
+            metrics: digests(&auth.metrics_tokens),
         }
     }
 
@@ -36,13 +50,34 @@ impl Tokens {
     }
 }
 
-/// Equality that takes the same time wherever the inputs differ (their lengths aside), so a
-/// caller cannot find a token byte by byte by timing answers.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// The token of an `Authorization` header value: the scheme is case-insensitive (RFC 9110
+/// §11.1), and any amount of blank space may separate it from the token.
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer";
+    if value.len() <= SCHEME.len() || !value[..SCHEME.len()].eq_ignore_ascii_case(SCHEME) {
+        return None;
+    }
+    let rest = &value[SCHEME.len()..];
+    if !matches!(rest.first(), Some(b' ' | b'\t')) {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
 }
 
-fn check(req: &HttpRequest, accepted: impl Fn(&Tokens) -> &[Vec<u8>]) -> Result<(), ApiError> {
+/// Whether `presented` is one of `accepted`, comparing with every token without stopping at a
+/// match.
+fn is_accepted(accepted: &[TokenDigest], presented: &[u8]) -> bool {
+    let presented = digest(presented);
+    accepted
+        .iter()
+        .fold(subtle::Choice::from(0), |found, t| {
+            found | t.ct_eq(&presented)
+        })
+        .into()
+}
+
+fn check(req: &HttpRequest, accepted: impl Fn(&Tokens) -> &[TokenDigest]) -> Result<(), ApiError> {
     let Some(tokens) = req.app_data::<web::Data<Tokens>>() else {
         return Ok(());
     };
@@ -50,20 +85,21 @@ fn check(req: &HttpRequest, accepted: impl Fn(&Tokens) -> &[Vec<u8>]) -> Result<
     if accepted.is_empty() {
         return Ok(());
     }
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
-    let Some(presented) = presented else {
+    let mut headers = req.headers().get_all(header::AUTHORIZATION);
+    let Some(value) = headers.next() else {
         return Err(ApiError::Unauthorized("a bearer token is required"));
     };
-    // Compare with every token, without stopping at a match.
-    let matched = accepted.iter().fold(false, |found, t| {
-        constant_time_eq(t, presented.as_bytes()) | found
-    });
-    if matched {
+    // A proxy and a client may each disagree on which of two headers counts; refuse rather than
+    // guess.
+    if headers.next().is_some() {
+        return Err(ApiError::Unauthorized(
+            "the request has more than one Authorization header; send exactly one",
+        ));
+    }
+    let Some(presented) = bearer_token(value.as_bytes()) else {
+        return Err(ApiError::Unauthorized("a bearer token is required"));
+    };
+    if is_accepted(accepted, presented) {
         Ok(())
     } else {
         Err(ApiError::Unauthorized("the bearer token is not accepted"))
@@ -94,15 +130,51 @@ impl FromRequest for Client {
     }
 }
 
+/// Present in a handler's arguments: the request carries a metrics token (or none is needed).
+pub struct Metrics;
+
+impl FromRequest for Metrics {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(check(req, |t| &t.metrics).map(|()| Metrics))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn tokens_compare_equal_only_when_identical() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secre"));
-        assert!(!constant_time_eq(b"", b"x"));
+    fn tokens_are_accepted_only_when_identical() {
+        let accepted = [digest(b"secret"), digest(b"other")];
+        assert!(is_accepted(&accepted, b"secret"));
+        assert!(is_accepted(&accepted, b"other"));
+        assert!(!is_accepted(&accepted, b"secreT"));
+        assert!(!is_accepted(&accepted, b"secre"));
+        assert!(!is_accepted(&accepted, b""));
+        assert!(!is_accepted(&[], b"secret"));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for value in ["Bearer t", "bearer t", "BEARER t", "bEaReR \t t  "] {
+            assert_eq!(bearer_token(value.as_bytes()), Some(&b"t"[..]), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_empty_tokens_are_not_bearer_tokens() {
+        for value in [
+            "Basic dDp0",
+            "Bearer",
+            "Bearer ",
+            "Bearert",
+            "Bearer\u{0}t",
+            "bear t",
+        ] {
+            assert_eq!(bearer_token(value.as_bytes()), None, "{value:?}");
+        }
     }
 }

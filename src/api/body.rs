@@ -1,9 +1,17 @@
-//! The JSON body extractor: at most 64 KiB, and errors that name the field at fault.
+//! The JSON body extractor: at most 64 KiB, no key twice in one object, and errors that name the
+//! field at fault.
 //!
 //! actix-web's own `Json` reports type errors without the field's name and oversized bodies
 //! outside problem+json; this one reports both through [`ApiError`]. It does not insist on a
 //! `Content-Type`, since a forgotten `-H 'Content-Type: application/json'` in curl is no reason to
 //! refuse well-formed JSON.
+//!
+//! A key repeated in one object (`{"limit": 1, "limit": 1000000}`) is refused at any depth:
+//! serde_json's `Value` would silently keep the last one, and a proxy or a client library in
+//! between may keep the first, so the two would disagree on what was asked.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
 
 use actix_web::dev::Payload;
 use actix_web::http::header;
@@ -11,9 +19,10 @@ use actix_web::web::BytesMut;
 use actix_web::{FromRequest, HttpRequest};
 use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
 use super::errors::ApiError;
+use super::guard::BodyDeadline;
 use crate::policy::ValidationError;
 
 /// Largest accepted request body.
@@ -42,9 +51,12 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
             }
             let mut body = BytesMut::with_capacity(declared.unwrap_or(256).min(MAX_BODY_BYTES));
             while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| ApiError::MalformedBody {
-                    detail: format!("the request body could not be read: {e}"),
-                    field: None,
+                let chunk = chunk.map_err(|e| match BodyDeadline::of(&e) {
+                    Some(BodyDeadline { limit_ms }) => ApiError::RequestTimeout { limit_ms },
+                    None => ApiError::MalformedBody {
+                        detail: format!("the request body could not be read: {e}"),
+                        field: None,
+                    },
                 })?;
                 if body.len() + chunk.len() > MAX_BODY_BYTES {
                     return Err(too_large);
@@ -69,6 +81,7 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
         serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(not_json)?;
         return Err(ValidationError::NotAnObject.into());
     }
+    refuse_duplicate_keys(body)?;
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -99,4 +112,168 @@ pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
 fn named_field(message: &str, prefix: &str) -> Option<String> {
     let rest = message.strip_prefix(prefix)?;
     rest.split_once('`').map(|(f, _)| f.to_owned())
+}
+
+/// Refuses a body in which one object holds a key twice, naming the key with its path
+/// (`limit`, `metadata.owner`, `items[2].name`). Malformed JSON passes: the parse that follows
+/// reports it with serde_json's message.
+fn refuse_duplicate_keys(body: &[u8]) -> Result<(), ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let duplicate = RefCell::new(None);
+    let walk = UniqueKeys {
+        path: "",
+        duplicate: &duplicate,
+    };
+    if walk.deserialize(&mut de).is_ok() {
+        return Ok(());
+    }
+    // A body cut short after a repeated key is reported as what it is: not JSON.
+    let well_formed = serde_json::from_slice::<de::IgnoredAny>(body).is_ok();
+    match duplicate.into_inner() {
+        Some(field) if well_formed => Err(ApiError::MalformedBody {
+            detail: format!(
+                "`{field}` appears more than once in one object; each key may appear once"
+            ),
+            field: Some(field),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// Walks any JSON value, failing at the first key repeated in one object after writing its path
+/// to `duplicate`.
+struct UniqueKeys<'p> {
+    path: &'p str,
+    duplicate: &'p RefCell<Option<String>>,
+}
+
+impl<'de> DeserializeSeed<'de> for UniqueKeys<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for UniqueKeys<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        let mut i = 0usize;
+        loop {
+            let path = format!("{}[{i}]", self.path);
+            let element = UniqueKeys {
+                path: &path,
+                duplicate: self.duplicate,
+            };
+            if seq.next_element_seed(element)?.is_none() {
+                return Ok(());
+            }
+            i += 1;
+        }
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut seen = HashSet::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let path = if self.path.is_empty() {
+                key.clone()
+            } else {
+                format!("{}.{key}", self.path)
+            };
+            if !seen.insert(key) {
+                *self.duplicate.borrow_mut() = Some(path);
+                return Err(de::Error::custom("duplicate key"));
+            }
+            map.next_value_seed(UniqueKeys {
+                path: &path,
+                duplicate: self.duplicate,
+            })?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+
+    fn duplicate(body: &str) -> Option<String> {
+        match parse::<Value>(body.as_bytes()) {
+            Err(ApiError::MalformedBody { field, detail }) if detail.contains("more than once") => {
+                field
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_key_repeated_at_any_depth_is_named_with_its_path() {
+        assert_eq!(
+            duplicate(r#"{"limit": 1, "limit": 1000000}"#).as_deref(),
+            Some("limit")
+        );
+        assert_eq!(
+            duplicate(r#"{"a": {"b": 1, "c": {"d": 1, "d": 2}}}"#).as_deref(),
+            Some("a.c.d")
+        );
+        assert_eq!(
+            duplicate(r#"{"a": [{"x": 1}, {"y": 1, "y": 1}]}"#).as_deref(),
+            Some("a[1].y")
+        );
+    }
+
+    #[test]
+    fn equal_keys_in_different_objects_are_fine() {
+        let v: Value = parse(br#"{"a": {"k": 1}, "b": {"k": 2}, "k": [{"k": 3}, {"k": 4}]}"#)
+            .expect("no key repeats within one object");
+        assert_eq!(v["k"][1]["k"], 4);
+    }
+
+    #[test]
+    fn typed_bodies_refuse_repeated_keys_too() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Small {
+            cost: u64,
+        }
+        let e = parse::<Small>(br#"{"cost": 1, "cost": 2}"#).expect_err("repeated");
+        assert!(
+            matches!(&e, ApiError::MalformedBody { field: Some(f), .. } if f == "cost"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn malformed_json_is_still_reported_as_such() {
+        let e = parse::<Value>(br#"{"a": 1, "a": "#).expect_err("truncated");
+        assert!(
+            matches!(&e, ApiError::MalformedBody { field: None, detail } if detail.contains("not valid JSON")),
+            "{e:?}"
+        );
+    }
 }

@@ -60,6 +60,9 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("{0}")]
     Unauthorized(&'static str),
+    /// The request's body did not arrive within `server.request_timeout_ms`.
+    #[error("the request body did not arrive within {limit_ms} ms")]
+    RequestTimeout { limit_ms: u64 },
     #[error("no route for {0}")]
     NoRoute(String),
     #[error("{route} is not allowed; this path takes {allow}")]
@@ -122,6 +125,12 @@ impl ApiError {
                 S::UNAUTHORIZED,
                 "urn:ratelimiter:problem:unauthorized",
                 "A valid bearer token is required",
+                None,
+            ),
+            ApiError::RequestTimeout { .. } => (
+                S::REQUEST_TIMEOUT,
+                "urn:ratelimiter:problem:request-timeout",
+                "The request did not arrive in time",
                 None,
             ),
             ApiError::NoRoute(_) => (

@@ -5,6 +5,7 @@ use actix_web::{get, web, HttpResponse};
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use super::auth;
 use super::errors::{ApiError, Problem};
 use crate::service::RateLimiter;
 
@@ -92,13 +93,18 @@ pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, Api
 /// Metrics in the Prometheus text format.
 ///
 /// Decisions by policy and outcome, acquire and Redis latency histograms, Redis errors by kind,
-/// the circuit breaker's state, the connection pool, and the number of policies.
+/// the circuit breaker's state, the connection pool, and the number of policies. Open unless
+/// `auth.metrics_tokens` is set.
 #[utoipa::path(
     tag = "operations",
-    responses((status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain; version=0.0.4"))
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", body = String, content_type = "text/plain; version=0.0.4"),
+        (status = 401, description = "`auth.metrics_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+    )
 )]
 #[get("/metrics")]
-pub async fn metrics(limiter: web::Data<RateLimiter>) -> HttpResponse {
+pub async fn metrics(_: auth::Metrics, limiter: web::Data<RateLimiter>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(limiter.render_metrics())

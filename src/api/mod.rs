@@ -1,18 +1,22 @@
 //! HTTP only: routes, request and response shapes, headers, and the one error mapping
 //! (`errors`). Handlers validate input into policy types and call the service; they never touch
-//! a store or build a Redis key.
+//! a store or build a Redis key. Around every request: its log span (`span`) and the guard that
+//! keeps a body from holding a connection (`guard`).
 
 pub mod acquire;
 pub mod auth;
 pub mod body;
 pub mod docs;
 pub mod errors;
+pub mod guard;
 pub mod health;
 pub mod policies;
+pub mod span;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App, Error, HttpRequest};
+use std::time::Duration;
 use tracing_actix_web::TracingLogger;
 use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
@@ -63,11 +67,21 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
     }
 }
 
-/// The whole application: API, spec, Swagger UI, problem+json for unknown routes, and a tracing
-/// span with a request id around every request (every log line of a request carries it).
+/// What the HTTP edge needs beyond the service: tokens, proxies, the body deadline.
+#[derive(Clone)]
+pub struct Edge {
+    pub tokens: web::Data<auth::Tokens>,
+    pub trusted_proxies: web::Data<span::TrustedProxies>,
+    /// `server.request_timeout_ms`: how long a request's body may take to arrive.
+    pub request_timeout: Duration,
+}
+
+/// The whole application: API, spec, Swagger UI, problem+json for unknown routes, the guard on
+/// request bodies, and a tracing span with a request id around every request (every log line of
+/// a request carries it).
 pub fn app(
     limiter: web::Data<RateLimiter>,
-    tokens: web::Data<auth::Tokens>,
+    edge: Edge,
 ) -> App<
     impl ServiceFactory<
         ServiceRequest,
@@ -77,7 +91,11 @@ pub fn app(
         InitError = (),
     >,
 > {
-    let (app, spec) = routes(App::new().app_data(limiter).app_data(tokens)).split_for_parts();
+    let app = App::new()
+        .app_data(limiter)
+        .app_data(edge.tokens)
+        .app_data(edge.trusted_proxies);
+    let (app, spec) = routes(app).split_for_parts();
     app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
         .configure(docs::configure_redirect)
         .default_service(web::to(|req: HttpRequest| async move {
@@ -87,5 +105,6 @@ pub fn app(
                 None => ApiError::NoRoute(route),
             })
         }))
-        .wrap(TracingLogger::default())
+        .wrap(guard::Guard::new(edge.request_timeout))
+        .wrap(TracingLogger::<span::EdgeRootSpan>::new())
 }
