@@ -13,6 +13,7 @@ use crate::service::policies::etag_header;
 use crate::service::readiness::Unready;
 use crate::service::ServiceError;
 use crate::store::StoreError;
+use crate::telemetry::Summarized;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -241,7 +242,10 @@ impl ResponseError for ApiError {
             response.insert_header((header::ALLOW, *allow));
         }
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            tracing::warn!(error = %self, "answered 503");
+            static UNAVAILABLE: Summarized = Summarized::per_second();
+            if let Some(count) = UNAVAILABLE.hit() {
+                tracing::warn!(error = %self, count, "answered 503 (count: since the last such line)");
+            }
             response.insert_header((header::RETRY_AFTER, "1"));
         }
         if let ApiError::Service(ServiceError::PreconditionFailed {

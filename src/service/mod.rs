@@ -22,6 +22,7 @@ use crate::policy::{FailMode, LimitKey, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
 use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
+use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
 pub use policies::PolicySync;
@@ -176,7 +177,11 @@ impl RateLimiter {
         now_us: Option<u64>,
         error: StoreError,
     ) -> Result<(Decision, bool), ServiceError> {
-        tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), "store failed; answering by fail mode");
+        // An outage fails every decision: one line a second, with how many there were.
+        static DEGRADED: Summarized = Summarized::per_second();
+        if let Some(count) = DEGRADED.hit() {
+            tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), count, "store failed; answering by fail mode (count: decisions since the last such line)");
+        }
         match (policy.fail_mode, &self.local) {
             // Whether a decision that got no answer was counted does not matter to the client:
             // it was not granted. `outcome-unknown` is for writes that must be read back.

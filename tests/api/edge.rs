@@ -561,3 +561,54 @@ async fn logs_show_no_query_string_no_spoofed_address_and_escaped_fields() {
     );
     assert!(!line.contains('\t'), "{line}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_logs_a_line_a_second_not_a_line_a_decision() {
+    let redis = TestRedis::start();
+    let service = Binary::start(
+        "true",
+        &[
+            ("RATELIMITER__REDIS__URL", &redis.url()),
+            ("RATELIMITER__REDIS__TIMEOUT_MS", "200"),
+        ],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    for (name, mode) in [("open-outage", "open"), ("closed-outage", "closed")] {
+        let r = client
+            .post(format!("{}/v1/policies", service.address))
+            .json(&json!({"name": name, "algorithm": "fixed_window", "limit": 5, "window_ms": 60_000, "fail_mode": mode}))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 201);
+    }
+    redis.kill();
+    let started = Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_millis(1_500) {
+        let burst = ["open-outage", "closed-outage"].map(|policy| {
+            client
+                .post(format!("{}/v1/acquire", service.address))
+                .json(&json!({"policy": policy, "key": "k"}))
+                .send()
+        });
+        for r in join_all(burst).await {
+            assert!(matches!(r.map(|r| r.status().as_u16()), Ok(200 | 503)));
+            answered += 1;
+        }
+    }
+    assert!(
+        answered >= 100,
+        "the outage was exercised: {answered} answers"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let log = service.log_text();
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    // Over about 1.5 s: a line at once, then at most one a second, for each kind of failure.
+    let degraded = lines("answering by fail mode");
+    let refused = lines("answered 503");
+    assert!((1..=3).contains(&degraded), "{degraded} lines:\n{log}");
+    assert!((1..=3).contains(&refused), "{refused} lines:\n{log}");
+    assert!(log.contains("count="), "{log}");
+}
