@@ -11,6 +11,7 @@
 -- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
 --          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
+-- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
 --
 -- Time never runs backwards past the newest member. A denial only drops members that have left
 -- the window.

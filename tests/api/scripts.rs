@@ -13,7 +13,7 @@ use ratelimiter::limiter::{
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
-use ratelimiter::store::{scripts, RedisStore, Store};
+use ratelimiter::store::{scripts, RedisStore, Store, StoreError};
 
 use crate::helpers::TestRedis;
 
@@ -606,4 +606,42 @@ fn every_script_decides_exactly_as_its_rust_function() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+// --- Out of memory: a script runs whole or not at all -------------------------------------------
+
+#[test]
+fn every_script_is_refused_whole_while_redis_is_out_of_memory() {
+    let mut lab = Lab::new();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut lab.conn)
+        .expect("CONFIG SET");
+    for a in Algorithm::ALL {
+        let s = lab.subject(Impl::Ours, window(5, 60_000, a));
+        let (policy, key, redis_key) = (s.policy.clone(), s.key.clone(), s.redis_key.clone());
+        let result = lab
+            .rt
+            .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)));
+        match result {
+            // The cause, as the service's degraded path logs it.
+            Err(e @ StoreError::Server(_)) => {
+                assert!(e.to_string().contains("OOM"), "{a:?}: {e}")
+            }
+            other => panic!("{a:?} ran out of memory: {other:?}"),
+        }
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&redis_key)
+            .query(&mut lab.conn)
+            .expect("EXISTS");
+        assert!(!exists, "{a:?} wrote its state past maxmemory");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut lab.conn)
+        .expect("CONFIG SET");
 }
