@@ -608,6 +608,188 @@ fn every_script_decides_exactly_as_its_rust_function() {
     }
 }
 
+// --- Bounds: what one request may cost Redis ---------------------------------------------------
+
+/// Commands the scripts ran since the last `CONFIG RESETSTAT` (Redis counts the commands a
+/// script calls in `INFO commandstats`): every command but the calls and loads of scripts and
+/// the test's own inspection.
+fn script_commands(conn: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| {
+            !["eval", "script", "config", "info"]
+                .iter()
+                .any(|own| l.starts_with(own))
+        })
+        .filter_map(|l| {
+            l.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(conn)
+        .expect("CONFIG RESETSTAT");
+}
+
+/// 31 days, the longest window, in ms.
+const MONTH_MS: u64 = 2_678_400_000;
+
+#[test]
+fn one_expensive_request_is_one_log_entry_and_a_few_commands() {
+    let mut lab = Lab::new();
+    let mut s = lab.subject(
+        Impl::Ours,
+        window(10_000, MONTH_MS, Algorithm::SlidingWindowLog),
+    );
+    // The script loaded first, so that loading it is not counted.
+    assert!(s.allowed(T0, 1).expect("decided"));
+    let mut s = lab.subject(
+        Impl::Ours,
+        window(10_000, MONTH_MS, Algorithm::SlidingWindowLog),
+    );
+    reset_stats(&mut s.lab.conn);
+    let d = s.at(Some(T0), 10_000).expect("decided");
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+    let commands = script_commands(&mut s.lab.conn);
+    assert!(commands <= 5, "an allowed request ran {commands} commands");
+
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&s.redis_key)
+        .query(&mut s.lab.conn)
+        .expect("ZCARD");
+    assert_eq!(members, 1, "10,000 units in one request are one entry");
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&s.redis_key)
+        .query(&mut s.lab.conn)
+        .expect("MEMORY USAGE");
+    assert!(bytes < 512, "the log takes {bytes} bytes");
+
+    reset_stats(&mut s.lab.conn);
+    let d = s.at(Some(T0 + 1), 1).expect("decided");
+    assert!(
+        !d.allowed && d.retry_after_us == MONTH_MS * 1_000 - 1,
+        "{d:?}"
+    );
+    let commands = script_commands(&mut s.lab.conn);
+    assert!(commands <= 5, "a denied request ran {commands} commands");
+}
+
+/// A tiny deterministic generator (xorshift), so that the long sequence below needs no seed.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands() {
+    let mut lab = Lab::new();
+    let limit = window(10_000, 30_000, Algorithm::SlidingWindowLog);
+    let s = lab.subject(Impl::Ours, limit);
+    let Params::SlidingWindowLog(params) = s.policy.params else {
+        unreachable!("a log")
+    };
+    let key = s.redis_key.clone();
+    let conn = &mut lab.conn;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(scripts::source(Algorithm::SlidingWindowLog))
+        .query(conn)
+        .expect("SCRIPT LOAD");
+
+    // 15,000 requests about 2.5 ms apart over 37 s: mostly single units, so that the log grows
+    // to thousands of entries, and now and then up to 2,000 units at once.
+    let mut x = 0x9E37_79B9_7F4A_7C15;
+    let mut now = T0;
+    let mut requests = Vec::new();
+    for _ in 0..15_000 {
+        now += next(&mut x) % 5_000;
+        let r = next(&mut x);
+        let cost = if r % 1_000 == 0 { 1 + r / 1_000 % 2_000 } else { 1 };
+        requests.push((now, cost));
+    }
+    let mut pipe = redis::pipe();
+    for &(now, cost) in &requests {
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(params.limit)
+            .arg(params.window_us)
+            .arg(cost)
+            .arg(now);
+    }
+    let replies: Vec<(u8, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
+
+    let mut state = None;
+    let mut longest = 0;
+    let (mut allowed, mut denied) = (0, 0);
+    for (i, (&(now, cost), reply)) in requests.iter().zip(replies).enumerate() {
+        let o = sliding_window_log::acquire(state.take(), &params, cost, now);
+        state = o.state;
+        longest = longest.max(state.as_ref().map_or(0, |s| s.entries.len()));
+        let d = o.decision;
+        if d.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+        let expected = (
+            u8::from(d.allowed),
+            d.remaining,
+            d.reset_after_us,
+            d.retry_after_us,
+        );
+        assert_eq!(reply, expected, "request {i} at {now} cost {cost}");
+    }
+    assert!(longest > 3_000, "the log grew to {longest} entries only");
+    assert!(
+        allowed > 1_000 && denied > 1_000,
+        "{allowed} allowed, {denied} denied"
+    );
+
+    // A denial on a log of thousands: the search for its retry time is a few commands.
+    let entries = state.as_ref().map_or(0, |s| s.entries.len());
+    assert!(entries > 3_000, "{entries} entries");
+    reset_stats(conn);
+    let reply: (u8, u64, u64, u64) = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg(&key)
+        .arg(params.limit)
+        .arg(params.window_us)
+        .arg(params.limit)
+        .arg(now)
+        .query(conn)
+        .expect("a denial");
+    let d = sliding_window_log::acquire(state, &params, params.limit, now).decision;
+    assert_eq!(
+        reply,
+        (0, d.remaining, d.reset_after_us, d.retry_after_us),
+        "the last denial"
+    );
+    let commands = script_commands(conn);
+    assert!(
+        commands <= 4 + 15,
+        "a denial on {entries} entries ran {commands} commands"
+    );
+}
+
 // --- Out of memory: a script runs whole or not at all -------------------------------------------
 
 #[test]
