@@ -78,10 +78,11 @@ pub struct RateLimiter {
 }
 
 impl RateLimiter {
-    pub fn new(store: AnyStore, key_prefix: &str) -> Self {
+    /// `max_embedded_subjects` caps the in-process store that `local` fail mode decides with.
+    pub fn new(store: AnyStore, key_prefix: &str, max_embedded_subjects: u64) -> Self {
         let local = match store {
             AnyStore::Memory(_) => None,
-            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix)),
+            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix, max_embedded_subjects)),
         };
         // Installs the recorder before the first counter is registered.
         let _ = m::handle();
@@ -150,14 +151,17 @@ impl RateLimiter {
         error: StoreError,
     ) -> Result<(Decision, bool), ServiceError> {
         tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), "store failed; answering by fail mode");
-        match (policy.fail_mode, &self.local) {
-            (FailMode::Closed, _) => Err(error.into()),
-            (FailMode::Local, Some(local)) => {
-                let now = now_us.unwrap_or_else(system_now_us);
-                Ok((local.acquire_at(policy, key, cost, now), true))
+        if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
+            let now = now_us.unwrap_or_else(system_now_us);
+            // A full local store (`StoreError::Full`) allows, as `open` does, below.
+            if let Ok(decision) = local.acquire_at(policy, key, cost, now) {
+                return Ok((decision, true));
             }
-            // `local` on the embedded store cannot happen (it does not fail); allow, as `open`.
-            (FailMode::Open | FailMode::Local, _) => Ok((
+        }
+        match policy.fail_mode {
+            FailMode::Closed => Err(error.into()),
+            // `local` on the embedded store (full, the only way it fails) allows, as `open`.
+            FailMode::Open | FailMode::Local => Ok((
                 Decision {
                     allowed: true,
                     remaining: policy.limit.quota() - cost,

@@ -42,7 +42,10 @@ impl Application {
                     "no redis.url set: using the embedded in-process store; limits are per process \
                      and not shared with other instances"
                 );
-                AnyStore::Memory(MemoryStore::new(prefix))
+                AnyStore::Memory(MemoryStore::new(
+                    prefix,
+                    settings.limits.max_embedded_subjects,
+                ))
             }
             Some(url) => {
                 let shown = redact_url(url.expose());
@@ -62,7 +65,11 @@ impl Application {
                 AnyStore::Redis(store)
             }
         };
-        let limiter = Arc::new(RateLimiter::new(store, prefix));
+        let limiter = Arc::new(RateLimiter::new(
+            store,
+            prefix,
+            settings.limits.max_embedded_subjects,
+        ));
         limiter
             .ensure_policies(&settings.policies)
             .await

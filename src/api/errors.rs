@@ -143,7 +143,8 @@ impl ApiError {
                 ServiceError::Store(
                     StoreError::Unavailable(_)
                     | StoreError::OutcomeUnknown(_)
-                    | StoreError::Server(_),
+                    | StoreError::Server(_)
+                    | StoreError::Full(_),
                 ) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
