@@ -65,6 +65,12 @@ impl Application {
                 AnyStore::Redis(store)
             }
         };
+        if let AnyStore::Redis(redis) = &store {
+            redis
+                .require_flagged_scripts()
+                .await
+                .context("checking the Redis version")?;
+        }
         let limiter = Arc::new(RateLimiter::new(
             store,
             prefix,

@@ -831,3 +831,70 @@ fn every_script_is_refused_whole_while_redis_is_out_of_memory() {
         .query(&mut lab.conn)
         .expect("CONFIG SET");
 }
+
+// --- Redis before 7.0 cannot run flagged scripts: refused at start-up ---------------------------
+
+/// Answers the Redis protocol as a Redis 6.2 would, for the few commands a start-up sends (no
+/// Redis 6 can be installed here): `PING`, `INFO`, and an error for anything else.
+fn serve_as_redis_6(listener: std::net::TcpListener) {
+    use std::io::{BufRead, BufReader, Write};
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut writer = stream.try_clone().expect("clone");
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let Some(n) = line.trim().strip_prefix('*') else {
+                    continue;
+                };
+                let mut args = Vec::new();
+                for _ in 0..n.parse::<usize>().unwrap_or(0) {
+                    line.clear();
+                    let _ = reader.read_line(&mut line);
+                    line.clear();
+                    let _ = reader.read_line(&mut line);
+                    args.push(line.trim().to_ascii_uppercase());
+                }
+                let reply = match args.first().map(String::as_str) {
+                    Some("PING") => "+PONG\r\n".to_owned(),
+                    Some("INFO") => {
+                        let info = "# Server\r\nredis_version:6.2.14\r\nredis_mode:standalone\r\n";
+                        format!("${}\r\n{info}\r\n", info.len())
+                    }
+                    _ => "-ERR unknown command\r\n".to_owned(),
+                };
+                if writer.write_all(reply.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_service_refuses_to_start_on_redis_older_than_7() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || serve_as_redis_6(listener));
+    let env = [
+        ("RATELIMITER__SERVER__BIND", "127.0.0.1:0".to_owned()),
+        (
+            "RATELIMITER__REDIS__URL",
+            format!("redis://127.0.0.1:{port}"),
+        ),
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
+    let settings = ratelimiter::config::Settings::load_from(None, env).expect("settings");
+    let error = match ratelimiter::startup::Application::build(settings).await {
+        Ok(_) => panic!("started on Redis 6.2"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        error.contains("6.2.14") && error.contains("7.0"),
+        "the error names both versions: {error}"
+    );
+}
