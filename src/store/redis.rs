@@ -205,11 +205,27 @@ pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
 impl RedisStore {
     /// Fails unless every Redis behind this store (each master of a Cluster) is at least
     /// [`MIN_REDIS_VERSION`]; an older one would fail every decision script, and every acquire
-    /// would be answered by fail mode. Run once at start-up.
+    /// would be answered by fail mode. Run once at start-up. A Redis that refuses `INFO` is let
+    /// through with a warning.
     pub async fn require_flagged_scripts(&self) -> Result<(), StoreError> {
-        let info: redis::Value = self
+        let info: redis::Value = match self
             .with_conn(async |conn| Ok(redis::cmd("INFO").arg("server").query_async(conn).await?))
-            .await?;
+            .await
+        {
+            Ok(info) => info,
+            // A Redis that does not let us run INFO (an ACL, a renamed command) may well be new
+            // enough: say what is needed rather than refuse to start.
+            Err(StoreError::Server(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot read the Redis version; the decision scripts need Redis {}.{} or later",
+                    MIN_REDIS_VERSION.0,
+                    MIN_REDIS_VERSION.1
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let mut reports = Vec::new();
         texts(&info, &mut reports);
         let versions: Vec<&str> = reports

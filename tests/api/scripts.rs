@@ -898,3 +898,15 @@ async fn the_service_refuses_to_start_on_redis_older_than_7() {
         "the error names both versions: {error}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_starts_on_a_redis_that_hides_info() {
+    // A hardened Redis may refuse INFO; its version cannot be read, so it is given the benefit
+    // of the doubt (with a warning) rather than refused.
+    let redis = std::sync::Arc::new(TestRedis::start_with(&["--rename-command", "INFO", ""]));
+    let app = crate::helpers::spawn_app_with(Some(redis), &[]).await;
+    app.create_policy(serde_json::json!({"name": "p", "algorithm": "sliding_window_log", "limit": 1, "window_ms": 1_000}))
+        .await;
+    let d = app.acquire("p", "k", 1).await;
+    assert_eq!(d["degraded"], false, "{d}");
+}
