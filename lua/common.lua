@@ -1,6 +1,10 @@
 -- common.lua: helpers prepended to every decision script when it is loaded (see
 -- src/store/scripts.rs). It has no KEYS, ARGV or reply of its own.
 --
+-- The line before it, `#!lua`, is added by src/store/scripts.rs and must stay the first line of
+-- every decision script: a Redis 7 flagged script (with no `allow-oom`) is refused whole while
+-- Redis is over `maxmemory`, so an out-of-memory Redis answers OOM and nothing is half-written.
+--
 -- Lua numbers are doubles: integers are exact only below 2^53 (9007199254740992). Times are
 -- microseconds (about 1.7e15 today), so every value stays exact as long as products are formed
 -- through muldiv (lua/muldiv.lua). A timestamp handed back to Redis goes through

@@ -8,6 +8,7 @@
 -- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
 --          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
+-- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
 --
 -- A denial writes nothing. A time in an earlier window than the stored one (the clock stepped
 -- back) keeps counting in the stored window.

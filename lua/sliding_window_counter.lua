@@ -9,6 +9,7 @@
 -- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
 --          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
+-- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
 --
 -- Allowed when current + cost + ceil(previous * (window_us - elapsed) / window_us) <= limit,
 -- in exact integers. A denial writes nothing. A time in a window earlier than the stored one

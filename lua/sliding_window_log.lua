@@ -1,16 +1,27 @@
 -- sliding_window_log.lua: at most `limit` units in any trailing window of `window_us`, exactly.
 -- Mirrors src/limiter/sliding_window_log.rs.
 --
--- KEYS[1]  the subject's log: a sorted set with one member per granted unit, scored by its
---          time in µs; members are "<time>:<n>", n counting the units granted at that time
---          (zero-padded to 5 digits, so that the largest member of a time sorts last), so
---          units granted in the same microsecond stay distinct
+-- KEYS[1]  the subject's log: a sorted set with one member per granted request, scored by its
+--          time in µs; a member is "<total>:<cost>": the request's cost, and the running total
+--          of units granted to this log up to and including it, zero-padded to 16 digits so
+--          that members of the same time sort in grant order
 -- ARGV[1]  limit (at most 10,000)
 -- ARGV[2]  window_us
 -- ARGV[3]  cost (1 <= cost <= limit)
 -- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
 --          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
+-- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
+--
+-- Units in the window are the newest member's total minus the total before the oldest one, so
+-- one request costs Redis the same whatever its cost. Per call, on a log of n <= limit members:
+-- an allowed request runs 5 commands (ZRANGE, ZREMRANGEBYSCORE, ZRANGE, ZADD, PEXPIRE); a denied
+-- one runs 4 and then binary-searches by rank for the member whose departure frees enough, at
+-- most ceil(log2(n)) + 1 more ZRANGEs (15 at 10,000); each command is O(log n). The exception is
+-- ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window: m <= limit, and each of
+-- them was inserted, and paid for, by an earlier request. The log holds at most `limit` members.
+-- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
+-- subject's log never empties for decades at the highest rate.
 --
 -- Time never runs backwards past the newest member. A denial only drops members that have left
 -- the window.
@@ -20,46 +31,54 @@ local limit = tonumber(ARGV[1])
 local window_us = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
 
-local t, seq, newest = now, 0, nil
+local t, total, newest = now, 0, nil
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
 if last[1] then
   newest = tonumber(last[2])
-  if newest >= now then
+  if newest > t then
     t = newest
-    seq = tonumber(string.match(last[1], ':(%d+)$'))
   end
+  total = tonumber(string.match(last[1], '^(%d+)'))
 end
 
 redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', t - window_us))
-local count = redis.call('ZCARD', key)
-if count == 0 then
-  newest = nil
+-- `before`: the running total just before the oldest member still in the window.
+local count, before = 0, 0
+local oldest = redis.call('ZRANGE', key, 0, 0)
+if oldest[1] then
+  local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
+  before = tonumber(c) - tonumber(n)
+  count = total - before
+else
+  total = 0
 end
 
 if count + cost <= limit then
-  local ts = string.format('%d', t)
-  if cost == 1 then
-    redis.call('ZADD', key, ts, ts .. ':' .. string.format('%05d', seq + 1))
-  else
-    -- In batches: unpack() of thousands of arguments overflows Lua's C stack.
-    local args, n = {}, 0
-    for i = 1, cost do
-      args[n + 1] = ts
-      args[n + 2] = ts .. ':' .. string.format('%05d', seq + i)
-      n = n + 2
-      if n == 1000 or i == cost then
-        redis.call('ZADD', key, unpack(args, 1, n))
-        n = 0
-      end
-    end
-  end
+  total = total + cost
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
   local reset = t + window_us - now
   redis.call('PEXPIRE', key, math.ceil(reset / 1000))
   return {1, limit - count - cost, reset, 0}
 end
 
--- The request fits once the oldest (count + cost - limit) units have left the window.
-local leaving = redis.call('ZRANGE', key, count + cost - limit - 1, count + cost - limit - 1, 'WITHSCORES')
-local retry = tonumber(leaving[2]) + window_us - now
+-- The request fits once the oldest (count + cost - limit) units have left the window: at the
+-- time of the first member whose running total reaches `target`. The newest one does (cost <=
+-- limit), so the search starts with it as the answer.
+local target = before + count + cost - limit
+local lo, hi = 0, redis.call('ZCARD', key) - 1
+local leaves_at = nil
+while lo < hi do
+  local mid = math.floor((lo + hi) / 2)
+  local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
+  if tonumber(string.match(m[1], '^(%d+)')) >= target then
+    hi, leaves_at = mid, tonumber(m[2])
+  else
+    lo = mid + 1
+  end
+end
+if leaves_at == nil then
+  leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
+end
+local retry = leaves_at + window_us - now
 local reset = math.max(newest + window_us - now, 0)
 return {0, math.max(limit - count, 0), reset, retry}

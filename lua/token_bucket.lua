@@ -10,6 +10,7 @@
 -- ARGV[5]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
 --          read by common.lua into `now`
 -- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
+-- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
 --
 -- The level is whole tokens plus fraction / refill_period_us of a token, all integers: refill
 -- is elapsed * refill_tokens in those units, so nothing is lost to rounding however often the

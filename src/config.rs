@@ -136,7 +136,11 @@ impl TryFrom<String> for ProxyNet {
 pub struct LimitsSettings {
     /// The most policies the store may hold; creating one more is refused.
     pub max_policies: u64,
-    /// The most subjects the embedded store keeps state for (about 216 bytes each).
+    /// The most subjects the embedded store keeps state for (about 216 bytes each): the main one
+    /// without Redis, and the one `local` fail mode decides with. At the cap, expired state is
+    /// freed first; if none has expired, a subject without state gets none and its acquire is
+    /// answered by the policy's fail mode (`open` and `local` allow it, degraded; `closed`
+    /// answers 503), while subjects with state keep deciding exactly.
     pub max_embedded_subjects: u64,
 }
 

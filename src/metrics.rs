@@ -31,6 +31,9 @@ pub const POLICY_AGE: &str = "ratelimiter_policy_cache_age_seconds";
 pub const POLICY_PAGES: &str = "ratelimiter_policy_pages_total";
 /// Subjects with state in this process's embedded store (the main one, or `local` fail mode's).
 pub const EMBEDDED_SUBJECTS: &str = "ratelimiter_embedded_subjects";
+/// Acquires of new subjects refused because the embedded store was full
+/// (`limits.max_embedded_subjects`), answered by fail mode.
+pub const EMBEDDED_STORE_FULL: &str = "ratelimiter_embedded_store_full_total";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
@@ -89,5 +92,9 @@ fn describe() {
     describe_gauge!(
         EMBEDDED_SUBJECTS,
         "Subjects with state in the embedded store"
+    );
+    describe_counter!(
+        EMBEDDED_STORE_FULL,
+        "New subjects refused state because the embedded store was full"
     );
 }

@@ -43,7 +43,10 @@ impl Application {
                     "no redis.url set: using the embedded in-process store; limits are per process \
                      and not shared with other instances"
                 );
-                AnyStore::Memory(MemoryStore::new(prefix))
+                AnyStore::Memory(MemoryStore::new(
+                    prefix,
+                    settings.limits.max_embedded_subjects,
+                ))
             }
             Some(url) => {
                 let shown = redact_url(url.expose());
@@ -63,11 +66,17 @@ impl Application {
                 AnyStore::Redis(store)
             }
         };
+        if let AnyStore::Redis(redis) = &store {
+            redis
+                .require_flagged_scripts()
+                .await
+                .context("checking the Redis version")?;
+        }
         let limiter = Arc::new(RateLimiter::new(
             store,
             prefix,
             settings.policies.clone(),
-            settings.limits.max_policies,
+            &settings.limits,
             settings.redis.policy_stale_after(),
         ));
         limiter

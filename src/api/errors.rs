@@ -190,7 +190,9 @@ impl ApiError {
                     "The store did not answer in time: the request may or may not have taken effect",
                     None,
                 ),
-                ServiceError::Store(StoreError::Unavailable(_) | StoreError::Server(_)) => (
+                ServiceError::Store(
+                    StoreError::Unavailable(_) | StoreError::Server(_) | StoreError::Full(_),
+                ) => (
                     S::SERVICE_UNAVAILABLE,
                     "urn:ratelimiter:problem:store-unavailable",
                     "The rate-limit store is unavailable",

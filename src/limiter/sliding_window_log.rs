@@ -1,14 +1,17 @@
 //! Sliding window log: at most `limit` units in any trailing window of `window_us`.
 //!
-//! Exact: every granted unit is remembered with its time until it leaves the window
-//! `(now - window_us, now]`. On Redis each unit is one sorted-set member; here consecutive units
-//! with the same time share one entry, which keeps the embedded store small.
+//! Exact: every granted request is remembered with its time and cost until it leaves the window
+//! `(now - window_us, now]`. On Redis each request is one sorted-set member carrying its cost
+//! and a running total of units (so the units in the window are read from the two ends, and a
+//! request costs Redis the same whatever its cost); here consecutive requests with the same time
+//! share one entry, which keeps the embedded store small. Both give identical decisions.
 
 use std::collections::VecDeque;
 
 use super::{until, Decision, Outcome};
 
-/// The largest `limit` accepted: the log holds one entry per unit.
+/// The largest `limit` accepted. It bounds the log: every entry holds at least one unit, so a log
+/// has at most `limit` entries, and at most that many leave the window in one call.
 pub const MAX_LIMIT: u64 = 10_000;
 
 /// Validated parameters, in microseconds.

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram};
 
+use crate::config::LimitsSettings;
 use crate::limiter::Decision;
 use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Policy};
@@ -97,24 +98,25 @@ pub struct RateLimiter {
 impl RateLimiter {
     /// `configured` are the policies of the configuration file, created once per store
     /// generation; `max_policies` bounds the store's policy set; the cache counts as stale when
-    /// it has not been refreshed for `stale_after`.
+    /// it has not been refreshed for `stale_after`; `max_embedded_subjects` caps the in-process
+    /// store that `local` fail mode decides with.
     pub fn new(
         store: AnyStore,
         key_prefix: &str,
         configured: Vec<Policy>,
-        max_policies: u64,
+        limits: &LimitsSettings,
         stale_after: Duration,
     ) -> Self {
         let local = match store {
             AnyStore::Memory(_) => None,
-            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix)),
+            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix, limits.max_embedded_subjects)),
         };
         // Installs the recorder before the first counter is registered.
         let _ = m::handle();
         Self {
             store,
             cache: PolicyCache::default(),
-            sync: PolicySync::new(configured, max_policies, stale_after),
+            sync: PolicySync::new(configured, limits.max_policies, stale_after),
             local,
             counters: RwLock::default(),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
@@ -182,20 +184,23 @@ impl RateLimiter {
         if let Some(count) = DEGRADED.hit() {
             tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), count, "store failed; answering by fail mode (count: decisions since the last such line)");
         }
-        match (policy.fail_mode, &self.local) {
+        if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
+            let now = now_us.unwrap_or_else(system_now_us);
+            // A full local store (`StoreError::Full`) allows, as `open` does, below.
+            if let Ok(decision) = local.acquire_at(policy, key, cost, now) {
+                return Ok((decision, true));
+            }
+        }
+        match policy.fail_mode {
             // Whether a decision that got no answer was counted does not matter to the client:
             // it was not granted. `outcome-unknown` is for writes that must be read back.
-            (FailMode::Closed, _) => Err(match error {
+            FailMode::Closed => Err(match error {
                 StoreError::OutcomeUnknown(cause) => StoreError::Unavailable(cause),
                 other => other,
             }
             .into()),
-            (FailMode::Local, Some(local)) => {
-                let now = now_us.unwrap_or_else(system_now_us);
-                Ok((local.acquire_at(policy, key, cost, now), true))
-            }
-            // `local` on the embedded store cannot happen (it does not fail); allow, as `open`.
-            (FailMode::Open | FailMode::Local, _) => Ok((
+            // `local` on the embedded store (full, the only way it fails) allows, as `open`.
+            FailMode::Open | FailMode::Local => Ok((
                 Decision {
                     allowed: true,
                     remaining: policy.limit.quota() - cost,

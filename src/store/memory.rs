@@ -5,10 +5,18 @@
 //! fixed number of independently locked shards; every entry carries the expiry its algorithm
 //! asked for, expired entries read as absent, and [`MemoryStore::evict_expired`] (run every
 //! second by the service) frees them, so memory stays bounded by the live subjects.
+//!
+//! The number of subjects is capped (`limits.max_embedded_subjects`). At the cap, a subject that
+//! has no state yet first makes the store free what has expired (at most every
+//! [`SWEEP_EVERY_US`]); if the store is still full, its acquire fails with [`StoreError::Full`],
+//! which the service answers by the policy's fail mode. Subjects that have state keep deciding
+//! exactly. Each refusal is counted in `ratelimiter_embedded_store_full_total` and logged, at most
+//! one line a second with the count.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,9 +25,17 @@ use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
 use crate::limiter::{
     fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision, Outcome,
 };
+use crate::metrics as m;
 use crate::policy::{LimitKey, Params, Policy, PolicyName};
 
 const SHARDS: usize = 64;
+
+/// The shortest time between two sweeps of expired entries forced by a full store: a flood of new
+/// subjects at the cap must not make every one of their acquires walk every shard.
+pub const SWEEP_EVERY_US: u64 = 100_000;
+
+/// The shortest time between two log lines about refused subjects.
+const LOG_FULL_EVERY_US: u64 = 1_000_000;
 
 /// One subject's state, tagged by algorithm (the key names the algorithm too).
 #[derive(Debug)]
@@ -40,6 +56,16 @@ struct Slot {
 pub struct MemoryStore {
     prefix: String,
     shards: Box<[Mutex<HashMap<String, Slot>>]>,
+    /// Entries in `shards` plus slots taken by new subjects whose acquire is deciding: changed
+    /// only under a shard's lock, or by a reservation that checks the cap, so it never exceeds
+    /// `max_subjects`.
+    subjects: AtomicU64,
+    max_subjects: u64,
+    /// When a full store last swept expired entries (µs).
+    swept_at_us: AtomicU64,
+    /// Refusals not logged yet, and when the last line about them was written (µs).
+    refused: AtomicU64,
+    refusal_logged_at_us: AtomicU64,
     policies: Mutex<PolicySet>,
 }
 
@@ -57,16 +83,30 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl MemoryStore {
-    pub fn new(prefix: &str) -> Self {
+    /// An empty store that keeps state for at most `max_subjects` subjects.
+    pub fn new(prefix: &str, max_subjects: u64) -> Self {
         Self {
             prefix: prefix.to_owned(),
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            subjects: AtomicU64::new(0),
+            max_subjects,
+            // Never: the first of each is due at once.
+            swept_at_us: AtomicU64::new(u64::MAX),
+            refused: AtomicU64::new(0),
+            refusal_logged_at_us: AtomicU64::new(u64::MAX),
             policies: Mutex::new(PolicySet::default()),
         }
     }
 
-    /// Decides one acquire at an explicit time.
-    pub fn acquire_at(&self, policy: &Policy, key: &LimitKey, cost: u64, now: u64) -> Decision {
+    /// Decides one acquire at an explicit time. Fails with [`StoreError::Full`] only for a subject
+    /// without state while the store holds `max_subjects` subjects that have not expired.
+    pub fn acquire_at(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        cost: u64,
+        now: u64,
+    ) -> Result<Decision, StoreError> {
         let mut name = String::new();
         key::state_key(
             &mut name,
@@ -75,8 +115,22 @@ impl MemoryStore {
             key.as_str(),
             policy.algorithm(),
         );
-        let mut shard = lock(self.shard(&name));
-        // Taken out and put back: the pure functions own the state while they decide.
+        let shard_lock = self.shard(&name);
+        let mut shard = lock(shard_lock);
+        // A subject with an entry (live, or expired and not evicted yet) reuses its slot; one
+        // without takes a slot before deciding, so that the count never passes the cap however
+        // many new subjects arrive at once.
+        if !shard.contains_key(&name) && !self.reserve() {
+            // The sweep locks every shard: this one must be released first.
+            drop(shard);
+            self.sweep_when_full(now);
+            shard = lock(shard_lock);
+            if !shard.contains_key(&name) && !self.reserve() {
+                return Err(self.refuse(now));
+            }
+        }
+        // Taken out and put back: the pure functions own the state while they decide. From here
+        // this subject holds exactly one counted slot.
         let (state, expires_at) = match shard.remove(&name) {
             Some(slot) if slot.expires_at_us > now => (Some(slot.state), slot.expires_at_us),
             _ => (None, 0),
@@ -100,6 +154,7 @@ impl MemoryStore {
             }
             Params::TokenBucket(p) => decide!(token_bucket, TokenBucket, p),
         };
+        let mut kept = false;
         if let Some(state) = state {
             let expires_at_us = ttl.map_or(expires_at, |ttl| now.saturating_add(ttl));
             if expires_at_us > now {
@@ -110,9 +165,61 @@ impl MemoryStore {
                         expires_at_us,
                     },
                 );
+                kept = true;
             }
         }
-        decision
+        if !kept {
+            self.subjects.fetch_sub(1, Ordering::Relaxed);
+        }
+        Ok(decision)
+    }
+
+    /// Takes one slot for a new subject, unless the store is full.
+    fn reserve(&self) -> bool {
+        self.subjects
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.max_subjects).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Frees expired entries, unless a full store already did less than [`SWEEP_EVERY_US`] ago.
+    fn sweep_when_full(&self, now: u64) {
+        let last = self.swept_at_us.load(Ordering::Relaxed);
+        // `now < last`: the clock stepped back; sweeping then is harmless.
+        let due = now < last || now - last >= SWEEP_EVERY_US;
+        if due
+            && self
+                .swept_at_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let evicted = self.evict_expired(now);
+            tracing::debug!(evicted, "embedded store full: evicted expired state");
+        }
+    }
+
+    /// Counts a refused subject, logs at most one line a second, and returns the error.
+    fn refuse(&self, now: u64) -> StoreError {
+        metrics::counter!(m::EMBEDDED_STORE_FULL).increment(1);
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        let last = self.refusal_logged_at_us.load(Ordering::Relaxed);
+        let due = now < last || now - last >= LOG_FULL_EVERY_US;
+        if due
+            && self
+                .refusal_logged_at_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            let refused = self.refused.swap(0, Ordering::Relaxed);
+            tracing::warn!(
+                refused,
+                max_subjects = self.max_subjects,
+                "embedded store full (limits.max_embedded_subjects): new subjects get no state \
+                 and are answered by their policy's fail mode"
+            );
+        }
+        StoreError::Full(self.max_subjects)
     }
 
     /// Frees every entry that has expired by `now`; returns how many there were.
@@ -123,14 +230,16 @@ impl MemoryStore {
                 let mut shard = lock(shard);
                 let before = shard.len();
                 shard.retain(|_, slot| slot.expires_at_us > now);
-                before - shard.len()
+                let evicted = before - shard.len();
+                self.subjects.fetch_sub(evicted as u64, Ordering::Relaxed);
+                evicted
             })
             .sum()
     }
 
-    /// Subjects with state, expired or not yet evicted included.
+    /// Subjects with state (expired ones not evicted yet included), and new subjects deciding.
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| lock(s).len()).sum()
+        usize::try_from(self.subjects.load(Ordering::Relaxed)).unwrap_or(usize::MAX)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -152,7 +261,7 @@ impl Store for MemoryStore {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Decision, StoreError> {
-        Ok(self.acquire_at(policy, key, cost, now_us.unwrap_or_else(system_now_us)))
+        self.acquire_at(policy, key, cost, now_us.unwrap_or_else(system_now_us))
     }
 
     async fn write_policy(&self, write: PolicyWrite<'_>) -> Result<Written, StoreError> {
@@ -188,31 +297,133 @@ mod tests {
 
     #[test]
     fn expired_state_reads_as_absent_and_is_evicted() {
-        let store = MemoryStore::new("rl");
+        let store = MemoryStore::new("rl", 100);
         let p = policy(Limit::FixedWindow {
             limit: 1,
             window_ms: 1_000,
         });
         let k = LimitKey::parse("k".into()).expect("valid");
-        assert!(store.acquire_at(&p, &k, 1, 0).allowed);
-        assert!(!store.acquire_at(&p, &k, 1, 999_999).allowed);
+        assert!(store.acquire_at(&p, &k, 1, 0).expect("decided").allowed);
+        assert!(
+            !store
+                .acquire_at(&p, &k, 1, 999_999)
+                .expect("decided")
+                .allowed
+        );
         assert_eq!(store.evict_expired(999_999), 0);
         assert_eq!(store.evict_expired(1_000_000), 1);
         assert!(store.is_empty());
-        assert!(store.acquire_at(&p, &k, 1, 1_000_000).allowed);
+        assert!(
+            store
+                .acquire_at(&p, &k, 1, 1_000_000)
+                .expect("decided")
+                .allowed
+        );
     }
 
     #[test]
     fn a_denial_keeps_the_expiry_of_the_state() {
-        let store = MemoryStore::new("rl");
+        let store = MemoryStore::new("rl", 100);
         let p = policy(Limit::TokenBucket {
             capacity: 1,
             refill_tokens: 1,
             refill_period_ms: 1_000,
         });
         let k = LimitKey::parse("k".into()).expect("valid");
-        assert!(store.acquire_at(&p, &k, 1, 0).allowed);
-        assert!(!store.acquire_at(&p, &k, 1, 500_000).allowed);
+        assert!(store.acquire_at(&p, &k, 1, 0).expect("decided").allowed);
+        assert!(
+            !store
+                .acquire_at(&p, &k, 1, 500_000)
+                .expect("decided")
+                .allowed
+        );
         assert_eq!(store.evict_expired(1_000_000), 1);
+    }
+
+    fn key(k: &str) -> LimitKey {
+        LimitKey::parse(k.into()).expect("valid")
+    }
+
+    fn one_second_window() -> Policy {
+        policy(Limit::FixedWindow {
+            limit: 2,
+            window_ms: 1_000,
+        })
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_subjects_and_keeps_deciding_for_the_others() {
+        let store = MemoryStore::new("rl", 2);
+        let p = one_second_window();
+        for k in ["a", "b"] {
+            assert!(store.acquire_at(&p, &key(k), 1, 0).expect("room").allowed);
+        }
+        assert!(matches!(
+            store.acquire_at(&p, &key("c"), 1, 10),
+            Err(StoreError::Full(2))
+        ));
+        assert!(
+            store
+                .acquire_at(&p, &key("a"), 1, 20)
+                .expect("has state")
+                .allowed
+        );
+        assert!(
+            !store
+                .acquire_at(&p, &key("a"), 1, 30)
+                .expect("has state")
+                .allowed
+        );
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn a_full_store_frees_expired_state_before_refusing() {
+        let store = MemoryStore::new("rl", 2);
+        let p = one_second_window();
+        let allowed = |k: &str, cost: u64, now: u64| {
+            store
+                .acquire_at(&p, &key(k), cost, now)
+                .ok()
+                .map(|d| d.allowed)
+        };
+        // `a` expires at 1 s, `b` and `c` at 2 s.
+        assert_eq!(allowed("a", 1, 0), Some(true));
+        assert_eq!(allowed("b", 1, 1_200_000), Some(true));
+        // Full (`a` is not evicted yet): the sweep frees `a`, and `c` takes its slot.
+        assert_eq!(allowed("c", 1, 1_300_000), Some(true));
+        assert_eq!(store.len(), 2);
+        assert!(matches!(
+            store.acquire_at(&p, &key("d"), 1, 1_300_001),
+            Err(StoreError::Full(_))
+        ));
+        // A subject whose own state expired reuses its slot.
+        assert_eq!(allowed("b", 2, 2_000_000), Some(true));
+        assert_eq!(store.len(), 2);
+    }
+
+    #[test]
+    fn concurrent_new_subjects_never_pass_the_cap() {
+        let store = MemoryStore::new("rl", 100);
+        let p = one_second_window();
+        let granted: usize = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..8)
+                .map(|w| {
+                    let (store, p) = (&store, &p);
+                    scope.spawn(move || {
+                        (0..50)
+                            .filter(|i| {
+                                store.acquire_at(p, &key(&format!("{w}-{i}")), 1, 0).is_ok()
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("worker")).sum()
+        });
+        assert_eq!(granted, 100);
+        assert_eq!(store.len(), 100);
+        assert_eq!(store.evict_expired(1_000_000), 100);
+        assert!(store.is_empty());
     }
 }

@@ -41,6 +41,12 @@ pub enum StoreError {
     /// Stored data that does not decode (a policy hash edited by hand, say).
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The embedded store already holds state for its most subjects
+    /// (`limits.max_embedded_subjects`, the number given) and none of them has expired: a
+    /// subject without state gets none. Answered by the policy's fail mode, like an outage; not
+    /// transient in the breaker's sense (nothing was unreachable).
+    #[error("the embedded store is full: it keeps state for at most {0} subjects (limits.max_embedded_subjects)")]
+    Full(u64),
 }
 
 impl StoreError {

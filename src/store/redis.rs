@@ -179,6 +179,79 @@ impl RedisStore {
     }
 }
 
+/// The oldest Redis that runs the decision scripts: they are flagged scripts (see
+/// [`super::scripts`]), which Redis before 7.0 reads as a syntax error.
+pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
+
+impl RedisStore {
+    /// Fails unless every Redis behind this store (each master of a Cluster) is at least
+    /// [`MIN_REDIS_VERSION`]; an older one would fail every decision script, and every acquire
+    /// would be answered by fail mode. Run once at start-up. A Redis that refuses `INFO` is let
+    /// through with a warning.
+    pub async fn require_flagged_scripts(&self) -> Result<(), StoreError> {
+        let info: redis::Value = match self
+            .with_conn(async |conn| Ok(redis::cmd("INFO").arg("server").query_async(conn).await?))
+            .await
+        {
+            Ok(info) => info,
+            // A Redis that does not let us run INFO (an ACL, a renamed command) may well be new
+            // enough: say what is needed rather than refuse to start.
+            Err(StoreError::Server(e)) => {
+                tracing::warn!(
+                    error = %e,
+                    "cannot read the Redis version; the decision scripts need Redis {}.{} or later",
+                    MIN_REDIS_VERSION.0,
+                    MIN_REDIS_VERSION.1
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
+        let mut reports = Vec::new();
+        texts(&info, &mut reports);
+        let versions: Vec<&str> = reports
+            .iter()
+            .filter_map(|r| r.lines().find_map(|l| l.strip_prefix("redis_version:")))
+            .map(str::trim)
+            .collect();
+        if versions.is_empty() {
+            return Err(StoreError::Server(
+                "`INFO server` reported no redis_version".into(),
+            ));
+        }
+        match versions.iter().find(|v| !supports_script_flags(v)) {
+            Some(old) => Err(StoreError::Server(format!(
+                "Redis {old} cannot run the decision scripts: they need Redis {}.{} or later \
+                 (script flags)",
+                MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Every text in a reply: `INFO` answers one string, or on a Cluster one per master.
+fn texts(value: &redis::Value, out: &mut Vec<String>) {
+    match value {
+        redis::Value::BulkString(b) => out.push(String::from_utf8_lossy(b).into_owned()),
+        redis::Value::SimpleString(s) => out.push(s.clone()),
+        redis::Value::VerbatimString { text, .. } => out.push(text.clone()),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            items.iter().for_each(|v| texts(v, out));
+        }
+        redis::Value::Map(pairs) => pairs.iter().for_each(|(_, v)| texts(v, out)),
+        _ => {}
+    }
+}
+
+/// Whether a `redis_version` (`7.0.15`, `6.2.14`…) is at least [`MIN_REDIS_VERSION`].
+fn supports_script_flags(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let major = parts.next().unwrap_or(0);
+    let minor = parts.next().unwrap_or(0);
+    (major, minor) >= MIN_REDIS_VERSION
+}
+
 /// A policy as the fields of its hash.
 fn encode(policy: &Policy) -> Vec<(String, String)> {
     let doc = serde_json::to_value(policy.to_doc()).unwrap_or(Json::Null);
@@ -405,6 +478,16 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn script_flags_need_redis_7() {
+        for old in ["6.2.14", "6.0.0", "5.0.7", "garbage", ""] {
+            assert!(!supports_script_flags(old), "{old}");
+        }
+        for new in ["7.0.0", "7.0.15", "7.2.4", "8.0.1", "10.0"] {
+            assert!(supports_script_flags(new), "{new}");
+        }
+    }
 
     #[test]
     fn passwords_never_reach_the_logs() {

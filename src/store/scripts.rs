@@ -1,17 +1,32 @@
 //! The Lua scripts, embedded in the binary and called by SHA.
 //!
-//! Each decision script is `lua/common.lua`, then `lua/muldiv.lua` where the algorithm multiplies
-//! large numbers, then `lua/<algorithm>.lua`, joined by newlines into one chunk. redis-rs
-//! sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis), loads the script and
-//! retries, so a script is loaded once per Redis and never sent again in steady state.
+//! Each decision script is the [`DECISION_FLAGS`] line, `lua/common.lua`, then `lua/muldiv.lua`
+//! where the algorithm multiplies large numbers, then `lua/<algorithm>.lua`, joined by newlines
+//! into one chunk. redis-rs sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis),
+//! loads the script and retries, so a script is loaded once per Redis and never sent again in
+//! steady state.
+//!
+//! The flags line makes every decision script a Redis 7 flagged script, which Redis checks as a
+//! whole before running it: while Redis is over `maxmemory` it refuses the call with an `OOM`
+//! error and runs none of it. (An unflagged script is checked only up to its first write, so a
+//! write that frees memory, such as `ZREMRANGEBYSCORE`, let every later write of the same script
+//! through.) On a Cluster, flagged scripts also may not touch keys of another slot than their
+//! declared ones, which ours never do. Redis before 7.0 cannot run them at all: it reads `#!` as
+//! a syntax error.
 
 use redis::Script;
 
 use crate::policy::Algorithm;
 
+/// The first line of every decision script: flagged, with no flag that would let it write past
+/// `maxmemory` (`allow-oom`) or across slots (`allow-cross-slot-keys`).
+pub const DECISION_FLAGS: &str = "#!lua";
+
 macro_rules! decision_script {
     ($($file:literal),+) => {
         concat!(
+            // DECISION_FLAGS: concat! takes only literals.
+            "#!lua\n",
             include_str!("../../lua/common.lua"),
             $("\n", include_str!(concat!("../../lua/", $file))),+
         )
@@ -62,11 +77,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_decision_script_is_flagged_so_that_redis_refuses_it_whole_when_out_of_memory() {
+        for a in Algorithm::ALL {
+            let first = source(a).lines().next().unwrap_or_default();
+            // Exactly `#!lua`: no `flags=` that could hold `allow-oom`.
+            assert_eq!(first, DECISION_FLAGS, "{}", a.as_str());
+        }
+    }
+
+    #[test]
     fn every_script_opens_with_its_keys_argv_and_reply() {
         let common = include_str!("../../lua/common.lua");
         let muldiv = include_str!("../../lua/muldiv.lua");
         for a in Algorithm::ALL {
             let rest = source(a)
+                .strip_prefix(DECISION_FLAGS)
+                .and_then(|s| s.strip_prefix('\n'))
+                .expect("the flags line comes first")
                 .strip_prefix(common)
                 .expect("common.lua comes first")
                 .trim_start();

@@ -1,6 +1,7 @@
-//! Redis failing under load: refused, hung and restarted. Every request is answered within the
-//! deadline plus a margin, by its policy's fail mode; decisions are exact again once Redis is
-//! back; the service never needs a restart.
+//! Redis failing under load: refused, hung, restarted and out of memory. Every request is
+//! answered within the deadline plus a margin, by its policy's fail mode; decisions are exact
+//! again once Redis is back; the service never needs a restart; an out-of-memory Redis takes no
+//! write at all.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app_with, TestApp, TestRedis};
+use crate::helpers::{spawn_app_on_cluster, spawn_app_with, TestApp, TestCluster, TestRedis};
 
 /// The Redis deadline used here, and the margin allowed on top of it on a busy 2-core machine.
 const DEADLINE_MS: u64 = 250;
@@ -423,4 +424,131 @@ async fn errors_redis_answers_with_are_answered_by_fail_mode_too() {
     }
     check_recovered(&app).await;
     let _ = std::fs::remove_dir_all(dir);
+}
+
+// --- Out of memory: refused whole, answered by fail mode ---------------------------------------
+
+const ALGORITHMS: [&str; 4] = [
+    "fixed_window",
+    "sliding_window_log",
+    "sliding_window_counter",
+    "token_bucket",
+];
+
+/// An `open` and a `closed` policy of every algorithm, named `<mode>-<algorithm>`.
+async fn create_oom_policies(app: &TestApp) {
+    for mode in ["open", "closed"] {
+        for a in ALGORITHMS {
+            let mut policy = match a {
+                "token_bucket" => {
+                    json!({"capacity": 5, "refill_tokens": 1, "refill_period_ms": 60_000})
+                }
+                _ => json!({"limit": 5, "window_ms": 60_000}),
+            };
+            policy["name"] = json!(format!("{mode}-{a}"));
+            policy["algorithm"] = json!(a);
+            policy["fail_mode"] = json!(mode);
+            app.create_policy(policy).await;
+        }
+    }
+}
+
+/// Acquires on every algorithm of a Redis that is out of memory: `open` allows, degraded;
+/// `closed` answers 503.
+async fn check_oom_answers(app: &TestApp) {
+    for a in ALGORITHMS {
+        let d = app.acquire(&format!("open-{a}"), "k", 1).await;
+        assert_eq!(
+            (d["allowed"].clone(), d["degraded"].clone()),
+            (json!(true), json!(true)),
+            "{a}: {d}"
+        );
+        let r = app
+            .post(
+                "/v1/acquire",
+                &json!({"policy": format!("closed-{a}"), "key": "k"}),
+            )
+            .await;
+        assert_eq!(r.status(), 503, "{a}");
+        let body: Value = r.json().await.expect("JSON");
+        assert_eq!(
+            body["type"], "urn:ratelimiter:problem:store-unavailable",
+            "{a}"
+        );
+    }
+}
+
+/// The state keys of the policies above, on one server.
+fn oom_state_keys(conn: &mut redis::Connection) -> Vec<String> {
+    let mut keys: Vec<String> = Vec::new();
+    for mode in ["open", "closed"] {
+        let found: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("rl:{{{mode}-*"))
+            .query(conn)
+            .expect("KEYS");
+        keys.extend(found);
+    }
+    keys
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_out_of_memory_takes_no_write_and_is_answered_by_fail_mode() {
+    let redis = Arc::new(TestRedis::start_with(&[
+        "--maxmemory",
+        "4mb",
+        "--maxmemory-policy",
+        "noeviction",
+    ]));
+    let app = spawn_app_with(Some(redis.clone()), &[]).await;
+    create_oom_policies(&app).await;
+
+    // Up to the limit with keys of our own, until Redis refuses one.
+    let mut conn = redis.conn();
+    let value = vec![b'x'; 64 * 1024];
+    for i in 0.. {
+        assert!(i < 1_000, "never reached maxmemory");
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(format!("filler:{i}"))
+            .arg(&value)
+            .query(&mut conn);
+        if let Err(e) = set {
+            assert!(e.to_string().contains("OOM"), "{e}");
+            break;
+        }
+    }
+    // The refused write's own buffer pushed it over; without it Redis is just under the limit.
+    // Halve the limit, as an operator might, so that it is clearly over it throughout.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("2mb")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let size =
+        |conn: &mut redis::Connection| -> u64 { redis::cmd("DBSIZE").query(conn).expect("DBSIZE") };
+    let keys_before = size(&mut conn);
+
+    check_oom_answers(&app).await;
+    assert_eq!(oom_state_keys(&mut conn), Vec::<String>::new());
+    assert_eq!(size(&mut conn), keys_before, "nothing was written");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_out_of_memory_takes_no_write_and_is_answered_by_fail_mode() {
+    let cluster = Arc::new(TestCluster::start());
+    let app = spawn_app_on_cluster(cluster.clone(), &[]).await;
+    create_oom_policies(&app).await;
+    // Every master over its limit at once (replicas ignore maxmemory).
+    for node in cluster.nodes() {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory")
+            .arg(1)
+            .query(&mut node.conn())
+            .expect("CONFIG SET");
+    }
+    check_oom_answers(&app).await;
+    for node in cluster.nodes() {
+        assert_eq!(oom_state_keys(&mut node.conn()), Vec::<String>::new());
+    }
 }

@@ -6,6 +6,7 @@
 mod helpers;
 
 mod acquire;
+mod bounds;
 mod cluster;
 mod edge;
 mod errors;

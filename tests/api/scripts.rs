@@ -13,7 +13,7 @@ use ratelimiter::limiter::{
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
-use ratelimiter::store::{scripts, RedisStore, Store};
+use ratelimiter::store::{scripts, RedisStore, Store, StoreError};
 
 use crate::helpers::TestRedis;
 
@@ -606,4 +606,307 @@ fn every_script_decides_exactly_as_its_rust_function() {
     if let Err(e) = result {
         panic!("{e}");
     }
+}
+
+// --- Bounds: what one request may cost Redis ---------------------------------------------------
+
+/// Commands the scripts ran since the last `CONFIG RESETSTAT` (Redis counts the commands a
+/// script calls in `INFO commandstats`): every command but the calls and loads of scripts and
+/// the test's own inspection.
+fn script_commands(conn: &mut redis::Connection) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .expect("INFO");
+    stats
+        .lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter(|l| {
+            !["eval", "script", "config", "info"]
+                .iter()
+                .any(|own| l.starts_with(own))
+        })
+        .filter_map(|l| {
+            l.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn reset_stats(conn: &mut redis::Connection) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(conn)
+        .expect("CONFIG RESETSTAT");
+}
+
+/// 31 days, the longest window, in ms.
+const MONTH_MS: u64 = 2_678_400_000;
+
+#[test]
+fn one_expensive_request_is_one_log_entry_and_a_few_commands() {
+    let mut lab = Lab::new();
+    let mut s = lab.subject(
+        Impl::Ours,
+        window(10_000, MONTH_MS, Algorithm::SlidingWindowLog),
+    );
+    // The script loaded first, so that loading it is not counted.
+    assert!(s.allowed(T0, 1).expect("decided"));
+    let mut s = lab.subject(
+        Impl::Ours,
+        window(10_000, MONTH_MS, Algorithm::SlidingWindowLog),
+    );
+    reset_stats(&mut s.lab.conn);
+    let d = s.at(Some(T0), 10_000).expect("decided");
+    assert!(d.allowed && d.remaining == 0, "{d:?}");
+    let commands = script_commands(&mut s.lab.conn);
+    assert!(commands <= 5, "an allowed request ran {commands} commands");
+
+    let members: u64 = redis::cmd("ZCARD")
+        .arg(&s.redis_key)
+        .query(&mut s.lab.conn)
+        .expect("ZCARD");
+    assert_eq!(members, 1, "10,000 units in one request are one entry");
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(&s.redis_key)
+        .query(&mut s.lab.conn)
+        .expect("MEMORY USAGE");
+    assert!(bytes < 512, "the log takes {bytes} bytes");
+
+    reset_stats(&mut s.lab.conn);
+    let d = s.at(Some(T0 + 1), 1).expect("decided");
+    assert!(
+        !d.allowed && d.retry_after_us == MONTH_MS * 1_000 - 1,
+        "{d:?}"
+    );
+    let commands = script_commands(&mut s.lab.conn);
+    assert!(commands <= 5, "a denied request ran {commands} commands");
+}
+
+/// A tiny deterministic generator (xorshift), so that the long sequence below needs no seed.
+fn next(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+#[test]
+fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands() {
+    let mut lab = Lab::new();
+    let limit = window(10_000, 30_000, Algorithm::SlidingWindowLog);
+    let s = lab.subject(Impl::Ours, limit);
+    let Params::SlidingWindowLog(params) = s.policy.params else {
+        unreachable!("a log")
+    };
+    let key = s.redis_key.clone();
+    let conn = &mut lab.conn;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(scripts::source(Algorithm::SlidingWindowLog))
+        .query(conn)
+        .expect("SCRIPT LOAD");
+
+    // 15,000 requests about 2.5 ms apart over 37 s: mostly single units, so that the log grows
+    // to thousands of entries, and now and then up to 2,000 units at once.
+    let mut x = 0x9E37_79B9_7F4A_7C15;
+    let mut now = T0;
+    let mut requests = Vec::new();
+    for _ in 0..15_000 {
+        now += next(&mut x) % 5_000;
+        let r = next(&mut x);
+        let cost = if r % 1_000 == 0 {
+            1 + r / 1_000 % 2_000
+        } else {
+            1
+        };
+        requests.push((now, cost));
+    }
+    let mut pipe = redis::pipe();
+    for &(now, cost) in &requests {
+        pipe.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg(&key)
+            .arg(params.limit)
+            .arg(params.window_us)
+            .arg(cost)
+            .arg(now);
+    }
+    let replies: Vec<(u8, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
+
+    let mut state = None;
+    let mut longest = 0;
+    let (mut allowed, mut denied) = (0, 0);
+    for (i, (&(now, cost), reply)) in requests.iter().zip(replies).enumerate() {
+        let o = sliding_window_log::acquire(state.take(), &params, cost, now);
+        state = o.state;
+        longest = longest.max(state.as_ref().map_or(0, |s| s.entries.len()));
+        let d = o.decision;
+        if d.allowed {
+            allowed += 1;
+        } else {
+            denied += 1;
+        }
+        let expected = (
+            u8::from(d.allowed),
+            d.remaining,
+            d.reset_after_us,
+            d.retry_after_us,
+        );
+        assert_eq!(reply, expected, "request {i} at {now} cost {cost}");
+    }
+    assert!(longest > 3_000, "the log grew to {longest} entries only");
+    assert!(
+        allowed > 1_000 && denied > 1_000,
+        "{allowed} allowed, {denied} denied"
+    );
+
+    // A denial on a log of thousands: the search for its retry time is a few commands.
+    let entries = state.as_ref().map_or(0, |s| s.entries.len());
+    assert!(entries > 3_000, "{entries} entries");
+    reset_stats(conn);
+    let reply: (u8, u64, u64, u64) = redis::cmd("EVALSHA")
+        .arg(&sha)
+        .arg(1)
+        .arg(&key)
+        .arg(params.limit)
+        .arg(params.window_us)
+        .arg(params.limit)
+        .arg(now)
+        .query(conn)
+        .expect("a denial");
+    let d = sliding_window_log::acquire(state, &params, params.limit, now).decision;
+    assert_eq!(
+        reply,
+        (0, d.remaining, d.reset_after_us, d.retry_after_us),
+        "the last denial"
+    );
+    let commands = script_commands(conn);
+    assert!(
+        commands <= 4 + 15,
+        "a denial on {entries} entries ran {commands} commands"
+    );
+}
+
+// --- Out of memory: a script runs whole or not at all -------------------------------------------
+
+#[test]
+fn every_script_is_refused_whole_while_redis_is_out_of_memory() {
+    let mut lab = Lab::new();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query(&mut lab.conn)
+        .expect("CONFIG SET");
+    for a in Algorithm::ALL {
+        let s = lab.subject(Impl::Ours, window(5, 60_000, a));
+        let (policy, key, redis_key) = (s.policy.clone(), s.key.clone(), s.redis_key.clone());
+        let result = lab
+            .rt
+            .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)));
+        match result {
+            // The cause, as the service's degraded path logs it.
+            Err(e @ StoreError::Server(_)) => {
+                assert!(e.to_string().contains("OOM"), "{a:?}: {e}")
+            }
+            other => panic!("{a:?} ran out of memory: {other:?}"),
+        }
+        let exists: bool = redis::cmd("EXISTS")
+            .arg(&redis_key)
+            .query(&mut lab.conn)
+            .expect("EXISTS");
+        assert!(!exists, "{a:?} wrote its state past maxmemory");
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query(&mut lab.conn)
+        .expect("CONFIG SET");
+}
+
+// --- Redis before 7.0 cannot run flagged scripts: refused at start-up ---------------------------
+
+/// Answers the Redis protocol as a Redis 6.2 would, for the few commands a start-up sends (no
+/// Redis 6 can be installed here): `PING`, `INFO`, and an error for anything else.
+fn serve_as_redis_6(listener: std::net::TcpListener) {
+    use std::io::{BufRead, BufReader, Write};
+    for stream in listener.incoming().flatten() {
+        std::thread::spawn(move || {
+            let mut writer = stream.try_clone().expect("clone");
+            let mut reader = BufReader::new(stream);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    return;
+                }
+                let Some(n) = line.trim().strip_prefix('*') else {
+                    continue;
+                };
+                let mut args = Vec::new();
+                for _ in 0..n.parse::<usize>().unwrap_or(0) {
+                    line.clear();
+                    let _ = reader.read_line(&mut line);
+                    line.clear();
+                    let _ = reader.read_line(&mut line);
+                    args.push(line.trim().to_ascii_uppercase());
+                }
+                let reply = match args.first().map(String::as_str) {
+                    Some("PING") => "+PONG\r\n".to_owned(),
+                    Some("INFO") => {
+                        let info = "# Server\r\nredis_version:6.2.14\r\nredis_mode:standalone\r\n";
+                        format!("${}\r\n{info}\r\n", info.len())
+                    }
+                    _ => "-ERR unknown command\r\n".to_owned(),
+                };
+                if writer.write_all(reply.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test]
+async fn the_service_refuses_to_start_on_redis_older_than_7() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    std::thread::spawn(move || serve_as_redis_6(listener));
+    let env = [
+        ("RATELIMITER__SERVER__BIND", "127.0.0.1:0".to_owned()),
+        (
+            "RATELIMITER__REDIS__URL",
+            format!("redis://127.0.0.1:{port}"),
+        ),
+    ]
+    .map(|(k, v)| (k.to_owned(), v));
+    let settings = ratelimiter::config::Settings::load_from(None, env).expect("settings");
+    let error = match ratelimiter::startup::Application::build(settings).await {
+        Ok(_) => panic!("started on Redis 6.2"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        error.contains("6.2.14") && error.contains("7.0"),
+        "the error names both versions: {error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_starts_on_a_redis_that_hides_info() {
+    // A hardened Redis may refuse INFO; its version cannot be read, so it is given the benefit
+    // of the doubt (with a warning) rather than refused.
+    let redis = std::sync::Arc::new(TestRedis::start_with(&["--rename-command", "INFO", ""]));
+    let app = crate::helpers::spawn_app_with(Some(redis), &[]).await;
+    app.create_policy(serde_json::json!({"name": "p", "algorithm": "sliding_window_log", "limit": 1, "window_ms": 1_000}))
+        .await;
+    let d = app.acquire("p", "k", 1).await;
+    assert_eq!(d["degraded"], false, "{d}");
 }
