@@ -7,6 +7,7 @@ mod helpers;
 
 mod acquire;
 mod cluster;
+mod connections;
 mod errors;
 mod faults;
 mod instances;
