@@ -326,3 +326,23 @@ async fn a_command_that_may_have_run_is_never_sent_twice() {
     }
 }
 
+/// Cluster seeds may carry the cluster's password; when the cluster cannot be reached, the
+/// start-up error names the seeds with the password masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_seed_passwords_never_reach_the_start_up_error() {
+    let seed = format!("admin:s3cret-seed@127.0.0.1:{}", free_port());
+    let env = [
+        ("RATELIMITER__SERVER__BIND", "127.0.0.1:0"),
+        ("RATELIMITER__REDIS__CLUSTER_NODES", seed.as_str()),
+        ("RATELIMITER__REDIS__TIMEOUT_MS", "500"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let settings = Settings::load_from(None, env).expect("seeds with credentials are accepted");
+    assert!(!format!("{settings:?}").contains("s3cret"));
+    let Err(e) = Application::build(settings).await else {
+        panic!("no cluster there");
+    };
+    let e = format!("{e:#}");
+    assert!(e.contains("admin:***@127.0.0.1"), "{e}");
+    assert!(!e.contains("s3cret"), "{e}");
+}
