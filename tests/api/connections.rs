@@ -111,6 +111,8 @@ async fn a_refused_connection_fails_at_once_and_says_so() {
             .expect("store");
         store.ping().await.expect("Redis answers");
         redis.kill();
+        // The store's end of the old connection sees it close.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         for _ in 0..3 {
             let started = Instant::now();
             let e = store.ping().await.expect_err("Redis is gone");
