@@ -134,9 +134,10 @@ impl RedisStore {
     {
         let Some(permit) = self.breaker.permit() else {
             metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
-            return Err(StoreError::Unavailable(
-                "Redis is unreachable (circuit breaker open)".into(),
-            ));
+            let cause = self.breaker.cause().unwrap_or_default();
+            return Err(StoreError::Unavailable(format!(
+                "Redis is unreachable (circuit breaker open; last failure: {cause})"
+            )));
         };
         let started = Instant::now();
         let (result, kind) = match self.call(f).await {
@@ -147,8 +148,14 @@ impl RedisStore {
         if let Some(kind) = kind {
             metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
         }
-        self.breaker
-            .record(permit, !matches!(&result, Err(e) if e.is_transient()));
+        let reached = match &result {
+            Err(e) if e.is_transient() => {
+                self.breaker.set_cause(e.to_string());
+                false
+            }
+            _ => true,
+        };
+        self.breaker.record(permit, reached);
         result
     }
 
