@@ -4,6 +4,11 @@
 //!
 //! Loading validates everything, policies included, and names the bad key in its error, so a
 //! service with a bad configuration never starts.
+//!
+//! Environment values are taken as written: a string setting such as `redis.key_prefix=007`
+//! stays `007`, and numbers are parsed only where a number is expected. The list settings
+//! ([`is_list_key`]) are split on commas. No error built here quotes a value, since the value
+//! may be a token or a password.
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
@@ -15,13 +20,144 @@ use serde::Deserialize;
 use crate::policy::{parse_policy, Policy};
 use crate::store::connection::ConnectionMode;
 
-/// Why the configuration was refused.
+/// Why the configuration was refused. Neither variant ever holds a configured value.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The sources could not be read or do not fit the settings' shape.
     #[error("configuration: {0}")]
-    Load(#[from] config::ConfigError),
+    Load(String),
     #[error("configuration: `{key}` {reason}")]
     Invalid { key: String, reason: String },
+}
+
+impl From<config::ConfigError> for ConfigError {
+    fn from(e: config::ConfigError) -> Self {
+        ConfigError::Load(describe(&e))
+    }
+}
+
+/// What went wrong, without the value that was refused (it may be a secret).
+fn describe(e: &config::ConfigError) -> String {
+    use config::ConfigError as E;
+    match e {
+        E::Type {
+            unexpected,
+            expected,
+            key,
+            ..
+        } => {
+            let found = kind_of(unexpected);
+            match key {
+                Some(key) => format!("`{key}` must be {expected}, not {found}"),
+                None => format!("expected {expected}, not {found}"),
+            }
+        }
+        E::At { error, key, .. } => match (error.as_ref(), key) {
+            (E::Type { key: None, .. } | E::Message(_), Some(key)) => {
+                format!("`{key}`: {}", describe(error))
+            }
+            _ => describe(error),
+        },
+        E::FileParse { uri, cause } => {
+            // A parser's message quotes the offending line (`12 | token = ...`): keep only the
+            // lines that say where and what.
+            let cause = cause.to_string();
+            let said: Vec<&str> = cause
+                .lines()
+                .filter(|l| !l.contains('|') && !l.trim().is_empty())
+                .collect();
+            let file = uri.as_deref().unwrap_or("the configuration file");
+            format!("cannot parse {file}: {}", said.join("; "))
+        }
+        E::Message(m) => unquote(m),
+        other => unquote(&other.to_string()),
+    }
+}
+
+/// The kind of a refused value, never the value. The config crate does not export its
+/// `Unexpected`, so the kind is read from the start of its description.
+fn kind_of(unexpected: &impl fmt::Display) -> &'static str {
+    let described = unexpected.to_string();
+    [
+        ("boolean", "a boolean"),
+        ("string", "a string"),
+        ("floating", "a number"),
+        ("unit", "empty"),
+        ("sequence", "a list"),
+        ("map", "a table"),
+    ]
+    .into_iter()
+    .find(|(prefix, _)| described.starts_with(prefix))
+    .map_or("an integer", |(_, kind)| kind)
+}
+
+/// A message with anything it quotes (`"…"`, where serde puts values) blanked out.
+fn unquote(m: &str) -> String {
+    let mut out = String::with_capacity(m.len());
+    for (i, part) in m.split('"').enumerate() {
+        out.push_str(if i % 2 == 1 { "…" } else { part });
+        out.push('"');
+    }
+    out.pop();
+    out
+}
+
+/// Keys whose environment variable is a comma-separated list: every `…_tokens` setting and
+/// `redis.cluster_nodes`.
+pub fn is_list_key(key: &str) -> bool {
+    key.ends_with("_tokens") || key == "redis.cluster_nodes" || key == "server.trusted_proxies"
+}
+
+/// The `RATELIMITER__SECTION__KEY` variables as `(section.key, value)`, values as written.
+///
+/// The config crate's own environment source either parses every value that looks like a
+/// number or a boolean (so `007` became `7` and `1e3` became `1000`, and a token `123` was
+/// refused for not being a string) or splits no lists at all; this keeps strings as strings and
+/// leaves it to each setting's type to parse its number.
+fn environment(env: impl IntoIterator<Item = (String, String)>) -> Vec<(String, config::Value)> {
+    const PREFIX: &str = "RATELIMITER__";
+    env.into_iter()
+        .filter_map(|(k, v)| {
+            let key = k.strip_prefix(PREFIX)?.to_lowercase().replace("__", ".");
+            let value = if is_list_key(&key) {
+                config::Value::from(v.split(',').map(str::to_owned).collect::<Vec<_>>())
+            } else {
+                config::Value::from(v)
+            };
+            Some((key, value))
+        })
+        .collect()
+}
+
+/// A token list (`auth.admin_tokens`, `auth.client_tokens`, any other) as it will be compared:
+/// surrounding whitespace trimmed, since a token sent in a header never carries any. A token
+/// that is empty, or holds whitespace or control characters inside, could never match: refused,
+/// naming the setting and the position, never the token.
+pub fn token_list(key: &str, tokens: Vec<Secret>) -> Result<Vec<Secret>, ConfigError> {
+    tokens
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let trimmed = t.expose().trim();
+            if trimmed.is_empty() {
+                Err(ConfigError::Invalid {
+                    key: key.to_owned(),
+                    reason: format!("must not hold an empty token (entry {})", i + 1),
+                })
+            } else if trimmed.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                Err(ConfigError::Invalid {
+                    key: key.to_owned(),
+                    reason: format!(
+                        "entry {} holds a space or a control character, which a bearer token \
+                         cannot carry",
+                        i + 1
+                    ),
+                })
+            } else {
+                Ok(Secret(trimmed.to_owned()))
+            }
+        })
+        .collect()
 }
 
 /// A secret that never prints.
@@ -71,13 +207,15 @@ pub struct ServerSettings {
 pub struct RedisSettings {
     /// `redis://[:password@]host:port[/db]`; unset runs the embedded in-process store.
     pub url: Option<Secret>,
-    /// Seed nodes (`host:port`) of a Redis Cluster, instead of `url`.
+    /// Seed nodes (`[user:password@]host:port`) of a Redis Cluster, instead of `url`. Secret,
+    /// since they may carry the cluster's password; printed only through `redact_url`.
     #[serde(default)]
-    pub cluster_nodes: Vec<String>,
-    /// `multiplexed` (connections shared and pipelined by every call) or `pool` (bb8: a
-    /// connection to each call).
+    pub cluster_nodes: Vec<Secret>,
+    /// `multiplexed` (one shared connection per HTTP worker thread) or `pool` (`pool_size`
+    /// shared connections with their own I/O thread).
     pub connection_mode: String,
-    /// Connections in the bb8 pool (`pool` mode; multiplexed mode has one per worker thread).
+    /// Connections shared by every call in `pool` mode (multiplexed mode has one per worker
+    /// thread).
     pub pool_size: u32,
     /// Deadline of every Redis call, connection checkout included.
     pub timeout_ms: u64,
@@ -208,30 +346,16 @@ impl Settings {
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
         }
-        let env: config::Map<String, String> = env
-            .into_iter()
-            .filter(|(k, _)| k.starts_with("RATELIMITER__"))
-            .collect();
-        builder = builder.add_source(
-            config::Environment::with_prefix("RATELIMITER")
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true)
-                .list_separator(",")
-                .with_list_parse_key("auth.admin_tokens")
-                .with_list_parse_key("redis.cluster_nodes")
-                .with_list_parse_key("auth.client_tokens")
-                .with_list_parse_key("auth.metrics_tokens")
-                .with_list_parse_key("server.trusted_proxies")
-                .source(Some(env)),
-        );
+        for (key, value) in environment(env) {
+            builder = builder.set_override(key, value)?;
+        }
         let raw: RawSettings = builder.build()?.try_deserialize()?;
         raw.validate()
     }
 }
 
 impl RawSettings {
-    fn validate(self) -> Result<Settings, ConfigError> {
+    fn validate(mut self) -> Result<Settings, ConfigError> {
         let invalid = |key: &str, reason: &str| ConfigError::Invalid {
             key: key.to_owned(),
             reason: reason.to_owned(),
@@ -268,13 +392,11 @@ impl RawSettings {
             return Err(invalid("server.request_timeout_ms", "must be at least 1"));
         }
         for (key, tokens) in [
-            ("auth.admin_tokens", &self.auth.admin_tokens),
-            ("auth.client_tokens", &self.auth.client_tokens),
-            ("auth.metrics_tokens", &self.auth.metrics_tokens),
+            ("auth.admin_tokens", &mut self.auth.admin_tokens),
+            ("auth.client_tokens", &mut self.auth.client_tokens),
+            ("auth.metrics_tokens", &mut self.auth.metrics_tokens),
         ] {
-            if tokens.iter().any(|t| t.expose().trim().is_empty()) {
-                return Err(invalid(key, "must not hold an empty token"));
-            }
+            *tokens = token_list(key, std::mem::take(tokens))?;
         }
         if self.limits.max_policies == 0 {
             return Err(invalid("limits.max_policies", "must be at least 1"));
@@ -301,13 +423,20 @@ impl RawSettings {
                 "cannot be set together with redis.url: set one of them",
             ));
         }
-        for node in &self.redis.cluster_nodes {
-            let ok = node
+        for node in &mut self.redis.cluster_nodes {
+            let trimmed = node.expose().trim();
+            // Credentials, when given, come before the last `@`; never echoed.
+            let address = trimmed.rsplit_once('@').map_or(trimmed, |(_, a)| a);
+            let ok = address
                 .rsplit_once(':')
                 .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
             if !ok {
-                return Err(invalid("redis.cluster_nodes", "must be host:port seeds"));
+                return Err(invalid(
+                    "redis.cluster_nodes",
+                    "must be [user:password@]host:port seeds",
+                ));
             }
+            *node = Secret(trimmed.to_owned());
         }
         if let Some(url) = &self.redis.url {
             if !(url.expose().starts_with("redis://") || url.expose().starts_with("rediss://")) {
@@ -481,7 +610,8 @@ mod tests {
             )]),
         )
         .expect("valid");
-        assert_eq!(s.redis.cluster_nodes, ["10.0.0.1:7000", "10.0.0.2:7001"]);
+        let nodes: Vec<&str> = s.redis.cluster_nodes.iter().map(Secret::expose).collect();
+        assert_eq!(nodes, ["10.0.0.1:7000", "10.0.0.2:7001"]);
         let e = Settings::load_from(
             None,
             env(&[("RATELIMITER__REDIS__CLUSTER_NODES", "nohost")]),
@@ -534,6 +664,131 @@ mod tests {
         )
         .expect_err("zero");
         assert!(e.to_string().contains("server.request_timeout_ms"), "{e}");
+    }
+
+    #[test]
+    fn string_settings_from_the_environment_stay_as_written() {
+        let s = Settings::load_from(None, env(&[("RATELIMITER__REDIS__KEY_PREFIX", "007")]))
+            .expect("valid");
+        assert_eq!(s.redis.key_prefix, "007");
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__REDIS__KEY_PREFIX", "1e3"),
+                ("RATELIMITER__REDIS__TIMEOUT_MS", "250"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(
+            (s.redis.key_prefix.as_str(), s.redis.timeout_ms),
+            ("1e3", 250)
+        );
+    }
+
+    #[test]
+    fn tokens_that_look_like_numbers_or_booleans_are_tokens() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__AUTH__ADMIN_TOKENS", "007"),
+                ("RATELIMITER__AUTH__CLIENT_TOKENS", "true,1e3,-5"),
+            ]),
+        )
+        .expect("valid");
+        let admin: Vec<&str> = s.auth.admin_tokens.iter().map(Secret::expose).collect();
+        let client: Vec<&str> = s.auth.client_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(admin, ["007"]);
+        assert_eq!(client, ["true", "1e3", "-5"]);
+    }
+
+    #[test]
+    fn token_lists_are_trimmed_or_refused_without_quoting_the_token() {
+        let s = Settings::load_from(
+            None,
+            env(&[("RATELIMITER__AUTH__ADMIN_TOKENS", " one , two\t")]),
+        )
+        .expect("valid");
+        let admin: Vec<&str> = s.auth.admin_tokens.iter().map(Secret::expose).collect();
+        assert_eq!(admin, ["one", "two"]);
+        let f = file("[auth]\nclient_tokens = [\"  padded-tok  \"]\n");
+        let s = Settings::load_from(Some(&f.0), env(&[])).expect("valid");
+        assert_eq!(s.auth.client_tokens[0].expose(), "padded-tok");
+
+        for (var, value, key) in [
+            (
+                "RATELIMITER__AUTH__CLIENT_TOKENS",
+                "ok,in side-tok",
+                "auth.client_tokens",
+            ),
+            (
+                "RATELIMITER__AUTH__ADMIN_TOKENS",
+                "ok-tok, ,x",
+                "auth.admin_tokens",
+            ),
+        ] {
+            let e = Settings::load_from(None, env(&[(var, value)])).expect_err(value);
+            let e = e.to_string();
+            assert!(e.contains(key), "{e}");
+            assert!(!e.contains("side-tok") && !e.contains("ok-tok"), "{e}");
+        }
+    }
+
+    #[test]
+    fn no_error_quotes_a_token_or_a_password() {
+        let refused = |file_text: Option<&str>, vars: &[(&str, &str)]| {
+            let f = file_text.map(file);
+            let e = Settings::load_from(f.as_ref().map(|f| f.0.as_path()), env(vars))
+                .expect_err("refused");
+            e.to_string()
+        };
+        let cases = [
+            // A token where a list belongs, from the file.
+            refused(Some("[auth]\nadmin_tokens = \"s3cret-1\"\n"), &[]),
+            // A file that does not parse, on the line of a token.
+            refused(Some("[auth]\nadmin_tokens = [\"s3cret-1\"\n"), &[]),
+            // A list of tables where tokens belong.
+            refused(Some("[auth]\nclient_tokens = [{ s3cret-1 = 1 }]\n"), &[]),
+            // A secret-looking value in a numeric setting.
+            refused(None, &[("RATELIMITER__REDIS__POOL_SIZE", "s3cret-1")]),
+            // A password in a URL that is refused.
+            refused(None, &[("RATELIMITER__REDIS__URL", "http://:s3cret-1@h:1")]),
+            // Cluster seeds with credentials and no port.
+            refused(
+                None,
+                &[("RATELIMITER__REDIS__CLUSTER_NODES", "u:s3cret-1@host")],
+            ),
+            // An unknown key holding a secret.
+            refused(None, &[("RATELIMITER__AUTH__ADMIN_TOKEN", "s3cret-1")]),
+        ];
+        for e in cases {
+            assert!(!e.contains("s3cret"), "{e}");
+            assert!(e.starts_with("configuration: "), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_key_and_the_kind_of_value() {
+        let e = Settings::load_from(None, env(&[("RATELIMITER__REDIS__TIMEOUT_MS", "1e3")]))
+            .expect_err("not an integer");
+        let e = e.to_string();
+        assert!(
+            e.contains("redis.timeout_ms") && e.contains("integer"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cluster_seeds_may_carry_credentials_that_never_print() {
+        let s = Settings::load_from(
+            None,
+            env(&[(
+                "RATELIMITER__REDIS__CLUSTER_NODES",
+                "user:s3cret-2@10.0.0.1:7000, 10.0.0.2:7001",
+            )]),
+        )
+        .expect("valid");
+        assert_eq!(s.redis.cluster_nodes[1].expose(), "10.0.0.2:7001");
+        assert!(!format!("{s:?}").contains("s3cret"));
     }
 
     #[test]

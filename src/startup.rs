@@ -31,11 +31,22 @@ impl Application {
         let prefix = &settings.redis.key_prefix;
         let store = match &settings.redis.url {
             None if !settings.redis.cluster_nodes.is_empty() => {
-                let nodes = &settings.redis.cluster_nodes;
-                let store = RedisStore::open_cluster(nodes, settings.redis.timeout(), prefix)
+                let nodes: Vec<&str> = settings
+                    .redis
+                    .cluster_nodes
+                    .iter()
+                    .map(|n| n.expose())
+                    .collect();
+                // Seeds may carry the cluster's password: only their redacted form is shown.
+                let shown: Vec<String> = nodes
+                    .iter()
+                    .map(|n| redact_url(&format!("redis://{n}")))
+                    .collect();
+                let shown = shown.join(", ");
+                let store = RedisStore::open_cluster(&nodes, settings.redis.timeout(), prefix)
                     .await
-                    .with_context(|| format!("cannot reach the Redis Cluster at {nodes:?}"))?;
-                tracing::info!(?nodes, "using Redis Cluster");
+                    .with_context(|| format!("cannot reach the Redis Cluster at {shown}"))?;
+                tracing::info!(nodes = %shown, "using Redis Cluster");
                 AnyStore::Redis(store.with_breaker(breaker(&settings)))
             }
             None => {
@@ -62,7 +73,11 @@ impl Application {
                     .ping()
                     .await
                     .with_context(|| format!("cannot reach Redis at {shown}"))?;
-                tracing::info!(redis = %shown, "using Redis");
+                tracing::info!(
+                    redis = %shown,
+                    mode = %settings.redis.connection_mode,
+                    "using Redis"
+                );
                 AnyStore::Redis(store)
             }
         };

@@ -5,9 +5,12 @@
 //! answers without delay. After `cooldown` one call is let through as a probe (half-open): its
 //! success closes the breaker, its failure opens it for another cooldown. Only failures to reach
 //! the store count; an error the store answers with (a script error, out of memory) proves it is
-//! reachable.
+//! reachable. The breaker remembers why the last call failed, so that the calls it answers while
+//! open still say what is wrong (a wrong password, a refused connection), not only that it is
+//! open.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The breaker's state, as reported by metrics and `/readyz`.
@@ -37,6 +40,8 @@ pub struct Breaker {
     open_until_us: AtomicU64,
     /// A probe is under way (half-open); other calls keep failing fast meanwhile.
     probing: AtomicBool,
+    /// Why the last call that could not reach the store failed.
+    cause: Mutex<Option<String>>,
 }
 
 /// Permission to make one call; report how it went with [`Breaker::record`].
@@ -55,7 +60,18 @@ impl Breaker {
             failures: AtomicU32::new(0),
             open_until_us: AtomicU64::new(0),
             probing: AtomicBool::new(false),
+            cause: Mutex::new(None),
         }
+    }
+
+    /// Remembers why a call could not reach the store (only failures take the lock).
+    pub fn set_cause(&self, cause: String) {
+        *self.cause.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);
+    }
+
+    /// Why the last call that could not reach the store failed.
+    pub fn cause(&self) -> Option<String> {
+        self.cause.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn now_us(&self) -> u64 {
@@ -93,7 +109,8 @@ impl Breaker {
                 let until = self.now_us()
                     + u64::try_from(self.cooldown.as_micros()).unwrap_or(u64::MAX / 2);
                 if self.open_until_us.swap(until.max(1), Ordering::AcqRel) == 0 {
-                    tracing::warn!(failures, "store unreachable: circuit breaker open");
+                    let cause = self.cause().unwrap_or_default();
+                    tracing::warn!(failures, %cause, "store unreachable: circuit breaker open");
                 }
             }
         }

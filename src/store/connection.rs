@@ -1,121 +1,233 @@
-//! How the Redis store holds its connections: a bb8 pool, or multiplexed connections shared by
-//! every call (`redis.connection_mode`).
+//! How the Redis store reaches Redis: its connections, how they are shared by calls
+//! (`redis.connection_mode`), how a dead one is found and replaced, and whether a failed call
+//! provably never reached Redis.
 //!
-//! With the pool, each call has a connection to itself for its duration, so Redis sees one
-//! command per connection at a time. In multiplexed mode each thread that calls Redis (each HTTP
-//! worker) has one connection of its own, shared by all its concurrent calls: redis-rs pipelines
-//! their commands into fewer writes and reads, and the connection's I/O task runs on the same
-//! thread as the calls, so no call wakes another thread. Each reconnects by itself after an
-//! error. `bench/run.py --connection-mode` measures both.
+//! Every connection is multiplexed: any number of calls share it at once, and redis-rs
+//! pipelines their commands into fewer writes and reads. No call ever waits for a connection
+//! of its own, which is what made the old bb8 pool (an exclusive checkout per call) queue past
+//! the deadline under load. The two modes only differ in how many there are:
+//! - `multiplexed`: one per thread that calls Redis (each HTTP worker), made on first use; its
+//!   I/O task runs on that thread, so no call wakes another thread.
+//! - `pool`: `redis.pool_size` connections shared round-robin by every thread, for deployments
+//!   that want a fixed number of connections whatever the worker count.
+//!
+//! Each connection is watched: its I/O task marks it closed when it ends (Redis closed the
+//! socket, a read or write failed), and it counts the bytes the socket accepted. A call takes a
+//! connection that is not known closed (or makes a new one), notes the count, and if it fails
+//! with nothing written since, its command never left this process: it may be sent again on a
+//! new connection ([`Conn::never_sent`]). Connecting has no retry loop of its own: a refused
+//! connection or a wrong password is reported at once, as what it is.
 
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bb8::{ManageConnection, Pool, PooledConnection};
-use bb8_redis::RedisConnectionManager;
-use redis::aio::{
-    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
-};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisConnectionInfo, RedisError,
+    RedisFuture, Value,
+};
 use thread_local::ThreadLocal;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 
 use super::StoreError;
 
 /// `redis.connection_mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConnectionMode {
+    /// A fixed number of shared connections (`redis.pool_size`), used round-robin.
     Pool,
+    /// One shared connection per calling thread.
     Multiplexed,
-}
-
-/// bb8-redis's connection manager, plus a flag it lacks: it never reports a multiplexed
-/// connection as broken, so after Redis restarts the pool would hand out dead connections
-/// forever. A call that fails to reach Redis, or is cut off by the deadline, marks its
-/// connection, and bb8 drops it instead of reusing it.
-pub struct Manager(RedisConnectionManager);
-
-/// A pooled connection and whether its last call left it unusable.
-pub struct Pooled {
-    inner: MultiplexedConnection,
-    broken: bool,
-}
-
-impl ManageConnection for Manager {
-    type Connection = Pooled;
-    type Error = RedisError;
-
-    async fn connect(&self) -> Result<Pooled, RedisError> {
-        Ok(Pooled {
-            inner: self.0.connect().await?,
-            broken: false,
-        })
-    }
-
-    async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
-        self.0.is_valid(&mut conn.inner).await
-    }
-
-    fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.broken
-    }
 }
 
 /// The store's connections.
 pub enum Connections {
-    Pool(Pool<Manager>),
-    Multiplexed(Box<Multiplexed>),
+    /// One Redis server.
+    Single(Box<Single>),
     /// A Redis Cluster: one multiplexed connection per node, routed by key slot, following
     /// `MOVED`/`ASK` redirects and topology changes.
     Cluster(ClusterConnection),
 }
 
-/// Multiplexed connections, one per calling thread, made on first use.
-pub struct Multiplexed {
-    client: Client,
-    config: ConnectionManagerConfig,
-    per_thread: ThreadLocal<ConnectionManager>,
+/// Where one Redis server is, and how to open a connection to it.
+struct Target {
+    host: String,
+    port: u16,
+    redis: RedisConnectionInfo,
+    config: AsyncConnectionConfig,
 }
 
-/// One call's connection: a pooled one (held until the call ends) or a shared one.
+/// The connections to one Redis server.
+pub struct Single {
+    target: Arc<Target>,
+    per_thread: ThreadLocal<Link>,
+    /// `pool` mode's connections; empty in `multiplexed` mode.
+    shared: Vec<Link>,
+    next: AtomicUsize,
+    /// `pool` mode's I/O thread, where the shared connections read and write.
+    io: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Single {
+    fn drop(&mut self) {
+        // Dropping a runtime waits for its tasks, which an async context may not do.
+        if let Some(io) = self.io.take() {
+            io.shutdown_background();
+        }
+    }
+}
+
+/// One connection slot: the live connection, replaced when it is found dead.
+#[derive(Default)]
+struct Link {
+    live: Mutex<Option<Live>>,
+    /// One connection attempt at a time; holds the last attempt's failure, so that the calls
+    /// that waited for it share its answer instead of each trying again.
+    connecting: tokio::sync::Mutex<Option<String>>,
+    attempts: AtomicU64,
+}
+
+/// A connection and what its I/O task reports about it.
+#[derive(Clone)]
+pub struct Live {
+    conn: MultiplexedConnection,
+    health: Arc<Health>,
+}
+
+#[derive(Default)]
+struct Health {
+    /// Bytes the socket has accepted since the connection was set up.
+    written: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// Marks the connection closed when its I/O task ends, or is dropped with its runtime.
+struct ClosedOnDrop(Arc<Health>);
+
+impl Drop for ClosedOnDrop {
+    fn drop(&mut self) {
+        self.0.closed.store(true, Ordering::Release);
+    }
+}
+
+/// The socket, counting what it writes.
+struct Counted {
+    inner: TcpStream,
+    health: Arc<Health>,
+}
+
+impl AsyncRead for Counted {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Counted {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.health.written.fetch_add(*n as u64, Ordering::AcqRel);
+        }
+        polled
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = &polled {
+            self.health.written.fetch_add(*n as u64, Ordering::AcqRel);
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// One call's connection.
 pub enum Conn {
-    Pooled(PooledConnection<'static, Manager>),
-    Shared(ConnectionManager),
+    /// A connection to one Redis, and its write count when the call took it.
+    Single {
+        live: Live,
+        written_before: u64,
+    },
     Cluster(ClusterConnection),
 }
 
 impl Connections {
-    /// Opens a pool of `size` connections, or prepares multiplexed ones (one per calling thread,
-    /// `size` unused). Nothing connects yet: connections are made on first use, so this fails
-    /// only on a malformed URL.
-    pub fn open(
-        url: &str,
-        mode: ConnectionMode,
-        size: u32,
-        timeout: Duration,
-    ) -> Result<Self, RedisError> {
-        Ok(match mode {
-            ConnectionMode::Pool => Connections::Pool(
-                Pool::builder()
-                    .max_size(size)
-                    .connection_timeout(timeout)
-                    .test_on_check_out(false)
-                    .build_unchecked(Manager(RedisConnectionManager::new(url)?)),
-            ),
-            ConnectionMode::Multiplexed => Connections::Multiplexed(Box::new(Multiplexed {
-                client: Client::open(url)?,
-                config: ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(timeout))
-                    .set_response_timeout(None)
-                    .set_number_of_retries(1)
-                    .set_max_delay(Duration::from_millis(100)),
-                per_thread: ThreadLocal::new(),
-            })),
-        })
+    /// Prepares the connections to the Redis at `url`: `size` shared ones in `pool` mode, one
+    /// per calling thread in `multiplexed` mode. Nothing connects yet (connections are made on
+    /// first use), so this fails only on a URL it cannot use.
+    pub fn open(url: &str, mode: ConnectionMode, size: u32) -> Result<Self, RedisError> {
+        let client = Client::open(url)?;
+        let info = client.get_connection_info();
+        let ConnectionAddr::Tcp(host, port) = info.addr() else {
+            return Err(RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "only redis://host:port addresses are supported",
+            )));
+        };
+        let (shared, io) = match mode {
+            ConnectionMode::Pool => {
+                let io = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("redis-io")
+                    .enable_all()
+                    .build()
+                    .map_err(RedisError::from)?;
+                (
+                    (0..size.max(1)).map(|_| Link::default()).collect(),
+                    Some(io),
+                )
+            }
+            ConnectionMode::Multiplexed => (Vec::new(), None),
+        };
+        Ok(Connections::Single(Box::new(Single {
+            target: Arc::new(Target {
+                host: host.clone(),
+                port: *port,
+                redis: info.redis_settings().clone(),
+                // The store bounds every call with its own deadline.
+                config: AsyncConnectionConfig::new()
+                    .set_connection_timeout(None)
+                    .set_response_timeout(None),
+            }),
+            per_thread: ThreadLocal::new(),
+            shared,
+            next: AtomicUsize::new(0),
+            io,
+        })))
     }
 
-    /// Connects to a Redis Cluster through any of its `nodes` (`host:port`).
-    pub async fn open_cluster(nodes: &[String], timeout: Duration) -> Result<Self, RedisError> {
+    /// Connects to a Redis Cluster through any of its `nodes` (`[user:password@]host:port`).
+    pub async fn open_cluster(nodes: &[&str], timeout: Duration) -> Result<Self, RedisError> {
         let urls: Vec<String> = nodes.iter().map(|n| format!("redis://{n}")).collect();
         let client = ClusterClient::builder(urls)
             .connection_timeout(timeout)
@@ -125,51 +237,150 @@ impl Connections {
         Ok(Connections::Cluster(client.get_async_connection().await?))
     }
 
-    /// A connection for one call.
+    /// A connection for one call: a live one, or a new one if the last was found dead.
     pub async fn get(&self) -> Result<Conn, StoreError> {
         match self {
-            Connections::Pool(pool) => {
-                let mut conn = pool.get_owned().await?;
-                // Marked until the call succeeds (see `done`): if the deadline drops the call
-                // mid-way, the connection goes back marked, and is discarded.
-                conn.broken = true;
-                Ok(Conn::Pooled(conn))
-            }
-            Connections::Multiplexed(m) => {
-                // Created on this thread, so its I/O task is spawned on this thread's runtime.
-                let conn = m.per_thread.get_or_try(|| {
-                    ConnectionManager::new_lazy_with_config(m.client.clone(), m.config.clone())
-                })?;
-                Ok(Conn::Shared(conn.clone()))
+            Connections::Single(s) => {
+                let link = if s.shared.is_empty() {
+                    // Made on this thread, so its I/O task is spawned on this thread's runtime.
+                    s.per_thread.get_or_default()
+                } else {
+                    &s.shared[s.next.fetch_add(1, Ordering::Relaxed) % s.shared.len()]
+                };
+                let io = s.io.as_ref().map(|io| io.handle());
+                let live = link.get(&s.target, io).await?;
+                let written_before = live.health.written.load(Ordering::Acquire);
+                Ok(Conn::Single {
+                    live,
+                    written_before,
+                })
             }
             Connections::Cluster(c) => Ok(Conn::Cluster(c.clone())),
         }
     }
 
-    /// Connections: `(in use, idle)` for the pool; shared connections count as idle.
+    /// Connections: `(in use, idle)`. Shared connections are never checked out: all count as
+    /// idle.
     pub fn state(&self) -> (u32, u32) {
         match self {
-            Connections::Pool(pool) => {
-                let state = pool.state();
-                (
-                    state.connections.saturating_sub(state.idle_connections),
-                    state.idle_connections,
-                )
+            Connections::Single(s) => {
+                let links = s.per_thread.iter().chain(s.shared.iter());
+                let live = links.filter(|l| l.current().is_some()).count();
+                (0, u32::try_from(live).unwrap_or(u32::MAX))
             }
-            Connections::Multiplexed(m) => (
-                0,
-                u32::try_from(m.per_thread.iter().count()).unwrap_or(u32::MAX),
-            ),
             Connections::Cluster(_) => (0, 1),
         }
     }
 }
 
+impl Link {
+    /// The live connection, if there is one not known closed.
+    fn current(&self) -> Option<Live> {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
+        if live
+            .as_ref()
+            .is_some_and(|l| l.health.closed.load(Ordering::Acquire))
+        {
+            *live = None;
+        }
+        live.clone()
+    }
+
+    /// The live connection, or a new one, made on `io` when given (else on this thread).
+    async fn get(
+        &self,
+        target: &Arc<Target>,
+        io: Option<&tokio::runtime::Handle>,
+    ) -> Result<Live, StoreError> {
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        let seen = self.attempts.load(Ordering::Acquire);
+        let mut last_failure = self.connecting.lock().await;
+        if let Some(live) = self.current() {
+            return Ok(live);
+        }
+        if self.attempts.load(Ordering::Acquire) != seen {
+            if let Some(failure) = last_failure.as_ref() {
+                return Err(StoreError::Unavailable(failure.clone()));
+            }
+        }
+        let result = match io {
+            Some(io) => {
+                let target = target.clone();
+                io.spawn(async move { target.connect().await })
+                    .await
+                    .unwrap_or_else(|e| Err(RedisError::from(io::Error::other(e))))
+            }
+            None => target.connect().await,
+        };
+        self.attempts.fetch_add(1, Ordering::AcqRel);
+        match result {
+            Ok(live) => {
+                *last_failure = None;
+                *self.live.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+                Ok(live)
+            }
+            Err(e) => {
+                let e = connect_error(e);
+                *last_failure = Some(e.to_string());
+                Err(StoreError::Unavailable(e))
+            }
+        }
+    }
+}
+
+impl Target {
+    async fn connect(&self) -> Result<Live, RedisError> {
+        let socket = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        socket.set_nodelay(true)?;
+        let health = Arc::new(Health::default());
+        let stream = Counted {
+            inner: socket,
+            health: health.clone(),
+        };
+        // Sends AUTH and SELECT as the URL asks, and fails here if Redis refuses them.
+        let (conn, driver) =
+            MultiplexedConnection::new_with_config(&self.redis, stream, self.config.clone())
+                .await?;
+        let closed = ClosedOnDrop(health.clone());
+        tokio::spawn(async move {
+            let _closed = closed;
+            driver.await;
+        });
+        Ok(Live { conn, health })
+    }
+}
+
+/// Why a connection could not be made, in words an operator acts on.
+fn connect_error(e: RedisError) -> String {
+    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+        format!("authentication failed (check the password in redis.url): {e}")
+    } else if e.is_connection_refusal() {
+        format!("connection refused: {e}")
+    } else {
+        format!("cannot connect: {e}")
+    }
+}
+
 impl Conn {
-    /// Reports how the call went: a pooled connection that could not reach Redis is dropped.
-    pub fn done<T>(&mut self, result: &Result<T, StoreError>) {
-        if let Conn::Pooled(conn) = self {
-            conn.broken = matches!(result, Err(e) if e.is_transient());
+    /// Whether nothing of this call can have reached Redis: its connection accepted no byte
+    /// since the call took it. Only then may the call be sent again. A cluster connection
+    /// cannot tell, so its calls never are.
+    pub fn never_sent(&self) -> bool {
+        match self {
+            Conn::Single {
+                live,
+                written_before,
+            } => live.health.written.load(Ordering::Acquire) == *written_before,
+            Conn::Cluster(_) => false,
+        }
+    }
+
+    /// Marks the connection dead, so the next call makes a new one.
+    pub fn discard(&self) {
+        if let Conn::Single { live, .. } = self {
+            live.health.closed.store(true, Ordering::Release);
         }
     }
 }
@@ -177,8 +388,7 @@ impl Conn {
 impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Conn::Pooled(c) => c.inner.req_packed_command(cmd),
-            Conn::Shared(c) => c.req_packed_command(cmd),
+            Conn::Single { live, .. } => live.conn.req_packed_command(cmd),
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -190,16 +400,14 @@ impl ConnectionLike for Conn {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Conn::Pooled(c) => c.inner.req_packed_commands(pipeline, offset, count),
-            Conn::Shared(c) => c.req_packed_commands(pipeline, offset, count),
+            Conn::Single { live, .. } => live.conn.req_packed_commands(pipeline, offset, count),
             Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Conn::Pooled(c) => c.inner.get_db(),
-            Conn::Shared(c) => c.get_db(),
+            Conn::Single { live, .. } => live.conn.get_db(),
             Conn::Cluster(c) => c.get_db(),
         }
     }

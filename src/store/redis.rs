@@ -1,10 +1,10 @@
 //! The Redis store: one Lua script call per decision, every call bounded by `redis.timeout_ms`
 //! and guarded by a circuit breaker.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bb8::RunError;
 use redis::{RedisError, Value};
 use serde_json::{Map, Number, Value as Json};
 
@@ -33,27 +33,29 @@ pub struct RedisStore {
 }
 
 impl From<RedisError> for StoreError {
+    /// One classification of every redis-rs error. Errors that mean the command was not run
+    /// (refused, wrong password, Redis still loading) are `Unavailable`; a connection that broke
+    /// or a reply that did not parse may have come after Redis ran the command, so those are
+    /// `OutcomeUnknown` (the store's `call` turns them into `Unavailable` when the connection
+    /// proves nothing was sent); an error Redis answered the command with is `Server`.
     fn from(e: RedisError) -> Self {
-        if e.is_io_error()
-            || e.is_timeout()
-            || e.is_connection_dropped()
-            || e.is_connection_refusal()
-            || e.is_unrecoverable_error()
+        use redis::{ErrorKind, ServerErrorKind};
+        let kind = e.kind();
+        if kind == ErrorKind::AuthenticationFailed
+            || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         {
-            StoreError::Unavailable(e.to_string())
+            StoreError::Unavailable(format!("authentication failed: {e}"))
+        } else if e.is_connection_refusal() {
+            StoreError::Unavailable(format!("connection refused: {e}"))
+        } else if kind == ErrorKind::Server(ServerErrorKind::BusyLoading) {
+            StoreError::Unavailable(format!("Redis is loading its data: {e}"))
+        } else if e.is_io_error()
+            || e.is_unrecoverable_error()
+            || kind == ErrorKind::ClusterConnectionNotFound
+        {
+            StoreError::OutcomeUnknown(format!("connection failed: {e}"))
         } else {
             StoreError::Server(e.to_string())
-        }
-    }
-}
-
-impl From<RunError<RedisError>> for StoreError {
-    fn from(e: RunError<RedisError>) -> Self {
-        match e {
-            RunError::User(e) => e.into(),
-            RunError::TimedOut => {
-                StoreError::Unavailable("timed out waiting for a connection".into())
-            }
         }
     }
 }
@@ -73,8 +75,8 @@ pub fn redact_url(url: &str) -> String {
 }
 
 impl RedisStore {
-    /// Opens the pool. Connections are made on first use, so this fails only on a malformed URL;
-    /// call [`Store::ping`] to find out whether Redis answers.
+    /// Prepares the connections (see [`ConnectionMode`]). They are made on first use, so this
+    /// fails only on a URL it cannot use; call [`Store::ping`] to find out whether Redis answers.
     pub fn open(
         url: &str,
         mode: ConnectionMode,
@@ -82,19 +84,21 @@ impl RedisStore {
         timeout: Duration,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        let conns = Connections::open(url, mode, connections, timeout).map_err(|e| {
+        let conns = Connections::open(url, mode, connections).map_err(|e| {
             StoreError::Server(format!("invalid redis.url {}: {e}", redact_url(url)))
         })?;
         Ok(Self::on(conns, timeout, prefix))
     }
 
-    /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`.
+    /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`
+    /// (`[user:password@]host:port`).
     pub async fn open_cluster(
-        nodes: &[String],
+        nodes: &[impl AsRef<str>],
         timeout: Duration,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        let conns = Connections::open_cluster(nodes, timeout).await?;
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let conns = Connections::open_cluster(&nodes, timeout).await?;
         Ok(Self::on(conns, timeout, prefix))
     }
 
@@ -122,21 +126,25 @@ impl RedisStore {
         &self.breaker
     }
 
-    /// Connections in the pool: `(in use, idle)`.
+    /// Connections to Redis: `(in use, idle)`; shared connections all count as idle.
     pub fn pool_connections(&self) -> (u32, u32) {
         self.conns.state()
     }
 
     /// Calls through the circuit breaker: while it is open, fails at once without touching Redis.
+    ///
+    /// `f` may run twice (hence `Clone`; closures that borrow are): again on a new connection
+    /// when the first run provably sent nothing (see [`RedisStore::call`]).
     async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
     where
-        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
     {
         let Some(permit) = self.breaker.permit() else {
             metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
-            return Err(StoreError::Unavailable(
-                "Redis is unreachable (circuit breaker open)".into(),
-            ));
+            let cause = self.breaker.cause().unwrap_or_default();
+            return Err(StoreError::Unavailable(format!(
+                "Redis is unreachable (circuit breaker open; last failure: {cause})"
+            )));
         };
         let started = Instant::now();
         let (result, kind) = match self.call(f).await {
@@ -147,27 +155,56 @@ impl RedisStore {
         if let Some(kind) = kind {
             metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
         }
-        self.breaker
-            .record(permit, !matches!(&result, Err(e) if e.is_transient()));
+        let reached = match &result {
+            Err(e) if e.is_transient() => {
+                self.breaker.set_cause(e.to_string());
+                false
+            }
+            _ => true,
+        };
+        self.breaker.record(permit, reached);
         result
     }
 
-    /// One call with a pooled connection, bounded by the deadline; errors come with their
-    /// metric kind.
+    /// One call, bounded by the deadline; errors come with their metric kind.
+    ///
+    /// After a Redis restart a call usually finds its connection already known closed and makes
+    /// a new one before sending anything. When it finds out only by failing (no byte of it
+    /// accepted by the socket), it never reached Redis, and is sent once more on a new
+    /// connection. A call that may have reached Redis is never sent again: a decision counted
+    /// twice is worse than a degraded one.
     async fn call<T, F>(&self, f: F) -> Result<T, (StoreError, &'static str)>
     where
-        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError>,
+        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
     {
+        // Whether the call got as far as sending: a deadline that passes before that is a
+        // connection that could not be made, not an unknown outcome.
+        let sending = AtomicBool::new(false);
         let call = async {
             let mut conn = self.conns.get().await?;
-            let result = f(&mut conn).await;
-            conn.done(&result);
-            result
+            sending.store(true, Ordering::Release);
+            match f.clone()(&mut conn).await {
+                Err(e) if e.is_transient() && conn.never_sent() => {
+                    conn.discard();
+                    sending.store(false, Ordering::Release);
+                    let mut conn = self.conns.get().await?;
+                    sending.store(true, Ordering::Release);
+                    f(&mut conn).await.map_err(|e| unsent(e, &conn))
+                }
+                result => result,
+            }
         };
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) if e.is_transient() => Err((e, "connection")),
             Ok(Err(e)) => Err((e, "server")),
+            Err(_) if !sending.load(Ordering::Acquire) => Err((
+                StoreError::Unavailable(format!(
+                    "could not connect to Redis within {} ms",
+                    self.timeout.as_millis()
+                )),
+                "timeout",
+            )),
             Err(_) => Err((
                 StoreError::OutcomeUnknown(format!(
                     "no answer from Redis within {} ms",
@@ -250,6 +287,14 @@ fn supports_script_flags(version: &str) -> bool {
     let major = parts.next().unwrap_or(0);
     let minor = parts.next().unwrap_or(0);
     (major, minor) >= MIN_REDIS_VERSION
+}
+
+/// A transient error of a call its connection proves was never sent is `Unavailable`.
+fn unsent(e: StoreError, conn: &Conn) -> StoreError {
+    match e {
+        StoreError::OutcomeUnknown(m) if conn.never_sent() => StoreError::Unavailable(m),
+        e => e,
+    }
 }
 
 /// A policy as the fields of its hash.

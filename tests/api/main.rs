@@ -8,6 +8,7 @@ mod helpers;
 mod acquire;
 mod bounds;
 mod cluster;
+mod connections;
 mod edge;
 mod errors;
 mod faults;
