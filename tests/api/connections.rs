@@ -314,7 +314,23 @@ async fn a_command_that_may_have_run_is_never_sent_twice() {
             "fail_mode": "closed"
         }))
         .await;
-        assert_eq!(app.acquire("once", "k", 1).await["remaining"], 9, "{m}");
+        // Every worker's connection made before the cut (each new client may land on another
+        // worker), so that the cut catches the command itself, not a connection's set-up.
+        let mut before = 0;
+        for _ in 0..6 {
+            let fresh = reqwest::Client::new();
+            let d: Value = fresh
+                .post(app.url("/v1/acquire"))
+                .json(&json!({"policy": "once", "key": "k"}))
+                .send()
+                .await
+                .expect("sent")
+                .json()
+                .await
+                .expect("JSON");
+            before = d["remaining"].as_u64().expect("remaining");
+        }
+        assert_eq!(before, 4, "{m}");
         cutter.cut.store(true, std::sync::atomic::Ordering::SeqCst);
         let r = app
             .post("/v1/acquire", &json!({"policy": "once", "key": "k"}))
@@ -322,9 +338,14 @@ async fn a_command_that_may_have_run_is_never_sent_twice() {
         assert_eq!(r.status(), 503, "{m}: answered by the closed fail mode");
         cutter.cut.store(false, std::sync::atomic::Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
-        // The cut call ran once in Redis; this one is the third.
+        // The cut call ran at most once in Redis (once if its command went out, not at all if
+        // only a connection's set-up did); never twice.
         let d = app.acquire("once", "k", 1).await;
-        assert_eq!(d["remaining"], 7, "{m}: the cut call ran exactly once: {d}");
+        let after = d["remaining"].as_u64().expect("remaining");
+        assert!(
+            after == before - 2 || after == before - 1,
+            "{m}: the cut call ran at most once: {d}"
+        );
         drop(redis);
     }
 }
