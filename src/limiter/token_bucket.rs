@@ -42,6 +42,23 @@ pub struct State {
     pub refill_period_us: u64,
 }
 
+impl super::Rule for Params {
+    const NAME: &'static str = "token_bucket";
+    type State = State;
+
+    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
+        acquire(state, self, cost, now_us)
+    }
+
+    fn script_args(&self) -> super::ScriptArgs {
+        super::ScriptArgs::new(&[self.capacity, self.refill_tokens, self.refill_period_us])
+    }
+
+    fn quota(&self) -> u64 {
+        self.capacity
+    }
+}
+
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
     let (rate, period) = (p.refill_tokens, p.refill_period_us);

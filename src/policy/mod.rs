@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::limiter::{fixed_window, sliding_window_counter, sliding_window_log, token_bucket};
+pub use crate::limiter::{Algorithm, Params};
 
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName};
@@ -22,39 +23,6 @@ pub const MAX_UNITS: u64 = 1_000_000_000;
 pub const MAX_PERIOD_MS: u64 = 31 * 24 * 3_600 * 1_000;
 /// Longest `description`, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 1_024;
-
-/// The algorithms, each with one name used everywhere: Rust module, Lua script, JSON value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Algorithm {
-    FixedWindow,
-    SlidingWindowLog,
-    SlidingWindowCounter,
-    TokenBucket,
-}
-
-impl Algorithm {
-    pub const ALL: [Algorithm; 4] = [
-        Algorithm::FixedWindow,
-        Algorithm::SlidingWindowLog,
-        Algorithm::SlidingWindowCounter,
-        Algorithm::TokenBucket,
-    ];
-
-    /// The algorithm's one name, as in JSON, in `lua/<name>.lua` and in state keys.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::SlidingWindowLog => "sliding_window_log",
-            Algorithm::SlidingWindowCounter => "sliding_window_counter",
-            Algorithm::TokenBucket => "token_bucket",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.as_str() == s)
-    }
-}
 
 /// What the service answers for a policy when its store cannot be reached.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -100,15 +68,6 @@ pub enum Limit {
         refill_tokens: u64,
         refill_period_ms: u64,
     },
-}
-
-/// The parameters the decision functions take, in microseconds, rates in lowest terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Params {
-    FixedWindow(fixed_window::Params),
-    SlidingWindowLog(sliding_window_log::Params),
-    SlidingWindowCounter(sliding_window_counter::Params),
-    TokenBucket(token_bucket::Params),
 }
 
 impl Limit {

@@ -22,11 +22,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
 use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
-use crate::limiter::{
-    fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision, Outcome,
-};
+use crate::limiter::{Decision, Outcome, State};
 use crate::metrics as m;
-use crate::policy::{LimitKey, Params, Policy, PolicyName};
+use crate::policy::{LimitKey, Policy, PolicyName};
 
 const SHARDS: usize = 64;
 
@@ -36,15 +34,6 @@ pub const SWEEP_EVERY_US: u64 = 100_000;
 
 /// The shortest time between two log lines about refused subjects.
 const LOG_FULL_EVERY_US: u64 = 1_000_000;
-
-/// One subject's state, tagged by algorithm (the key names the algorithm too).
-#[derive(Debug)]
-enum State {
-    FixedWindow(fixed_window::State),
-    SlidingWindowLog(sliding_window_log::State),
-    SlidingWindowCounter(sliding_window_counter::State),
-    TokenBucket(token_bucket::State),
-}
 
 #[derive(Debug)]
 struct Slot {
@@ -136,24 +125,11 @@ impl MemoryStore {
             _ => (None, 0),
         };
 
-        macro_rules! decide {
-            ($module:ident, $variant:ident, $params:expr) => {{
-                let state = match state {
-                    Some(State::$variant(s)) => Some(s),
-                    _ => None,
-                };
-                let o: Outcome<_> = $module::acquire(state, $params, cost, now);
-                (o.decision, o.state.map(State::$variant), o.ttl_us)
-            }};
-        }
-        let (decision, state, ttl) = match &policy.params {
-            Params::FixedWindow(p) => decide!(fixed_window, FixedWindow, p),
-            Params::SlidingWindowLog(p) => decide!(sliding_window_log, SlidingWindowLog, p),
-            Params::SlidingWindowCounter(p) => {
-                decide!(sliding_window_counter, SlidingWindowCounter, p)
-            }
-            Params::TokenBucket(p) => decide!(token_bucket, TokenBucket, p),
-        };
+        let Outcome {
+            decision,
+            state,
+            ttl_us: ttl,
+        } = policy.params.decide(state, cost, now);
         let mut kept = false;
         if let Some(state) = state {
             let expires_at_us = ttl.map_or(expires_at, |ttl| now.saturating_add(ttl));

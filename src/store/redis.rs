@@ -18,7 +18,7 @@ use super::{
 };
 use crate::limiter::Decision;
 use crate::metrics as m;
-use crate::policy::{parse_policy, LimitKey, Params, Policy, PolicyName};
+use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
 /// The shared store.
 pub struct RedisStore {
@@ -392,15 +392,9 @@ impl Store for RedisStore {
             .with_conn(async |conn| {
                 let mut call = script.prepare_invoke();
                 call.key(&name);
-                match &policy.params {
-                    Params::FixedWindow(p) => call.arg(p.limit).arg(p.window_us),
-                    Params::SlidingWindowLog(p) => call.arg(p.limit).arg(p.window_us),
-                    Params::SlidingWindowCounter(p) => call.arg(p.limit).arg(p.window_us),
-                    Params::TokenBucket(p) => call
-                        .arg(p.capacity)
-                        .arg(p.refill_tokens)
-                        .arg(p.refill_period_us),
-                };
+                for arg in policy.params.script_args().as_slice() {
+                    call.arg(*arg);
+                }
                 call.arg(cost);
                 // The time is always the last argument; empty means Redis's clock.
                 match now_us {

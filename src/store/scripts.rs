@@ -2,7 +2,7 @@
 //!
 //! Each decision script is the [`DECISION_FLAGS`] line, `lua/common.lua`, then `lua/muldiv.lua`
 //! where the algorithm multiplies large numbers, then `lua/<algorithm>.lua`, joined by newlines
-//! into one chunk. redis-rs sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis),
+//! into one chunk (the registry in [`crate::limiter`] names each algorithm's files). redis-rs sends `EVALSHA` and, on `NOSCRIPT` (a restarted or flushed Redis),
 //! loads the script and retries, so a script is loaded once per Redis and never sent again in
 //! steady state.
 //!
@@ -19,35 +19,18 @@ use redis::Script;
 use crate::policy::Algorithm;
 
 /// The first line of every decision script: flagged, with no flag that would let it write past
-/// `maxmemory` (`allow-oom`) or across slots (`allow-cross-slot-keys`).
+/// `maxmemory` (`allow-oom`) or across slots (`allow-cross-slot-keys`). The registry in
+/// [`crate::limiter`] writes it (`concat!` takes only literals); a test checks they agree.
 pub const DECISION_FLAGS: &str = "#!lua";
-
-macro_rules! decision_script {
-    ($($file:literal),+) => {
-        concat!(
-            // DECISION_FLAGS: concat! takes only literals.
-            "#!lua\n",
-            include_str!("../../lua/common.lua"),
-            $("\n", include_str!(concat!("../../lua/", $file))),+
-        )
-    };
-}
 
 /// The source of an algorithm's decision script, as sent to Redis.
 pub const fn source(algorithm: Algorithm) -> &'static str {
-    match algorithm {
-        Algorithm::FixedWindow => decision_script!("fixed_window.lua"),
-        Algorithm::SlidingWindowLog => decision_script!("sliding_window_log.lua"),
-        Algorithm::SlidingWindowCounter => {
-            decision_script!("muldiv.lua", "sliding_window_counter.lua")
-        }
-        Algorithm::TokenBucket => decision_script!("muldiv.lua", "token_bucket.lua"),
-    }
+    algorithm.script()
 }
 
 /// Every script, with its SHA computed once.
 pub struct Scripts {
-    decisions: [Script; 4],
+    decisions: [Script; Algorithm::ALL.len()],
     pub policy_write: Script,
     pub policy_read: Script,
 }

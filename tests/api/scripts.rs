@@ -7,9 +7,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{
-    fixed_window, sliding_window_counter, sliding_window_log, token_bucket, Decision,
-};
+use ratelimiter::limiter::{sliding_window_log, Decision, State};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
@@ -116,12 +114,8 @@ impl Subject<'_> {
                 .block_on(self.lab.store.acquire(&self.policy, &self.key, cost, now))
                 .map_err(|e| e.to_string()),
             Impl::Classic | Impl::OursPersisted => {
-                let mut args: Vec<u64> = match &self.policy.params {
-                    Params::FixedWindow(p) => vec![p.limit, p.window_us],
-                    Params::SlidingWindowLog(p) => vec![p.limit, p.window_us],
-                    Params::SlidingWindowCounter(p) => vec![p.limit, p.window_us],
-                    Params::TokenBucket(p) => vec![p.capacity, p.refill_tokens, p.refill_period_us],
-                };
+                // The classic scripts take the same arguments as ours.
+                let mut args: Vec<u64> = self.policy.params.script_args().as_slice().to_vec();
                 args.push(cost);
                 args.extend(now);
                 let reply: (u8, u64, u64, u64) = if self.imp == Impl::Classic {
@@ -528,38 +522,13 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
 }
 
 /// The pure function's answer, threading its state like a store that never expires anything.
-enum ModelState {
-    Fixed(Option<fixed_window::State>),
-    Log(Option<sliding_window_log::State>),
-    Counter(Option<sliding_window_counter::State>),
-    Bucket(Option<token_bucket::State>),
-}
+struct Model(Option<State>);
 
-impl ModelState {
+impl Model {
     fn decide(&mut self, params: &Params, cost: u64, now: u64) -> Decision {
-        match (self, params) {
-            (ModelState::Fixed(s), Params::FixedWindow(p)) => {
-                let o = fixed_window::acquire(s.take(), p, cost, now);
-                *s = o.state;
-                o.decision
-            }
-            (ModelState::Log(s), Params::SlidingWindowLog(p)) => {
-                let o = sliding_window_log::acquire(s.take(), p, cost, now);
-                *s = o.state;
-                o.decision
-            }
-            (ModelState::Counter(s), Params::SlidingWindowCounter(p)) => {
-                let o = sliding_window_counter::acquire(s.take(), p, cost, now);
-                *s = o.state;
-                o.decision
-            }
-            (ModelState::Bucket(s), Params::TokenBucket(p)) => {
-                let o = token_bucket::acquire(s.take(), p, cost, now);
-                *s = o.state;
-                o.decision
-            }
-            _ => unreachable!("state and params of one algorithm"),
-        }
+        let o = params.decide(self.0.take(), cost, now);
+        self.0 = o.state;
+        o.decision
     }
 }
 
@@ -571,12 +540,7 @@ fn every_script_decides_exactly_as_its_rust_function() {
         ..Config::default()
     });
     let result = runner.run(&(limits(), steps()), |(limit, steps)| {
-        let mut model = match limit.algorithm() {
-            Algorithm::FixedWindow => ModelState::Fixed(None),
-            Algorithm::SlidingWindowLog => ModelState::Log(None),
-            Algorithm::SlidingWindowCounter => ModelState::Counter(None),
-            Algorithm::TokenBucket => ModelState::Bucket(None),
-        };
+        let mut model = Model(None);
         let mut lab = lab.borrow_mut();
         let mut s = lab.subject(Impl::OursPersisted, limit);
         let params = s.policy.params;
