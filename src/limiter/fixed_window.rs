@@ -22,22 +22,7 @@ pub struct State {
     pub window_us: u64,
 }
 
-impl super::Rule for Params {
-    const NAME: &'static str = "fixed_window";
-    type State = State;
-
-    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
-        acquire(state, self, cost, now_us)
-    }
-
-    fn script_args(&self) -> super::ScriptArgs {
-        super::ScriptArgs::new(&[self.limit, self.window_us])
-    }
-
-    fn quota(&self) -> u64 {
-        self.limit
-    }
-}
+super::window_rule!("fixed_window");
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {

@@ -57,6 +57,30 @@ impl ScriptArgs {
     }
 }
 
+/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `acquire`:
+/// the three window algorithms take the same arguments.
+macro_rules! window_rule {
+    ($name:literal) => {
+        impl super::Rule for Params {
+            const NAME: &'static str = $name;
+            type State = State;
+
+            fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
+                acquire(state, self, cost, now_us)
+            }
+
+            fn script_args(&self) -> super::ScriptArgs {
+                super::ScriptArgs::new(&[self.limit, self.window_us])
+            }
+
+            fn quota(&self) -> u64 {
+                self.limit
+            }
+        }
+    };
+}
+pub(crate) use window_rule;
+
 /// The registry: every algorithm, its module and the Lua files of its script, named once. It
 /// generates [`Algorithm`], [`Params`] and [`State`] and their dispatch.
 macro_rules! algorithms {

@@ -27,22 +27,7 @@ pub struct State {
     pub entries: VecDeque<(u64, u64)>,
 }
 
-impl super::Rule for Params {
-    const NAME: &'static str = "sliding_window_log";
-    type State = State;
-
-    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
-        acquire(state, self, cost, now_us)
-    }
-
-    fn script_args(&self) -> super::ScriptArgs {
-        super::ScriptArgs::new(&[self.limit, self.window_us])
-    }
-
-    fn quota(&self) -> u64 {
-        self.limit
-    }
-}
+super::window_rule!("sliding_window_log");
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
