@@ -15,11 +15,13 @@
 --
 -- Units in the window are the newest member's total minus the total before the oldest one, so
 -- one request costs Redis the same whatever its cost. Per call, on a log of n <= limit members:
--- an allowed request runs 5 commands (ZRANGE, ZREMRANGEBYSCORE, ZRANGE, ZADD, PEXPIRE); a denied
--- one runs 4 and then binary-searches by rank for the member whose departure frees enough, at
--- most ceil(log2(n)) + 1 more ZRANGEs (15 at 10,000); each command is O(log n). The exception is
--- ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window: m <= limit, and each of
--- them was inserted, and paid for, by an earlier request. The log holds at most `limit` members.
+-- an allowed request runs 4 commands (ZRANGE newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty
+-- log), and 2 more (ZREMRANGEBYSCORE, ZRANGE) when members have left the window; a denied one
+-- runs at most 5 and then binary-searches by rank for the member whose departure frees enough,
+-- at most ceil(log2(n)) + 1 more ZRANGEs (15 at 10,000); each command is O(log n). The exception
+-- is ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window: m <= limit, and each
+-- of them was inserted, and paid for, by an earlier request. The log holds at most `limit`
+-- members.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
@@ -41,16 +43,24 @@ if last[1] then
   total = tonumber(string.match(last[1], '^(%d+)'))
 end
 
-redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', t - window_us))
--- `before`: the running total just before the oldest member still in the window.
+-- `before`: the running total just before the oldest member still in the window. Entries at or
+-- before the horizon have left it; the oldest is read first, so that the removal is made only
+-- when one has (an empty log needs neither).
 local count, before = 0, 0
-local oldest = redis.call('ZRANGE', key, 0, 0)
-if oldest[1] then
-  local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
-  before = tonumber(c) - tonumber(n)
-  count = total - before
-else
-  total = 0
+if newest then
+  local horizon = t - window_us
+  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if tonumber(oldest[2]) <= horizon then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+    oldest = redis.call('ZRANGE', key, 0, 0)
+  end
+  if oldest[1] then
+    local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
+    before = tonumber(c) - tonumber(n)
+    count = total - before
+  else
+    total = 0
+  end
 end
 
 if count + cost <= limit then
