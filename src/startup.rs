@@ -86,6 +86,9 @@ impl Application {
                 .require_flagged_scripts()
                 .await
                 .context("checking the Redis version")?;
+            if let Err(e) = redis.load_scripts().await {
+                tracing::warn!(error = %e, "could not load the scripts at start-up; each is loaded on first use");
+            }
         }
         let limiter = Arc::new(RateLimiter::new(
             store,

@@ -225,6 +225,25 @@ impl RedisStore {
     /// [`MIN_REDIS_VERSION`]; an older one would fail every decision script, and every acquire
     /// would be answered by fail mode. Run once at start-up. A Redis that refuses `INFO` is let
     /// through with a warning.
+    /// Loads every script into Redis (on a Cluster, into every master), so that the first
+    /// decisions after start-up do not all meet `NOSCRIPT` and send the script at once. A
+    /// script missing later (Redis restarted, a failover) is still loaded on its first
+    /// `NOSCRIPT`.
+    pub async fn load_scripts(&self) -> Result<(), StoreError> {
+        for source in super::scripts::sources() {
+            self.with_conn(async |conn| {
+                let _: Value = redis::cmd("SCRIPT")
+                    .arg("LOAD")
+                    .arg(source)
+                    .query_async(conn)
+                    .await?;
+                Ok(())
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
     pub async fn require_flagged_scripts(&self) -> Result<(), StoreError> {
         let info: redis::Value = match self
             .with_conn(async |conn| Ok(redis::cmd("INFO").arg("server").query_async(conn).await?))

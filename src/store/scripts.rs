@@ -28,6 +28,14 @@ pub const fn source(algorithm: Algorithm) -> &'static str {
     algorithm.script()
 }
 
+/// The source of every script the service runs.
+pub fn sources() -> impl Iterator<Item = &'static str> {
+    Algorithm::ALL.into_iter().map(source).chain([
+        include_str!("../../lua/policy_write.lua"),
+        include_str!("../../lua/policy_read.lua"),
+    ])
+}
+
 /// Every script, with its SHA computed once.
 pub struct Scripts {
     decisions: [Script; Algorithm::ALL.len()],

@@ -370,3 +370,44 @@ async fn cluster_seed_passwords_never_reach_the_start_up_error() {
     assert!(e.contains("admin:***@127.0.0.1"), "{e}");
     assert!(!e.contains("s3cret"), "{e}");
 }
+
+/// Every script is in Redis (on a Cluster, on every master) once the service has started, so
+/// the first burst of decisions does not meet `NOSCRIPT` all at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_loaded_at_start_up() {
+    let shas: Vec<String> = ratelimiter::store::scripts::sources()
+        .map(|s| redis::Script::new(s).get_hash().to_owned())
+        .collect();
+    let loaded = |conn: &mut redis::Connection| -> Vec<bool> {
+        redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&shas)
+            .query(conn)
+            .expect("SCRIPT EXISTS")
+    };
+    let redis = Arc::new(TestRedis::start());
+    let _app = spawn_app_with(Some(redis.clone()), &[]).await;
+    assert!(loaded(&mut redis.conn()).iter().all(|&l| l), "on one Redis");
+
+    let cluster = Arc::new(crate::helpers::TestCluster::start());
+    let _app = crate::helpers::spawn_app_on_cluster(cluster.clone(), &[]).await;
+    let mut masters = 0;
+    for node in cluster.nodes() {
+        let mut conn = node.conn();
+        let role: String = redis::cmd("ROLE")
+            .query::<Vec<redis::Value>>(&mut conn)
+            .ok()
+            .and_then(|r| r.into_iter().next())
+            .and_then(|v| redis::from_redis_value(v).ok())
+            .unwrap_or_default();
+        if role == "master" {
+            masters += 1;
+            assert!(
+                loaded(&mut conn).iter().all(|&l| l),
+                "on master {}",
+                node.port
+            );
+        }
+    }
+    assert_eq!(masters, 3, "every master was checked");
+}
