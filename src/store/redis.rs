@@ -316,35 +316,43 @@ fn unsent(e: StoreError, conn: &Conn) -> StoreError {
     }
 }
 
-/// A policy as the fields of its hash.
+/// The hash field that holds a policy's document, as JSON.
+const DOC_FIELD: &str = "doc";
+
+/// A policy as the fields of its hash: its document, as JSON, in one field, so that every value
+/// keeps its JSON type.
 fn encode(policy: &Policy) -> Vec<(String, String)> {
-    let doc = serde_json::to_value(policy.to_doc()).unwrap_or(Json::Null);
-    let Json::Object(map) = doc else {
-        return Vec::new();
-    };
-    map.into_iter()
-        .filter_map(|(k, v)| match v {
-            Json::String(s) => Some((k, s)),
-            Json::Number(n) => Some((k, n.to_string())),
-            _ => None,
-        })
-        .collect()
+    let doc = serde_json::to_string(&policy.to_doc()).unwrap_or_default();
+    vec![(DOC_FIELD.to_owned(), doc)]
 }
 
-/// A policy from the fields of its hash, validated like any input.
+/// A policy from the fields of its hash, validated like any input: the JSON document, or, in a
+/// hash written by a version before it (one field per policy field, every value a string), the
+/// fields, numbers read back from the fields that hold them.
 fn decode(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
+    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(format!("policy hash: {e}"));
+    if let Some((_, doc)) = fields.iter().find(|(k, _)| k == DOC_FIELD) {
+        let doc: Json = serde_json::from_str(doc).map_err(|e| corrupt(&e))?;
+        return parse_policy(&doc, None).map_err(|e| corrupt(&e));
+    }
     let map: Map<String, Json> = fields
         .into_iter()
         .map(|(k, v)| {
             let value = match v.parse::<u64>() {
-                Ok(n) if k != "name" && k != "description" => Json::Number(Number::from(n)),
+                Ok(n)
+                    if !matches!(
+                        k.as_str(),
+                        "name" | "description" | "algorithm" | "fail_mode"
+                    ) =>
+                {
+                    Json::Number(Number::from(n))
+                }
                 _ => Json::String(v),
             };
             (k, value)
         })
         .collect();
-    parse_policy(&Json::Object(map), None)
-        .map_err(|e| StoreError::Corrupt(format!("policy hash: {e}")))
+    parse_policy(&Json::Object(map), None).map_err(|e| corrupt(&e))
 }
 
 /// One `{name, version, fields}` entry of `policy_read.lua`'s reply.
@@ -536,6 +544,43 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::{FailMode, Limit};
+
+    #[test]
+    fn a_policy_is_stored_as_its_json_document_and_read_back_unchanged() {
+        let name = PolicyName::parse("007").expect("valid");
+        // A name and a description that look like numbers stay strings.
+        let policy = Policy::new(
+            name,
+            Limit::TokenBucket {
+                capacity: 20,
+                refill_tokens: 10,
+                refill_period_ms: 1_000,
+            },
+            Some("42".into()),
+            FailMode::Closed,
+        );
+        let fields = encode(&policy);
+        assert_eq!(fields.len(), 1);
+        assert_eq!(decode(fields).expect("decodes"), policy);
+    }
+
+    #[test]
+    fn hashes_written_field_by_field_by_earlier_versions_still_decode() {
+        let fields = [
+            ("name", "login"),
+            ("algorithm", "fixed_window"),
+            ("limit", "5"),
+            ("window_ms", "60000"),
+            ("description", "5 a minute"),
+            ("fail_mode", "open"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec();
+        let policy = decode(fields).expect("decodes");
+        assert_eq!(policy.limit.quota(), 5);
+        assert_eq!(policy.description.as_deref(), Some("5 a minute"));
+    }
 
     #[test]
     fn script_flags_need_redis_7() {
