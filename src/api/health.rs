@@ -36,6 +36,13 @@ pub struct PolicyView {
     /// Policies in the cache.
     #[schema(example = 12)]
     pub count: usize,
+    /// Pages of the store's change log this instance has read in complete loads (at start-up,
+    /// or after the store lost its data).
+    #[schema(example = 1)]
+    pub full_pages: u64,
+    /// Pages of changes this instance has read since.
+    #[schema(example = 7)]
+    pub incremental_pages: u64,
 }
 
 /// Liveness: the process answers HTTP.
@@ -75,6 +82,7 @@ pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, Api
         return Err(reason.into());
     }
     let position = limiter.cache().position();
+    let (full_pages, incremental_pages) = limiter.sync().pages();
     Ok(HttpResponse::Ok().json(Health {
         status: "ok",
         store: limiter.store().kind(),
@@ -86,6 +94,8 @@ pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, Api
                 .to_owned(),
             version: position.applied,
             count: limiter.cache().len(),
+            full_pages,
+            incremental_pages,
         }),
     }))
 }

@@ -131,6 +131,10 @@ impl RateLimiter {
         &self.cache
     }
 
+    pub fn sync(&self) -> &PolicySync {
+        &self.sync
+    }
+
     /// Decides one acquire for the policy named `name` (already checked with
     /// [`crate::policy::PolicyName::check`]). `now_us` drives time explicitly (tests only).
     pub async fn acquire(

@@ -45,8 +45,32 @@ pub struct PolicySync {
     refreshed: Mutex<Option<Instant>>,
     /// The generation of the store in which every configured policy has been seeded.
     seeded: Mutex<Option<Arc<str>>>,
-    full_pages: metrics::Counter,
-    incremental_pages: metrics::Counter,
+    full_pages: Pages,
+    incremental_pages: Pages,
+}
+
+/// Pages read, for this instance's view (`/readyz`) and for the process-wide metric.
+struct Pages {
+    read: std::sync::atomic::AtomicU64,
+    metric: metrics::Counter,
+}
+
+impl Pages {
+    fn new(kind: &'static str) -> Self {
+        Self {
+            read: std::sync::atomic::AtomicU64::new(0),
+            metric: metrics::counter!(m::POLICY_PAGES, "kind" => kind),
+        }
+    }
+
+    fn increment(&self) {
+        self.read.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.metric.increment(1);
+    }
+
+    fn get(&self) -> u64 {
+        self.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -62,14 +86,19 @@ impl PolicySync {
             running: tokio::sync::Mutex::new(None),
             refreshed: Mutex::new(None),
             seeded: Mutex::new(None),
-            full_pages: metrics::counter!(m::POLICY_PAGES, "kind" => "full"),
-            incremental_pages: metrics::counter!(m::POLICY_PAGES, "kind" => "incremental"),
+            full_pages: Pages::new("full"),
+            incremental_pages: Pages::new("incremental"),
         }
     }
 
     /// Time since the cache was last brought up to date.
     pub fn age(&self) -> Option<Duration> {
         lock(&self.refreshed).map(|t| t.elapsed())
+    }
+
+    /// Pages of the change log this instance has read: `(full, incremental)`.
+    pub fn pages(&self) -> (u64, u64) {
+        (self.full_pages.get(), self.incremental_pages.get())
     }
 
     /// Whether the cache has gone without a refresh for longer than its bound.
@@ -156,7 +185,7 @@ impl RateLimiter {
     ) -> Result<(), StoreError> {
         loop {
             if !page.changes.is_empty() {
-                self.sync.incremental_pages.increment(1);
+                self.sync.incremental_pages.increment();
             }
             let full = page.changes.len() >= PAGE;
             let upto = match (full, page.changes.last()) {
@@ -188,7 +217,7 @@ impl RateLimiter {
                     "the store lost its data while its policies were being loaded".into(),
                 ));
             }
-            self.sync.full_pages.increment(1);
+            self.sync.full_pages.increment();
             let full = page.changes.len() >= PAGE;
             since = match (full, page.changes.last()) {
                 (true, Some(last)) => last.version,
