@@ -181,7 +181,7 @@ impl fmt::Debug for Secret {
 #[serde(deny_unknown_fields)]
 pub struct ServerSettings {
     /// Address to listen on.
-    pub bind: String,
+    pub bind: SocketAddr,
     /// HTTP worker threads; 0 means one per core.
     pub workers: usize,
     /// Open connections per worker beyond which new ones wait to be accepted; lowered at
@@ -213,7 +213,7 @@ pub struct RedisSettings {
     pub cluster_nodes: Vec<Secret>,
     /// `multiplexed` (one shared connection per HTTP worker thread) or `pool` (`pool_size`
     /// shared connections with their own I/O thread).
-    pub connection_mode: String,
+    pub connection_mode: ConnectionMode,
     /// Connections shared by every call in `pool` mode (multiplexed mode has one per worker
     /// thread).
     pub pool_size: u32,
@@ -285,8 +285,17 @@ pub struct LimitsSettings {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
-    /// `text` or `json`.
-    pub format: String,
+    pub format: LogFormat,
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 /// Everything the service is configured with.
@@ -360,18 +369,8 @@ impl RawSettings {
             key: key.to_owned(),
             reason: reason.to_owned(),
         };
-        self.server
-            .bind
-            .parse::<SocketAddr>()
-            .map_err(|_| invalid("server.bind", "must be an address such as 127.0.0.1:8080"))?;
         if self.redis.pool_size == 0 {
             return Err(invalid("redis.pool_size", "must be at least 1"));
-        }
-        if !matches!(self.redis.connection_mode.as_str(), "multiplexed" | "pool") {
-            return Err(invalid(
-                "redis.connection_mode",
-                "must be `multiplexed` or `pool`",
-            ));
         }
         if self.redis.timeout_ms == 0 {
             return Err(invalid("redis.timeout_ms", "must be at least 1"));
@@ -446,9 +445,6 @@ impl RawSettings {
                 ));
             }
         }
-        if !matches!(self.log.format.as_str(), "text" | "json") {
-            return Err(invalid("log.format", "must be `text` or `json`"));
-        }
         let mut policies: Vec<Policy> = Vec::with_capacity(self.policies.len());
         for (i, value) in self.policies.iter().enumerate() {
             let at = format!("policies[{i}]");
@@ -486,10 +482,7 @@ impl ServerSettings {
 
 impl RedisSettings {
     pub fn connection_mode(&self) -> ConnectionMode {
-        match self.connection_mode.as_str() {
-            "pool" => ConnectionMode::Pool,
-            _ => ConnectionMode::Multiplexed,
-        }
+        self.connection_mode
     }
 
     pub fn timeout(&self) -> Duration {
@@ -547,10 +540,31 @@ mod tests {
     #[test]
     fn defaults_serve_the_embedded_store_on_loopback() {
         let s = Settings::load_from(None, env(&[])).expect("defaults are valid");
-        assert_eq!(s.server.bind, "127.0.0.1:8080");
+        assert_eq!(s.server.bind.to_string(), "127.0.0.1:8080");
         assert!(s.redis.url.is_none());
         assert_eq!(s.redis.timeout_ms, 100);
         assert_eq!(s.redis.key_prefix, "rl");
+    }
+
+    #[test]
+    fn enumerated_settings_are_typed_and_a_bad_one_names_its_key() {
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__REDIS__CONNECTION_MODE", "pool"),
+                ("RATELIMITER__LOG__FORMAT", "json"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(s.redis.connection_mode, ConnectionMode::Pool);
+        assert_eq!(s.log.format, LogFormat::Json);
+        for (key, var) in [
+            ("connection_mode", "RATELIMITER__REDIS__CONNECTION_MODE"),
+            ("format", "RATELIMITER__LOG__FORMAT"),
+        ] {
+            let e = Settings::load_from(None, env(&[(var, "bogus")])).expect_err("not a choice");
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]

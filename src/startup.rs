@@ -75,7 +75,7 @@ impl Application {
                     .with_context(|| format!("cannot reach Redis at {shown}"))?;
                 tracing::info!(
                     redis = %shown,
-                    mode = %settings.redis.connection_mode,
+                    mode = ?settings.redis.connection_mode,
                     "using Redis"
                 );
                 AnyStore::Redis(store)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogSettings;
+use crate::config::{LogFormat, LogSettings};
 
 /// Installs the global subscriber. Safe to call more than once (later calls do nothing).
 pub fn init(settings: &LogSettings) {
@@ -18,7 +18,7 @@ pub fn init(settings: &LogSettings) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal());
-    let _ = if settings.format == "json" {
+    let _ = if settings.format == LogFormat::Json {
         builder
             .json()
             .with_current_span(true)

@@ -39,7 +39,8 @@ use tokio::net::TcpStream;
 use super::StoreError;
 
 /// `redis.connection_mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ConnectionMode {
     /// A fixed number of shared connections (`redis.pool_size`), used round-robin.
     Pool,
