@@ -103,7 +103,7 @@ impl Application {
             .context("loading policies (and creating the configured ones)")?;
         limiter.spawn_background(settings.redis.policy_refresh());
 
-        let listener = TcpListener::bind(&settings.server.bind)
+        let listener = TcpListener::bind(settings.server.bind)
             .with_context(|| format!("cannot listen on {}", settings.server.bind))?;
         let address = listener.local_addr()?;
         let tokens = Tokens::from_settings(&settings.auth);
