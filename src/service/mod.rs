@@ -107,10 +107,9 @@ impl RateLimiter {
         limits: &LimitsSettings,
         stale_after: Duration,
     ) -> Self {
-        let local = match store {
-            AnyStore::Memory(_) => None,
-            AnyStore::Redis(_) => Some(MemoryStore::new(key_prefix, limits.max_embedded_subjects)),
-        };
+        let local = store
+            .is_shared()
+            .then(|| MemoryStore::new(key_prefix, limits.max_embedded_subjects));
         // Installs the recorder before the first counter is registered.
         let _ = m::handle();
         Self {
@@ -236,10 +235,7 @@ impl RateLimiter {
 
     /// The in-process store: the main one, or the one `local` fail mode decides with.
     fn memory(&self) -> Option<&MemoryStore> {
-        match &self.store {
-            AnyStore::Memory(m) => Some(m),
-            AnyStore::Redis(_) => self.local.as_ref(),
-        }
+        self.store.embedded().or(self.local.as_ref())
     }
 
     /// The Prometheus text exposition, with the state gauges brought up to date.
@@ -253,8 +249,8 @@ impl RateLimiter {
         if let Some(memory) = self.memory() {
             metrics::gauge!(m::EMBEDDED_SUBJECTS).set(memory.len() as f64);
         }
-        if let AnyStore::Redis(r) = &self.store {
-            let current = r.breaker().state();
+        let status = self.store.status();
+        if let Some(current) = status.breaker {
             for state in [
                 BreakerState::Closed,
                 BreakerState::HalfOpen,
@@ -263,7 +259,8 @@ impl RateLimiter {
                 metrics::gauge!(m::BREAKER_STATE, "state" => state.as_str())
                     .set(f64::from(u8::from(state == current)));
             }
-            let (in_use, idle) = r.pool_connections();
+        }
+        if let Some((in_use, idle)) = status.connections {
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
         }

@@ -3,7 +3,7 @@
 
 use super::RateLimiter;
 use crate::store::breaker::BreakerState;
-use crate::store::{AnyStore, Precondition, StoreError, WriteKind};
+use crate::store::{Precondition, StoreError, WriteKind};
 
 /// Why an instance is not ready.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,10 +25,8 @@ impl RateLimiter {
     /// the store takes writes with a write that changes nothing, which Redis refuses while out of
     /// memory.
     pub async fn unready(&self) -> Option<Unready> {
-        if let AnyStore::Redis(r) = &self.store {
-            if r.breaker().state() == BreakerState::Open {
-                return Some(Unready::Unreachable);
-            }
+        if self.store.status().breaker == Some(BreakerState::Open) {
+            return Some(Unready::Unreachable);
         }
         let position = self.cache.position();
         if position.generation.is_none() {

@@ -265,12 +265,48 @@ macro_rules! dispatch {
     };
 }
 
+/// What a store reports about its own health, for readiness and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStatus {
+    /// The circuit breaker's state, for a store that has one (Redis).
+    pub breaker: Option<breaker::BreakerState>,
+    /// Connections `(in use, idle)`, for a store that has any.
+    pub connections: Option<(u32, u32)>,
+}
+
 impl AnyStore {
     /// A short name for logs and `/readyz`.
     pub fn kind(&self) -> &'static str {
         match self {
             AnyStore::Memory(_) => "embedded",
             AnyStore::Redis(_) => "redis",
+        }
+    }
+
+    /// Whether the store lives outside this process, so that it can fail and a `local` fail
+    /// mode needs an in-process store to fall back on.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, AnyStore::Redis(_))
+    }
+
+    /// The store itself, when it is the embedded one.
+    pub fn embedded(&self) -> Option<&MemoryStore> {
+        match self {
+            AnyStore::Memory(m) => Some(m),
+            AnyStore::Redis(_) => None,
+        }
+    }
+
+    pub fn status(&self) -> StoreStatus {
+        match self {
+            AnyStore::Memory(_) => StoreStatus {
+                breaker: None,
+                connections: None,
+            },
+            AnyStore::Redis(r) => StoreStatus {
+                breaker: Some(r.breaker().state()),
+                connections: Some(r.pool_connections()),
+            },
         }
     }
 }
