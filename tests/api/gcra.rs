@@ -252,17 +252,39 @@ fn the_gcra_script_decides_exactly_as_its_rust_function() {
             let mut lab = lab.borrow_mut();
             let p = params(rate, period_ms, burst);
             let key = lab.key();
-            let mut state = None;
+            let mut state: Option<gcra::State> = None;
             let mut now = T0;
+            let mut last: Option<Decision> = None;
             for (i, (dt, pick)) in steps.into_iter().enumerate() {
-                now = now.saturating_add_signed(dt);
+                // Now and then exactly at (or a µs before) the time the last answer announced,
+                // where rounding in either direction would show.
+                let announced = match (pick / 8 % 6, last) {
+                    (0, Some(d)) if !d.allowed => Some(d.retry_after_us),
+                    (1, Some(d)) if !d.allowed => Some(d.retry_after_us.saturating_sub(1)),
+                    (2, Some(d)) => Some(d.reset_after_us),
+                    _ => None,
+                };
+                now = match announced {
+                    Some(wait) => now + wait,
+                    None => now.saturating_add_signed(dt),
+                };
                 // Mostly small costs, sometimes the whole burst.
-                let cost = match pick % 8 {
+                let mut cost = match pick % 8 {
                     0 => burst,
                     _ => 1 + pick % burst.min(5),
                 };
+                // Now and then one whole span of `num` µs (`den` intervals) past the anchor, with
+                // the cost that fits exactly: a float interval rounds this one either way.
+                if let (3, Some(s)) = (pick / 8 % 6, state) {
+                    let (num, den) = p.interval();
+                    let busy = s.units.saturating_sub(den);
+                    if s.anchor_us + num >= now && busy < burst {
+                        (now, cost) = (s.anchor_us + num, burst - busy);
+                    }
+                }
                 let expected = gcra::acquire(state, &p, cost, now);
                 state = expected.state.or(state);
+                last = Some(expected.decision);
                 let got = lab.ours_persisted(&key, &p, cost, now);
                 let at =
                     format!("step {i} at {now} cost {cost} of {rate}/{period_ms} ms burst {burst}");
