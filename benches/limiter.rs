@@ -5,7 +5,7 @@
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use ratelimiter::limiter::{
-    fixed_window, sliding_window_counter, sliding_window_log, token_bucket,
+    fixed_window, gcra, sliding_window_counter, sliding_window_log, token_bucket,
 };
 
 const NOW: u64 = 1_764_460_800_123_457;
@@ -35,6 +35,14 @@ fn decisions(c: &mut Criterion) {
     let state = token_bucket::acquire(None, &p, 1, NOW).state;
     group.bench_function("token_bucket", |b| {
         b.iter(|| token_bucket::acquire(black_box(state), &p, 1, black_box(NOW + 7)))
+    });
+
+    // The same rate as the token bucket above, with a fractional interval (a tenth of a second
+    // is whole, so 7 per second exercises the exact fraction).
+    let p = gcra::Params::parse(7, 1_000, 1_000).expect("in range");
+    let state = gcra::acquire(None, &p, 1, NOW).state;
+    group.bench_function("gcra", |b| {
+        b.iter(|| gcra::acquire(black_box(state), &p, 1, black_box(NOW + 7)))
     });
 
     // A log of 100 entries: the state is moved in and out, as the embedded store does.

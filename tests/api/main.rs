@@ -12,6 +12,7 @@ mod connections;
 mod edge;
 mod errors;
 mod faults;
+mod gcra;
 mod instances;
 mod openapi;
 mod operations;

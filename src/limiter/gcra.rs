@@ -1,0 +1,449 @@
+//! GCRA, the generic cell rate algorithm: sustained `rate` units per `period_ms`, at most
+//! `burst` at once (`burst` is the capacity, the reply's `limit`).
+//!
+//! The emission interval `T = period_us / rate` is kept as an exact fraction in lowest terms,
+//! `interval_num / interval_den` µs. The state is the theoretical arrival time (TAT): the time at
+//! which the subject is back to its full burst. With `t = max(now, anchor)` (see below):
+//! - `new_tat = max(tat, t) + cost·T`; the request is allowed iff `new_tat − t <= burst·T`;
+//!   a denial changes nothing;
+//! - `remaining = floor((burst·T − (new_tat − t)) / T)` after an allowed request, and
+//!   `floor((burst·T − (max(tat, t) − t)) / T)` (never negative) after a denial;
+//! - `retry_after` is `ceil(new_tat − burst·T − t)` µs, the exact time until the same request
+//!   is allowed; `reset_after` is `ceil(tat − t)` µs for the TAT the request leaves behind; both
+//!   are measured from the caller's `now` (plus `t − now`) and capped at [`MAX_WAIT_US`];
+//! - the TTL is `reset_after`: once the TAT has passed, a missing state gives the same answers.
+//!
+//! Exactness. The TAT is kept as `anchor_us + units·T`, a whole number of microseconds plus a
+//! whole number of emission intervals, so it is exact without any rounding, and a burst of
+//! `burst` simultaneous requests admits exactly `burst` for every rate, period and burst (float
+//! GCRA scripts such as go-redis/redis_rate's admit 9 of 10 at 10 per second). Each decision
+//! moves the anchor forward by whole periods of `interval_num` µs (`interval_den` intervals), so
+//! it stays within one such period of the last decision and `units < burst + interval_den`:
+//! every number stays below 2^53 (Lua's exact integers) for the whole parameter range, even when
+//! `burst·T` is millions of years. A changed rate starts a fresh state; a changed burst keeps it.
+//!
+//! Clock step back (the shared rule): the anchor is a time at or before the last decision, and a
+//! `now` before it is treated as the anchor. A step back therefore never refunds anything (the
+//! subject looks at least as busy as at the anchor), and costs at most what was consumed since
+//! the anchor, rather than `step / T` units as a bare GCRA would.
+//!
+//! Mappings. redis-cell's `CL.THROTTLE key max_burst count period` is `burst = max_burst + 1`,
+//! `rate = count`, `period_ms = period * 1000`. go-redis/redis_rate's `Limit{Rate, Burst,
+//! Period}` is `rate`, `burst`, `period_ms` as they are. On a clock that never goes back, GCRA
+//! with `rate`/`period_ms`/`burst` gives the same answers as a `token_bucket` with `capacity =
+//! burst`, `refill_tokens = rate` and `refill_period_ms = period_ms` (tested below).
+
+use thiserror::Error;
+
+use super::arith::{gcd, muldiv};
+use super::{Decision, Outcome, MAX_WAIT_US};
+
+/// Bounds of `rate`, units per period.
+pub const MIN_RATE: u64 = 1;
+pub const MAX_RATE: u64 = 1_000_000_000;
+/// Bounds of `burst`, the capacity.
+pub const MIN_BURST: u64 = 1;
+pub const MAX_BURST: u64 = 1_000_000_000;
+/// Bounds of `period_ms`: 1 ms to 31 days.
+pub const MIN_PERIOD_MS: u64 = 1;
+pub const MAX_PERIOD_MS: u64 = 2_678_400_000;
+
+/// A parameter outside its range; `field` is the policy field's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
+#[error("`{field}` must be between {min} and {max}, got {value}")]
+pub struct ParamsError {
+    pub field: &'static str,
+    pub min: u64,
+    pub max: u64,
+    pub value: u64,
+}
+
+/// Validated parameters: the emission interval in lowest terms, in µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Params {
+    burst: u64,
+    interval_num: u64,
+    interval_den: u64,
+}
+
+impl Params {
+    /// Checks each field against its range and reduces `period_ms * 1000 / rate`.
+    pub fn parse(rate: u64, period_ms: u64, burst: u64) -> Result<Self, ParamsError> {
+        let check = |field, min, max, value| {
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(ParamsError {
+                    field,
+                    min,
+                    max,
+                    value,
+                })
+            }
+        };
+        let rate = check("rate", MIN_RATE, MAX_RATE, rate)?;
+        let period_ms = check("period_ms", MIN_PERIOD_MS, MAX_PERIOD_MS, period_ms)?;
+        let burst = check("burst", MIN_BURST, MAX_BURST, burst)?;
+        let period_us = period_ms * 1_000;
+        let g = gcd(period_us, rate);
+        Ok(Self {
+            burst,
+            interval_num: period_us / g,
+            interval_den: rate / g,
+        })
+    }
+
+    /// The capacity: at most this many units at once (the reply's `limit`).
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+
+    /// The emission interval `T` as `(numerator, denominator)` µs, in lowest terms.
+    pub fn interval(&self) -> (u64, u64) {
+        (self.interval_num, self.interval_den)
+    }
+
+    /// `ARGV[1..=4]` of `lua/gcra.lua` for an acquire of `cost`; the store appends the time.
+    pub fn script_args(&self, cost: u64) -> [u64; 4] {
+        [self.burst, self.interval_num, self.interval_den, cost]
+    }
+}
+
+/// What is kept per subject: `tat = anchor_us + units * interval_num / interval_den` µs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    pub anchor_us: u64,
+    /// Emission intervals from the anchor to the TAT; below `burst + interval_den`.
+    pub units: u64,
+    /// The reduced interval this TAT was computed with; another interval starts afresh.
+    pub interval_num: u64,
+    pub interval_den: u64,
+}
+
+/// Decides one acquire of `cost` units at `now_us`.
+pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    let (num, den) = (p.interval_num, p.interval_den);
+    let (anchor, units) = match state {
+        Some(s) if s.interval_num == num && s.interval_den == den => (s.anchor_us, s.units),
+        _ => (now_us, 0),
+    };
+    let t = now_us.max(anchor);
+    let skew = t - now_us;
+    // Intervals elapsed since the anchor: `elapsed` whole ones and `part / num` of the next.
+    let (elapsed, part) = muldiv(t - anchor, den, num);
+    // The level is `busy - part / num` intervals still to drain before the TAT: `busy` is the
+    // level rounded up. A TAT at or before `t` is a subject at rest.
+    let (anchor, units, busy, part, elapsed) = if elapsed >= units {
+        (t, 0, 0, 0, 0)
+    } else {
+        (anchor, units, units - elapsed, part, elapsed)
+    };
+    let wait = |level: u64| (skew.saturating_add(drain(level, part, num, den))).min(MAX_WAIT_US);
+
+    if busy + cost <= p.burst {
+        let after = busy + cost;
+        let reset = wait(after);
+        // Whole periods of `num` µs (`den` intervals) move into the anchor, which stays exact.
+        let periods = elapsed / den;
+        Outcome {
+            decision: Decision {
+                allowed: true,
+                remaining: p.burst - after,
+                reset_after_us: reset,
+                retry_after_us: 0,
+            },
+            state: Some(State {
+                anchor_us: anchor + periods * num,
+                units: units - periods * den + cost,
+                interval_num: num,
+                interval_den: den,
+            }),
+            ttl_us: Some(reset),
+        }
+    } else {
+        Outcome {
+            decision: Decision {
+                allowed: false,
+                remaining: p.burst.saturating_sub(busy),
+                reset_after_us: wait(busy),
+                retry_after_us: wait(busy + cost - p.burst),
+            },
+            state,
+            ttl_us: None,
+        }
+    }
+}
+
+/// Time for a level of `level - part / num` intervals to drain to zero:
+/// `ceil((level * num - part) / den)` µs, capped at [`MAX_WAIT_US`].
+fn drain(level: u64, part: u64, num: u64, den: u64) -> u64 {
+    if level == 0 {
+        return 0;
+    }
+    // `part < num <= level * num`, so this never underflows.
+    let exact = u128::from(level) * u128::from(num) - u128::from(part);
+    let wait = exact.div_ceil(u128::from(den));
+    u64::try_from(wait).unwrap_or(u64::MAX).min(MAX_WAIT_US)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::token_bucket;
+    use proptest::prelude::*;
+
+    const T0: u64 = 1_764_460_800_123_457;
+
+    fn params(rate: u64, period_ms: u64, burst: u64) -> Params {
+        Params::parse(rate, period_ms, burst).expect("in range")
+    }
+
+    fn run(p: &Params, seq: &[(u64, u64)]) -> Vec<Decision> {
+        let mut state = None;
+        seq.iter()
+            .map(|&(now, cost)| {
+                let o = acquire(state, p, cost, now);
+                state = o.state.or(state);
+                o.decision
+            })
+            .collect()
+    }
+
+    /// `n` requests of one unit at `now`, then one more: how many were allowed.
+    fn simultaneous(p: &Params, state: Option<State>, n: u64, now: u64) -> (u64, Option<State>) {
+        let mut state = state;
+        let mut allowed = 0;
+        for _ in 0..n {
+            let o = acquire(state, p, 1, now);
+            allowed += u64::from(o.decision.allowed);
+            state = o.state;
+        }
+        (allowed, state)
+    }
+
+    #[test]
+    fn ten_per_second_admits_a_simultaneous_burst_of_exactly_ten() {
+        let p = params(10, 1_000, 10);
+        let (allowed, state) = simultaneous(&p, None, 11, T0);
+        assert_eq!(allowed, 10);
+        let d = acquire(state, &p, 1, T0).decision;
+        assert_eq!(d.retry_after_us, 100_000);
+        assert_eq!(d.reset_after_us, 1_000_000);
+    }
+
+    proptest! {
+        #[test]
+        fn a_burst_of_b_simultaneous_requests_admits_exactly_b(
+            rate in prop_oneof![1u64..=20, Just(MAX_RATE), MIN_RATE..=MAX_RATE],
+            period_ms in prop_oneof![1u64..=20, Just(MAX_PERIOD_MS), MIN_PERIOD_MS..=MAX_PERIOD_MS],
+            burst in prop_oneof![1u64..=300, Just(MAX_BURST), MIN_BURST..=MAX_BURST],
+        ) {
+            let p = params(rate, period_ms, burst);
+            // Up to 300 one by one; beyond, the first `burst - 300` taken in one request, which
+            // the next test shows to leave the same state as as many single requests.
+            let tail = burst.min(300);
+            let start = if burst > tail {
+                let o = acquire(None, &p, burst - tail, T0);
+                prop_assert!(o.decision.allowed);
+                o.state
+            } else {
+                None
+            };
+            let (allowed, _) = simultaneous(&p, start, tail + 1, T0);
+            prop_assert_eq!(allowed, tail);
+        }
+
+        #[test]
+        fn n_single_requests_leave_the_state_of_one_request_of_n(
+            rate in MIN_RATE..=MAX_RATE,
+            period_ms in MIN_PERIOD_MS..=MAX_PERIOD_MS,
+            n in 1u64..=200,
+            dt in 0u64..10_000_000,
+        ) {
+            let p = params(rate, period_ms, 1_000);
+            let first = acquire(None, &p, 1, T0).state;
+            let (_, singles) = simultaneous(&p, first, n, T0 + dt);
+            let once = acquire(first, &p, n, T0 + dt);
+            prop_assert!(once.decision.allowed);
+            prop_assert_eq!(singles, once.state);
+        }
+
+        #[test]
+        fn on_a_forward_clock_gcra_decides_as_the_token_bucket_of_the_same_rate(
+            rate in prop_oneof![1u64..=12, MIN_RATE..=MAX_RATE],
+            period_ms in prop_oneof![1u64..=20, Just(1_000u64), MIN_PERIOD_MS..=MAX_PERIOD_MS],
+            burst in prop_oneof![1u64..=12, MIN_BURST..=MAX_BURST],
+            steps in proptest::collection::vec(
+                (prop_oneof![0u64..2_000, 0u64..5_000_000, 0u64..100_000_000_000], any::<u64>()),
+                1..60,
+            ),
+        ) {
+            let p = params(rate, period_ms, burst);
+            let b = token_bucket::Params::new(burst, rate, period_ms * 1_000);
+            let (mut gs, mut bs) = (None, None);
+            let mut now = T0;
+            for (dt, pick) in steps {
+                now += dt;
+                let cost = if pick % 4 == 0 { burst } else { 1 + pick % burst.min(5) };
+                let g = acquire(gs, &p, cost, now);
+                let t = token_bucket::acquire(bs, &b, cost, now);
+                prop_assert_eq!(g.decision, t.decision, "at {} cost {}", now, cost);
+                prop_assert_eq!(g.ttl_us, t.ttl_us);
+                (gs, bs) = (g.state, t.state);
+            }
+        }
+
+        #[test]
+        fn the_state_stays_below_two_to_the_fifty_three(
+            rate in MIN_RATE..=MAX_RATE,
+            period_ms in MIN_PERIOD_MS..=MAX_PERIOD_MS,
+            burst in MIN_BURST..=MAX_BURST,
+            steps in proptest::collection::vec((0u64..10_000_000_000, any::<u64>()), 1..40),
+        ) {
+            let p = params(rate, period_ms, burst);
+            let (_, den) = p.interval();
+            let mut state = None;
+            let mut now = T0;
+            for (dt, pick) in steps {
+                now += dt;
+                let o = acquire(state, &p, 1 + pick % burst, now);
+                state = o.state.or(state);
+                if let Some(s) = state {
+                    prop_assert!(s.units < burst + den);
+                    prop_assert!(s.anchor_us <= now);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_sustained_rate_is_exact_however_often_it_is_asked() {
+        // 3 per second (an interval of 333,333⅓ µs), burst 2, asked every ms for 30 s after a
+        // first request: the burst's second unit, then exactly one per interval, 90 in 30 s.
+        // (With burst 1 each grant would wait for the next whole ms and lose the rest.)
+        let p = params(3, 1_000, 2);
+        let mut state = acquire(None, &p, 1, T0).state;
+        let mut granted = 0;
+        for ms in 1..=30_000u64 {
+            let o = acquire(state, &p, 1, T0 + ms * 1_000);
+            granted += u64::from(o.decision.allowed);
+            state = o.state.or(state);
+        }
+        assert_eq!(granted, 91);
+    }
+
+    #[test]
+    fn retry_after_is_the_exact_time_until_the_same_request_is_allowed() {
+        let p = params(3, 1_000, 4);
+        for cost in 1..=4 {
+            let mut state = acquire(None, &p, 3, T0).state;
+            state = acquire(state, &p, 1, T0 + 7).state;
+            let d = acquire(state, &p, cost, T0 + 11).decision;
+            assert!(!d.allowed);
+            let at = T0 + 11 + d.retry_after_us;
+            assert!(
+                !acquire(state, &p, cost, at - 1).decision.allowed,
+                "cost {cost}"
+            );
+            assert!(acquire(state, &p, cost, at).decision.allowed, "cost {cost}");
+        }
+    }
+
+    #[test]
+    fn reset_after_is_when_the_full_burst_is_back_and_is_the_ttl() {
+        let p = params(3, 1_000, 4);
+        let o = acquire(None, &p, 2, T0);
+        // Two intervals of 333,333⅓ µs, rounded up.
+        assert_eq!(o.decision.reset_after_us, 666_667);
+        assert_eq!(o.ttl_us, Some(666_667));
+        assert_eq!(o.decision.remaining, 2);
+        let later = acquire(o.state, &p, 4, T0 + 666_667);
+        assert!(later.decision.allowed, "the full burst is back");
+        let before = acquire(o.state, &p, 4, T0 + 666_666);
+        assert!(!before.decision.allowed);
+        assert_eq!(before.decision.remaining, 3);
+    }
+
+    #[test]
+    fn a_denial_changes_nothing() {
+        let p = params(1, 1_000, 5);
+        let d = run(&p, &[(T0, 4), (T0 + 1, 2), (T0 + 2, 2), (T0 + 3, 1)]);
+        assert!(d[0].allowed && !d[1].allowed && !d[2].allowed && d[3].allowed);
+        assert_eq!(d[1].remaining, 1);
+        let o = acquire(None, &p, 5, T0);
+        let denied = acquire(o.state, &p, 1, T0 + 1);
+        assert_eq!((denied.state, denied.ttl_us), (o.state, None));
+    }
+
+    #[test]
+    fn a_clock_stepping_back_never_refunds() {
+        let p = params(1, 1_000, 10);
+        let d = run(&p, &[(T0, 5), (T0 - 5_000_000, 1), (T0 + 1_000_000, 5)]);
+        assert!(d[1].allowed, "{d:?}");
+        assert_eq!(d[1].remaining, 4);
+        // Measured from the caller's clock: 5 s back, plus 6 intervals of 1 s.
+        assert_eq!(d[1].reset_after_us, 11_000_000);
+        // 4 left and one back a second later: 5 again, and no more.
+        assert!(d[2].allowed && d[2].remaining == 0, "{d:?}");
+        let d = run(&p, &[(T0, 10), (T0 - 60_000_000, 1)]);
+        assert!(!d[1].allowed);
+        assert_eq!(d[1].retry_after_us, 61_000_000);
+    }
+
+    #[test]
+    fn huge_bursts_refilled_once_a_month_neither_overflow_nor_lose_a_unit() {
+        let p = params(1, MAX_PERIOD_MS, MAX_BURST);
+        let o = acquire(None, &p, MAX_BURST, T0);
+        assert!(o.decision.allowed);
+        assert_eq!(o.decision.reset_after_us, MAX_WAIT_US);
+        let d = acquire(o.state, &p, 1, T0 + 1).decision;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_us, MAX_PERIOD_MS * 1_000 - 1);
+        let d = acquire(o.state, &p, 1, T0 + MAX_PERIOD_MS * 1_000).decision;
+        assert!(d.allowed && d.remaining == 0);
+
+        // The fastest rate: a billion per ms, an interval of one millionth of a µs.
+        let p = params(MAX_RATE, 1, MAX_BURST);
+        let o = acquire(None, &p, MAX_BURST, T0);
+        assert_eq!(o.decision.reset_after_us, 1_000);
+        // A µs later a million intervals have passed.
+        let d = acquire(o.state, &p, 2_000_000, T0 + 1).decision;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_us, 1);
+        assert_eq!(d.remaining, 1_000_000);
+    }
+
+    #[test]
+    fn a_changed_rate_starts_afresh_and_a_changed_burst_keeps_the_state() {
+        let o = acquire(None, &params(1, 1_000, 2), 2, T0);
+        assert!(
+            acquire(o.state, &params(2, 1_000, 2), 2, T0)
+                .decision
+                .allowed
+        );
+        let d = acquire(o.state, &params(1, 1_000, 3), 2, T0).decision;
+        assert!(!d.allowed && d.remaining == 1, "{d:?}");
+    }
+
+    #[test]
+    fn the_interval_is_kept_in_lowest_terms() {
+        assert_eq!(params(100, 60_000, 1).interval(), (600_000, 1));
+        assert_eq!(params(3, 1_000, 1).interval(), (1_000_000, 3));
+        assert_eq!(params(10, 1_000, 7).script_args(2), [7, 100_000, 1, 2]);
+    }
+
+    #[test]
+    fn out_of_range_parameters_name_their_field() {
+        let e = Params::parse(0, 1_000, 1).unwrap_err();
+        assert_eq!(e.field, "rate");
+        assert_eq!(
+            Params::parse(1, MAX_PERIOD_MS + 1, 1).unwrap_err().field,
+            "period_ms"
+        );
+        let e = Params::parse(1, 1, MAX_BURST + 1).unwrap_err();
+        assert_eq!(e.field, "burst");
+        assert!(e
+            .to_string()
+            .contains("`burst` must be between 1 and 1000000000"));
+    }
+}
