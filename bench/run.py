@@ -36,7 +36,7 @@ import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "bench")
-ALGORITHMS = ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket"]
+ALGORITHMS = ["fixed_window", "sliding_window_log", "sliding_window_counter", "token_bucket", "gcra"]
 SPREAD = 100_000
 HOUR_MS = 3_600_000
 
@@ -47,6 +47,7 @@ POLICIES = {
     "sliding_window_log": {"limit": 10_000, "window_ms": HOUR_MS},
     "sliding_window_counter": {"limit": 1_000_000_000, "window_ms": HOUR_MS},
     "token_bucket": {"capacity": 1_000_000_000, "refill_tokens": 1_000_000_000, "refill_period_ms": 1000},
+    "gcra": {"rate": 1_000_000_000, "period_ms": 1000, "burst": 1_000_000_000},
 }
 
 
@@ -204,6 +205,11 @@ def script_args(algorithm):
         rate, period = p["refill_tokens"], p["refill_period_ms"] * 1000
         g = math.gcd(rate, period)
         return [p["capacity"], rate // g, period // g, 1]
+    if algorithm == "gcra":
+        # The emission interval period_us / rate in lowest terms.
+        rate, period = p["rate"], p["period_ms"] * 1000
+        g = math.gcd(rate, period)
+        return [p["burst"], period // g, rate // g, 1]
     return [p["limit"], p["window_ms"] * 1000, 1]
 
 
@@ -451,8 +457,10 @@ def targets(results):
     classic = costs.get("classic_token_bucket")
     for a in ALGORITHMS:
         if a in costs and classic:
-            lines.append(f"{a:24} {costs[a]:.2f} us per call vs classic {classic:.2f} "
-                         f"({'met' if costs[a] <= classic else 'MISSED'})")
+            # GCRA keeps one number per subject: its target is 0.6 x the classic bucket.
+            factor = 0.6 if a == "gcra" else 1.0
+            lines.append(f"{a:24} {costs[a]:.2f} us per call vs {factor} x classic {classic:.2f} "
+                         f"({'met' if costs[a] <= factor * classic else 'MISSED'})")
     m = results["memory"]
     if m:
         ok = m["subjects"] >= 1_000_000 and m["rss_full_mib"] < 300 and m["subjects_after_expiry"] == 0

@@ -84,13 +84,20 @@ impl Params {
         let rate = check("rate", MIN_RATE, MAX_RATE, rate)?;
         let period_ms = check("period_ms", MIN_PERIOD_MS, MAX_PERIOD_MS, period_ms)?;
         let burst = check("burst", MIN_BURST, MAX_BURST, burst)?;
-        let period_us = period_ms * 1_000;
+        Ok(Self::new(rate, period_ms, burst))
+    }
+
+    /// Parameters from fields already checked against their ranges (values outside are
+    /// clamped into them, so this never fails).
+    pub fn new(rate: u64, period_ms: u64, burst: u64) -> Self {
+        let rate = rate.clamp(MIN_RATE, MAX_RATE);
+        let period_us = period_ms.clamp(MIN_PERIOD_MS, MAX_PERIOD_MS) * 1_000;
         let g = gcd(period_us, rate);
-        Ok(Self {
-            burst,
+        Self {
+            burst: burst.clamp(MIN_BURST, MAX_BURST),
             interval_num: period_us / g,
             interval_den: rate / g,
-        })
+        }
     }
 
     /// The capacity: at most this many units at once (the reply's `limit`).
@@ -118,6 +125,23 @@ pub struct State {
     /// The reduced interval this TAT was computed with; another interval starts afresh.
     pub interval_num: u64,
     pub interval_den: u64,
+}
+
+impl super::Rule for Params {
+    const NAME: &'static str = "gcra";
+    type State = State;
+
+    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
+        acquire(state, self, cost, now_us)
+    }
+
+    fn script_args(&self) -> super::ScriptArgs {
+        super::ScriptArgs::new(&[self.burst, self.interval_num, self.interval_den])
+    }
+
+    fn quota(&self) -> u64 {
+        self.burst
+    }
 }
 
 /// Decides one acquire of `cost` units at `now_us`.

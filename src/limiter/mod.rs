@@ -144,14 +144,14 @@ macro_rules! algorithms {
             /// The most units one subject can be granted at once: `limit` or `capacity`.
             pub fn quota(&self) -> u64 {
                 match self {
-                    $(Params::$variant(p) => p.quota()),+
+                    $(Params::$variant(p) => Rule::quota(p)),+
                 }
             }
 
             /// The script's arguments after `KEYS[1]`, before `cost` and the time.
             pub fn script_args(&self) -> ScriptArgs {
                 match self {
-                    $(Params::$variant(p) => p.script_args()),+
+                    $(Params::$variant(p) => Rule::script_args(p)),+
                 }
             }
 
@@ -164,7 +164,7 @@ macro_rules! algorithms {
                             Some(State::$variant(s)) => Some(s),
                             _ => None,
                         };
-                        let o = p.decide(state, cost, now_us);
+                        let o = Rule::decide(p, state, cost, now_us);
                         Outcome {
                             decision: o.decision,
                             state: o.state.map(State::$variant),
@@ -182,6 +182,7 @@ algorithms! {
     SlidingWindowLog => sliding_window_log ["sliding_window_log.lua"],
     SlidingWindowCounter => sliding_window_counter ["muldiv.lua", "sliding_window_counter.lua"],
     TokenBucket => token_bucket ["muldiv.lua", "token_bucket.lua"],
+    Gcra => gcra ["muldiv.lua", "gcra.lua"],
 }
 
 /// The longest wait reported, in microseconds (2^50 µs, about 35.7 years). Larger waits (a huge

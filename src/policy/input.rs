@@ -9,7 +9,7 @@ use serde_json::{Map, Number, Value};
 use super::{
     Algorithm, FailMode, Limit, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_PERIOD_MS, MAX_UNITS,
 };
-use crate::limiter::sliding_window_log;
+use crate::limiter::{gcra, sliding_window_log};
 
 /// Why client input was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -93,6 +93,7 @@ impl ValidationError {
 
 const WINDOW_FIELDS: [&str; 2] = ["limit", "window_ms"];
 const BUCKET_FIELDS: [&str; 3] = ["capacity", "refill_tokens", "refill_period_ms"];
+const GCRA_FIELDS: [&str; 3] = ["rate", "period_ms", "burst"];
 const COMMON_FIELDS: [&str; 4] = ["name", "algorithm", "description", "fail_mode"];
 
 /// Validates a policy document. `path_name`, when given, is the name from the URL: a `name` in
@@ -131,13 +132,14 @@ pub fn parse_policy(
         ValidationError::invalid(
             "algorithm",
             format!(
-                "`{algorithm_name}` is not one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket"
+                "`{algorithm_name}` is not one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra"
             ),
         )
     })?;
 
     let own: &[&str] = match algorithm {
         Algorithm::TokenBucket => &BUCKET_FIELDS,
+        Algorithm::Gcra => &GCRA_FIELDS,
         _ => &WINDOW_FIELDS,
     };
     // Reject stray fields first, in a stable order, so the error does not depend on map order.
@@ -147,7 +149,10 @@ pub fn parse_policy(
         if COMMON_FIELDS.contains(&key.as_str()) || own.contains(&key.as_str()) {
             continue;
         }
-        if WINDOW_FIELDS.contains(&key.as_str()) || BUCKET_FIELDS.contains(&key.as_str()) {
+        if [&WINDOW_FIELDS[..], &BUCKET_FIELDS, &GCRA_FIELDS]
+            .iter()
+            .any(|fields| fields.contains(&key.as_str()))
+        {
             return Err(ValidationError::NotApplicable {
                 field: key.clone(),
                 algorithm: algorithm.as_str(),
@@ -182,6 +187,17 @@ pub fn parse_policy(
             capacity: units("capacity")?,
             refill_tokens: units("refill_tokens")?,
             refill_period_ms: period("refill_period_ms")?,
+        },
+        Algorithm::Gcra => Limit::Gcra {
+            rate: required_int(doc, "rate", algorithm, gcra::MIN_RATE, gcra::MAX_RATE)?,
+            period_ms: required_int(
+                doc,
+                "period_ms",
+                algorithm,
+                gcra::MIN_PERIOD_MS,
+                gcra::MAX_PERIOD_MS,
+            )?,
+            burst: required_int(doc, "burst", algorithm, gcra::MIN_BURST, gcra::MAX_BURST)?,
         },
     };
 

@@ -11,7 +11,9 @@ mod name;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::limiter::{fixed_window, sliding_window_counter, sliding_window_log, token_bucket};
+use crate::limiter::{
+    fixed_window, gcra, sliding_window_counter, sliding_window_log, token_bucket,
+};
 pub use crate::limiter::{Algorithm, Params};
 
 pub use input::{parse_policy, ValidationError};
@@ -68,6 +70,11 @@ pub enum Limit {
         refill_tokens: u64,
         refill_period_ms: u64,
     },
+    Gcra {
+        rate: u64,
+        period_ms: u64,
+        burst: u64,
+    },
 }
 
 impl Limit {
@@ -77,6 +84,7 @@ impl Limit {
             Limit::SlidingWindowLog { .. } => Algorithm::SlidingWindowLog,
             Limit::SlidingWindowCounter { .. } => Algorithm::SlidingWindowCounter,
             Limit::TokenBucket { .. } => Algorithm::TokenBucket,
+            Limit::Gcra { .. } => Algorithm::Gcra,
         }
     }
 
@@ -87,6 +95,7 @@ impl Limit {
             | Limit::SlidingWindowLog { limit, .. }
             | Limit::SlidingWindowCounter { limit, .. } => limit,
             Limit::TokenBucket { capacity, .. } => capacity,
+            Limit::Gcra { burst, .. } => burst,
         }
     }
 
@@ -94,6 +103,7 @@ impl Limit {
     pub const fn quota_field(&self) -> &'static str {
         match self {
             Limit::TokenBucket { .. } => "capacity",
+            Limit::Gcra { .. } => "burst",
             _ => "limit",
         }
     }
@@ -112,6 +122,15 @@ impl Limit {
             } => {
                 let ms = u128::from(capacity) * u128::from(refill_period_ms);
                 let ms = ms.div_ceil(u128::from(refill_tokens));
+                u64::try_from(ms.div_ceil(1_000)).unwrap_or(u64::MAX)
+            }
+            Limit::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => {
+                let ms = u128::from(burst) * u128::from(period_ms);
+                let ms = ms.div_ceil(u128::from(rate));
                 u64::try_from(ms.div_ceil(1_000)).unwrap_or(u64::MAX)
             }
         }
@@ -145,6 +164,11 @@ impl Limit {
                 refill_tokens,
                 refill_period_ms * 1_000,
             )),
+            Limit::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => Params::Gcra(gcra::Params::new(rate, period_ms, burst)),
         }
     }
 }
@@ -182,51 +206,54 @@ impl Policy {
 
     /// The policy as the API shows it.
     pub fn to_doc(&self) -> PolicyDoc {
-        let (mut doc_limit, mut window_ms, mut capacity, mut refill_tokens, mut refill_period_ms) =
-            (None, None, None, None, None);
-        match self.limit {
-            Limit::FixedWindow {
-                limit,
-                window_ms: w,
-            }
-            | Limit::SlidingWindowLog {
-                limit,
-                window_ms: w,
-            }
-            | Limit::SlidingWindowCounter {
-                limit,
-                window_ms: w,
-            } => {
-                doc_limit = Some(limit);
-                window_ms = Some(w);
-            }
-            Limit::TokenBucket {
-                capacity: c,
-                refill_tokens: r,
-                refill_period_ms: p,
-            } => {
-                capacity = Some(c);
-                refill_tokens = Some(r);
-                refill_period_ms = Some(p);
-            }
-        }
-        PolicyDoc {
+        let mut doc = PolicyDoc {
             name: self.name.to_string(),
             algorithm: self.algorithm(),
-            limit: doc_limit,
-            window_ms,
-            capacity,
-            refill_tokens,
-            refill_period_ms,
+            limit: None,
+            window_ms: None,
+            capacity: None,
+            refill_tokens: None,
+            refill_period_ms: None,
+            rate: None,
+            period_ms: None,
+            burst: None,
             description: self.description.clone(),
             fail_mode: self.fail_mode,
+        };
+        match self.limit {
+            Limit::FixedWindow { limit, window_ms }
+            | Limit::SlidingWindowLog { limit, window_ms }
+            | Limit::SlidingWindowCounter { limit, window_ms } => {
+                doc.limit = Some(limit);
+                doc.window_ms = Some(window_ms);
+            }
+            Limit::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period_ms,
+            } => {
+                doc.capacity = Some(capacity);
+                doc.refill_tokens = Some(refill_tokens);
+                doc.refill_period_ms = Some(refill_period_ms);
+            }
+            Limit::Gcra {
+                rate,
+                period_ms,
+                burst,
+            } => {
+                doc.rate = Some(rate);
+                doc.period_ms = Some(period_ms);
+                doc.burst = Some(burst);
+            }
         }
+        doc
     }
 }
 
 /// A rate-limit policy. Window algorithms (`fixed_window`, `sliding_window_log`,
 /// `sliding_window_counter`) take `limit` and `window_ms`; `token_bucket` takes `capacity`,
-/// `refill_tokens` and `refill_period_ms`. Fields of the other algorithms are rejected.
+/// `refill_tokens` and `refill_period_ms`; `gcra` takes `rate`, `period_ms` and `burst`. Fields
+/// of the other algorithms are rejected.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, PartialEq)]
 #[schema(example = json!({
     "name": "api-per-user",
@@ -269,6 +296,19 @@ pub struct PolicyDoc {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 2_678_400_000_u64, example = 1000)]
     pub refill_period_ms: Option<u64>,
+    /// `gcra`: units per `period_ms`, sustained (1 to 1,000,000,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000_000, example = 10)]
+    pub rate: Option<u64>,
+    /// `gcra`: the period in milliseconds over which `rate` units are allowed (1 to
+    /// 2,678,400,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 2_678_400_000_u64, example = 1000)]
+    pub period_ms: Option<u64>,
+    /// `gcra`: the most units at once, the capacity (1 to 1,000,000,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1_000_000_000, example = 20)]
+    pub burst: Option<u64>,
     /// Free text for operators, at most 1,024 bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(

@@ -3,8 +3,7 @@
 //! go-redis/redis_rate's float GCRA every disagreement is settled by exact arithmetic in our
 //! favour, and the classic flaws that apply to GCRA are absent.
 //!
-//! The script is assembled here as `store::scripts` assembles the others (flags line,
-//! common.lua, muldiv.lua, gcra.lua), until gcra is registered there.
+//! The script is the one the service sends, from the algorithm registry.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -15,14 +14,7 @@ use ratelimiter::limiter::Decision;
 
 use crate::helpers::TestRedis;
 
-const SOURCE: &str = concat!(
-    "#!lua\n",
-    include_str!("../../lua/common.lua"),
-    "\n",
-    include_str!("../../lua/muldiv.lua"),
-    "\n",
-    include_str!("../../lua/gcra.lua"),
-);
+const SOURCE: &str = ratelimiter::store::scripts::source(ratelimiter::limiter::Algorithm::Gcra);
 
 const REDIS_RATE: &str = include_str!("classic/redis_rate_gcra.lua");
 

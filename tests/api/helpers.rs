@@ -414,6 +414,7 @@ pub fn policies_of_every_algorithm(prefix: &str, limit: u64) -> Vec<Value> {
         json!({"name": format!("{prefix}-sliding_window_log"), "algorithm": "sliding_window_log", "limit": limit, "window_ms": window}),
         json!({"name": format!("{prefix}-sliding_window_counter"), "algorithm": "sliding_window_counter", "limit": limit, "window_ms": window}),
         json!({"name": format!("{prefix}-token_bucket"), "algorithm": "token_bucket", "capacity": limit, "refill_tokens": 1, "refill_period_ms": 86_400_000}),
+        json!({"name": format!("{prefix}-gcra"), "algorithm": "gcra", "rate": 1, "period_ms": 86_400_000, "burst": limit}),
     ]
 }
 
