@@ -294,3 +294,6 @@ impl RateLimiter {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;
