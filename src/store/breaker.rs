@@ -119,6 +119,14 @@ impl Breaker {
         }
     }
 
+    /// Hands back a permit whose call was cancelled before it could tell anything: it counts
+    /// neither way, and a probe's slot is freed for the next caller.
+    pub fn abandon(&self, permit: Permit) {
+        if permit.probe {
+            self.probing.store(false, Ordering::Release);
+        }
+    }
+
     pub fn state(&self) -> BreakerState {
         let open_until = self.open_until_us.load(Ordering::Acquire);
         if open_until == 0 {
@@ -159,6 +167,21 @@ mod tests {
         b.record(probe, true);
         assert_eq!(b.state(), BreakerState::Closed);
         assert!(b.permit().is_some());
+    }
+
+    #[test]
+    fn an_abandoned_probe_lets_the_next_caller_probe() {
+        let b = Breaker::new(1, Duration::from_millis(10));
+        let p = b.permit().expect("closed");
+        b.record(p, false);
+        std::thread::sleep(Duration::from_millis(20));
+        let probe = b.permit().expect("a probe after the cooldown");
+        assert!(b.permit().is_none(), "one probe at a time");
+        // Its caller went away before the answer.
+        b.abandon(probe);
+        let probe = b.permit().expect("the next caller probes");
+        b.record(probe, true);
+        assert_eq!(b.state(), BreakerState::Closed);
     }
 
     #[test]

@@ -146,6 +146,12 @@ impl RedisStore {
                 "Redis is unreachable (circuit breaker open; last failure: {cause})"
             )));
         };
+        // A caller that goes away mid-call (its client hung up) drops this future: the permit
+        // goes back unused, or the breaker would wait forever for its probe's answer.
+        let permit = PermitGuard {
+            breaker: &self.breaker,
+            permit: Some(permit),
+        };
         let started = Instant::now();
         let (result, kind) = match self.call(f).await {
             Ok(v) => (Ok(v), None),
@@ -162,7 +168,7 @@ impl RedisStore {
             }
             _ => true,
         };
-        self.breaker.record(permit, reached);
+        permit.record(reached);
         result
     }
 
@@ -216,15 +222,33 @@ impl RedisStore {
     }
 }
 
+/// A breaker permit that is handed back unused if the call holding it is cancelled.
+struct PermitGuard<'a> {
+    breaker: &'a Breaker,
+    permit: Option<super::breaker::Permit>,
+}
+
+impl PermitGuard<'_> {
+    fn record(mut self, reached: bool) {
+        if let Some(permit) = self.permit.take() {
+            self.breaker.record(permit, reached);
+        }
+    }
+}
+
+impl Drop for PermitGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.breaker.abandon(permit);
+        }
+    }
+}
+
 /// The oldest Redis that runs the decision scripts: they are flagged scripts (see
 /// [`super::scripts`]), which Redis before 7.0 reads as a syntax error.
 pub const MIN_REDIS_VERSION: (u32, u32) = (7, 0);
 
 impl RedisStore {
-    /// Fails unless every Redis behind this store (each master of a Cluster) is at least
-    /// [`MIN_REDIS_VERSION`]; an older one would fail every decision script, and every acquire
-    /// would be answered by fail mode. Run once at start-up. A Redis that refuses `INFO` is let
-    /// through with a warning.
     /// Loads every script into Redis (on a Cluster, into every master), so that the first
     /// decisions after start-up do not all meet `NOSCRIPT` and send the script at once. A
     /// script missing later (Redis restarted, a failover) is still loaded on its first
@@ -244,6 +268,10 @@ impl RedisStore {
         Ok(())
     }
 
+    /// Fails unless every Redis behind this store (each master of a Cluster) is at least
+    /// [`MIN_REDIS_VERSION`]; an older one would fail every decision script, and every acquire
+    /// would be answered by fail mode. Run once at start-up. A Redis that refuses `INFO` is let
+    /// through with a warning.
     pub async fn require_flagged_scripts(&self) -> Result<(), StoreError> {
         let info: redis::Value = match self
             .with_conn(async |conn| Ok(redis::cmd("INFO").arg("server").query_async(conn).await?))
