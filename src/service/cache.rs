@@ -7,7 +7,8 @@
 //! when it is newer than both `applied` and the entry it would replace, so a slow answer (a write
 //! made through this instance, a page read before a newer one) never replaces newer knowledge.
 //! A deletion this instance made ahead of `applied` is kept as a tombstone until the change log
-//! has caught up with it.
+//! has caught up with it, and a full reload keeps what this instance wrote while its pages were
+//! being read.
 //!
 //! Reads take a shared lock for one hash lookup and two reference-count increments.
 
@@ -36,8 +37,10 @@ struct Inner {
     generation: Option<Arc<str>>,
     applied: u64,
     entries: HashMap<Arc<str>, Entry>,
-    /// Names whose entry is a tombstone.
-    tombstones: Vec<(Arc<str>, u64)>,
+    /// Names whose entry is a tombstone, with its version.
+    tombstones: HashMap<Arc<str>, u64>,
+    /// Entries that hold a policy.
+    live: usize,
 }
 
 /// Where the cache stands in the store's change log.
@@ -56,46 +59,47 @@ impl Inner {
             }
         }
         let name: Arc<str> = Arc::from(name);
-        match policy {
-            Some(p) => {
-                self.entries.insert(
-                    name,
-                    Entry {
-                        policy: Some(Arc::new(p)),
-                        version,
-                    },
-                );
-            }
+        self.tombstones.remove(&name);
+        let is_live = policy.is_some();
+        let old = match policy {
+            Some(p) => self.entries.insert(
+                name,
+                Entry {
+                    policy: Some(Arc::new(p)),
+                    version,
+                },
+            ),
             None if version > self.applied => {
-                self.tombstones.push((name.clone(), version));
+                self.tombstones.insert(name.clone(), version);
                 self.entries.insert(
                     name,
                     Entry {
                         policy: None,
                         version,
                     },
-                );
+                )
             }
             // Known deleted up to `applied`: nothing older can be applied any more, so no
             // tombstone is needed.
-            None => {
-                self.entries.remove(&name);
-            }
-        }
+            None => self.entries.remove(&name),
+        };
+        let was_live = old.is_some_and(|e| e.policy.is_some());
+        self.live = self.live - usize::from(was_live) + usize::from(is_live);
     }
 
+    /// Moves `applied` forward and drops the tombstones it has caught up with.
     fn advance(&mut self, applied: u64) {
         self.applied = self.applied.max(applied);
-        if self.tombstones.is_empty() {
-            return;
-        }
         let applied = self.applied;
         let entries = &mut self.entries;
-        self.tombstones.retain(|(name, version)| {
+        self.tombstones.retain(|name, version| {
             if *version > applied {
                 return true;
             }
-            if entries.get(name).is_some_and(|e| e.policy.is_none()) {
+            if entries
+                .get(name)
+                .is_some_and(|e| e.policy.is_none() && e.version <= applied)
+            {
                 entries.remove(name);
             }
             false
@@ -146,8 +150,7 @@ impl PolicyCache {
 
     /// Live policies.
     pub fn len(&self) -> usize {
-        let inner = self.read();
-        inner.entries.len() - inner.tombstones.len()
+        self.read().live
     }
 
     pub fn is_empty(&self) -> bool {
@@ -182,25 +185,23 @@ impl PolicyCache {
 
     /// Replaces everything with a full load of `generation`, complete up to `applied`.
     pub fn replace_all(&self, generation: Arc<str>, policies: Vec<Change>, applied: u64) {
-        let entries = policies
-            .into_iter()
-            .filter_map(|c| {
-                let policy = Arc::new(c.policy?);
-                Some((
-                    Arc::from(c.name.as_str()),
-                    Entry {
-                        policy: Some(policy),
-                        version: c.version,
-                    },
-                ))
-            })
-            .collect();
-        *self.write() = Inner {
-            generation: Some(generation),
+        let mut fresh = Inner {
+            generation: Some(generation.clone()),
             applied,
-            entries,
-            tombstones: Vec::new(),
+            ..Inner::default()
         };
+        for c in policies.into_iter().filter(|c| c.policy.is_some()) {
+            fresh.apply(&c.name, c.version, c.policy);
+        }
+        let mut inner = self.write();
+        // Changes this instance made itself while the pages were being read are newer than
+        // the load: keep them.
+        if inner.generation.as_deref() == Some(&*generation) {
+            for (name, e) in inner.entries.drain().filter(|(_, e)| e.version > applied) {
+                fresh.apply(&name, e.version, e.policy.map(|p| (*p).clone()));
+            }
+        }
+        *inner = fresh;
     }
 
     // A poisoned lock only means a writer panicked between two whole-entry assignments: the
@@ -277,6 +278,37 @@ mod tests {
             cache.read().tombstones.is_empty(),
             "tombstone dropped once applied"
         );
+    }
+
+    #[test]
+    fn a_name_deleted_recreated_and_deleted_again_counts_and_holds() {
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![change(1, Some(1))], 1);
+        // All through this instance, before its next refresh.
+        cache.apply_own(&etag(2), "p", None);
+        cache.apply_own(&etag(3), "p", Some(policy(3)));
+        assert_eq!(cache.len(), 1);
+        cache.apply_own(&etag(4), "p", None);
+        assert_eq!(cache.len(), 0);
+        // A page read before the last deletion catches up to version 3 only.
+        cache.apply_page("g", vec![change(2, None), change(3, Some(3))], 3);
+        assert_eq!(limit(&cache), None, "the newer deletion holds");
+        assert_eq!(cache.len(), 0);
+        cache.apply_page("g", vec![change(4, None)], 4);
+        assert_eq!((limit(&cache), cache.len()), (None, 0));
+    }
+
+    #[test]
+    fn a_full_reload_keeps_what_this_instance_wrote_meanwhile() {
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![change(1, Some(1))], 1);
+        // Written through this instance while a reload read its pages up to version 5.
+        cache.apply_own(&etag(6), "p", Some(policy(6)));
+        cache.replace_all("g".into(), vec![change(5, Some(5))], 5);
+        assert_eq!(limit(&cache), Some(6));
+        // Of another generation (the store lost its data), nothing is kept.
+        cache.replace_all("h".into(), vec![], 0);
+        assert_eq!(limit(&cache), None);
     }
 
     #[test]
