@@ -14,6 +14,7 @@ use crate::api::span::TrustedProxies;
 use crate::config::Settings;
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
+use crate::store::connection::ConnectionMode;
 use crate::store::redis::redact_url;
 use crate::store::{AnyStore, MemoryStore, RedisStore, Store};
 
@@ -122,7 +123,14 @@ impl Application {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let max_connections = connections_that_fit(server_settings.max_connections, workers);
+        // Redis connections need descriptors too: `pool_size` of them in pool mode, one per
+        // worker thread in multiplexed mode.
+        let redis_files = match settings.redis.connection_mode {
+            ConnectionMode::Pool => u64::from(settings.redis.pool_size),
+            ConnectionMode::Multiplexed => workers as u64,
+        };
+        let max_connections =
+            connections_that_fit(server_settings.max_connections, workers, redis_files);
         let server = HttpServer::new(move || api::app(data.clone(), edge.clone()))
             .workers(workers)
             .listen(listener)?
@@ -172,15 +180,16 @@ fn warn_if_open(address: &SocketAddr, tokens: &Tokens) {
     }
 }
 
-/// File descriptors kept out of the HTTP connections' share: Redis connections, the listener,
-/// log output, the runtime's own.
+/// File descriptors kept out of the HTTP connections' share besides the Redis connections: the
+/// listener, log output, the runtime's own, a cluster's node connections.
 const RESERVED_FILES: u64 = 256;
 
 /// Raises the soft limit on open files to the hard one, then lowers `wanted` connections per
-/// worker so that every worker's connections and [`RESERVED_FILES`] fit under it: a process out
+/// worker so that every worker's connections, `redis_files` and [`RESERVED_FILES`] fit under it:
+/// a process out
 /// of descriptors answers nothing, `/healthz` included, while one at its connection cap leaves
 /// the excess waiting in the listen queue.
-fn connections_that_fit(wanted: usize, workers: usize) -> usize {
+fn connections_that_fit(wanted: usize, workers: usize, redis_files: u64) -> usize {
     let soft = match rlimit::increase_nofile_limit(u64::MAX) {
         Ok(soft) => soft,
         Err(error) => {
@@ -189,7 +198,7 @@ fn connections_that_fit(wanted: usize, workers: usize) -> usize {
             soft
         }
     };
-    let fit = fit_connections(wanted, workers, soft);
+    let fit = fit_connections(wanted, workers, soft.saturating_sub(redis_files));
     if fit < wanted {
         tracing::warn!(
             max_connections = wanted,

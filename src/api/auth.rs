@@ -78,8 +78,11 @@ fn is_accepted(accepted: &[TokenDigest], presented: &[u8]) -> bool {
 }
 
 fn check(req: &HttpRequest, accepted: impl Fn(&Tokens) -> &[TokenDigest]) -> Result<(), ApiError> {
+    // Always registered by `api::app`; an app built without it fails closed, not open.
     let Some(tokens) = req.app_data::<web::Data<Tokens>>() else {
-        return Ok(());
+        return Err(ApiError::Unauthorized(
+            "no tokens are configured for this endpoint",
+        ));
     };
     let accepted = accepted(tokens);
     if accepted.is_empty() {

@@ -309,8 +309,11 @@ impl Link {
         let result = match io {
             Some(io) => {
                 let target = target.clone();
-                io.spawn(async move { target.connect().await })
-                    .await
+                let task = io.spawn(async move { target.connect().await });
+                // The caller's deadline drops this future: the connect must stop with it, or a
+                // hung Redis would collect one detached task and socket per attempt.
+                let _abort = AbortOnDrop(task.abort_handle());
+                task.await
                     .unwrap_or_else(|e| Err(RedisError::from(io::Error::other(e))))
             }
             None => target.connect().await,
@@ -350,6 +353,15 @@ impl Target {
             driver.await;
         });
         Ok(Live { conn, health })
+    }
+}
+
+/// Aborts a spawned task when dropped (a finished task is unaffected).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
