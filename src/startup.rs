@@ -125,9 +125,10 @@ impl Application {
         };
         // Redis connections need descriptors too: `pool_size` of them in pool mode, one per
         // worker thread in multiplexed mode.
-        let redis_files = match settings.redis.connection_mode {
-            ConnectionMode::Pool => u64::from(settings.redis.pool_size),
-            ConnectionMode::Multiplexed => workers as u64,
+        let redis_files = match (limiter.store().is_shared(), settings.redis.connection_mode) {
+            (false, _) => 0,
+            (true, ConnectionMode::Pool) => u64::from(settings.redis.pool_size),
+            (true, ConnectionMode::Multiplexed) => workers as u64,
         };
         let max_connections =
             connections_that_fit(server_settings.max_connections, workers, redis_files);
