@@ -3,12 +3,14 @@
 //! The map, from the edge inwards:
 //! - [`api`]: HTTP only. Routes, JSON shapes, `RateLimit` headers, the OpenAPI document, and the
 //!   one place errors become `application/problem+json`.
-//! - [`service`]: the policy cache in front of the store; fail modes.
-//! - [`policy`]: what a policy is, its validation, the in-process cache.
+//! - [`service`]: acquires with fail modes, the policy cache following the store's change log,
+//!   policy reads and writes, readiness.
+//! - [`policy`]: what a policy is and its validation.
 //! - [`store`]: where state lives: embedded in-process, or Redis, one server or a Cluster (one Lua
 //!   script per decision), with the circuit breaker in front of it.
 //! - [`limiter`]: the decision of each algorithm as a pure function of (state, params, cost,
-//!   now); the Lua scripts in `lua/` mirror them.
+//!   now), and the registry that names each algorithm once; the Lua scripts in `lua/` mirror
+//!   them.
 //! - [`config`], [`startup`], [`telemetry`], [`metrics`]: settings, assembling the application,
 //!   logging, Prometheus metrics.
 #![forbid(unsafe_code)]

@@ -155,15 +155,19 @@ impl RateLimiter {
         }
         *last_started = Some(Instant::now());
         let position = self.cache.position();
-        let mut page = self.store.policy_changes(position.applied, PAGE).await?;
-        let current = match (&page.generation, &position.generation) {
-            (Some(store), Some(cache)) if store == cache && position.applied >= page.floor => {
-                Some(store.clone())
+        // Follow the change log from where the cache stands, unless there is nothing loaded yet
+        // (the full load reads from the start anyway), the store is another generation, or it
+        // has forgotten deletions the cache has not seen.
+        let followed = match &position.generation {
+            None => None,
+            Some(cache) => {
+                let page = self.store.policy_changes(position.applied, PAGE).await?;
+                (page.generation.as_ref() == Some(cache) && position.applied >= page.floor)
+                    .then(|| (cache.clone(), page))
             }
-            _ => None,
         };
-        match current {
-            Some(generation) => {
+        match followed {
+            Some((generation, mut page)) => {
                 if !self.sync.seeded_in(Some(&generation)) {
                     // A configured policy did not fit before; it may now.
                     self.seed().await?;
