@@ -108,7 +108,7 @@ pub async fn acquire(
 
 fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let d = a.decision;
-    let limit = a.policy.limit.quota();
+    let limit = a.policy.params.quota();
     let name = a.policy.name.as_str();
     let mut response = HttpResponse::Ok();
 

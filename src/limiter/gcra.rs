@@ -109,11 +109,6 @@ impl Params {
     pub fn interval(&self) -> (u64, u64) {
         (self.interval_num, self.interval_den)
     }
-
-    /// `ARGV[1..=4]` of `lua/gcra.lua` for an acquire of `cost`; the store appends the time.
-    pub fn script_args(&self, cost: u64) -> [u64; 4] {
-        [self.burst, self.interval_num, self.interval_den, cost]
-    }
 }
 
 /// What is kept per subject: `tat = anchor_us + units * interval_num / interval_den` µs.
@@ -453,7 +448,8 @@ mod tests {
     fn the_interval_is_kept_in_lowest_terms() {
         assert_eq!(params(100, 60_000, 1).interval(), (600_000, 1));
         assert_eq!(params(3, 1_000, 1).interval(), (1_000_000, 3));
-        assert_eq!(params(10, 1_000, 7).script_args(2), [7, 100_000, 1, 2]);
+        let args = super::super::Rule::script_args(&params(10, 1_000, 7));
+        assert_eq!(args.as_slice(), [7, 100_000, 1]);
     }
 
     #[test]

@@ -88,18 +88,7 @@ impl Limit {
         }
     }
 
-    /// The most units one subject can ever be granted at once: `limit` or `capacity`.
-    pub const fn quota(&self) -> u64 {
-        match *self {
-            Limit::FixedWindow { limit, .. }
-            | Limit::SlidingWindowLog { limit, .. }
-            | Limit::SlidingWindowCounter { limit, .. } => limit,
-            Limit::TokenBucket { capacity, .. } => capacity,
-            Limit::Gcra { burst, .. } => burst,
-        }
-    }
-
-    /// The name of the field that holds [`Limit::quota`].
+    /// The name of the field that holds the quota ([`Params::quota`]).
     pub const fn quota_field(&self) -> &'static str {
         match self {
             Limit::TokenBucket { .. } => "capacity",

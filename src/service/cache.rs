@@ -248,7 +248,7 @@ mod tests {
     }
 
     fn limit(cache: &PolicyCache) -> Option<u64> {
-        cache.get("p").map(|(p, _)| p.limit.quota())
+        cache.get("p").map(|(p, _)| p.params.quota())
     }
 
     #[test]

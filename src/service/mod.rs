@@ -145,7 +145,7 @@ impl RateLimiter {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let (policy, etag) = self.policy(name).await?;
-        let quota = policy.limit.quota();
+        let quota = policy.params.quota();
         if cost > quota {
             return Err(ServiceError::CostAboveQuota {
                 cost,
@@ -206,7 +206,7 @@ impl RateLimiter {
             FailMode::Open | FailMode::Local => Ok((
                 Decision {
                     allowed: true,
-                    remaining: policy.limit.quota() - cost,
+                    remaining: policy.params.quota() - cost,
                     reset_after_us: 0,
                     retry_after_us: 0,
                 },

@@ -606,7 +606,7 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .to_vec();
         let policy = decode(fields).expect("decodes");
-        assert_eq!(policy.limit.quota(), 5);
+        assert_eq!(policy.params.quota(), 5);
         assert_eq!(policy.description.as_deref(), Some("5 a minute"));
     }
 

@@ -10,7 +10,7 @@ use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::gcra::{
     self, Params, MAX_BURST, MAX_PERIOD_MS, MAX_RATE, MIN_BURST, MIN_PERIOD_MS, MIN_RATE,
 };
-use ratelimiter::limiter::Decision;
+use ratelimiter::limiter::{Decision, Rule};
 
 use crate::helpers::TestRedis;
 
@@ -85,7 +85,8 @@ impl Lab {
         cmd.arg(&self.ours)
             .arg(1)
             .arg(key)
-            .arg(&p.script_args(cost)[..]);
+            .arg(Rule::script_args(p).as_slice())
+            .arg(cost);
         match now {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),

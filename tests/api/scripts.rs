@@ -566,7 +566,7 @@ fn every_script_decides_exactly_as_its_rust_function() {
         let mut lab = lab.borrow_mut();
         let mut s = lab.subject(Impl::OursPersisted, limit);
         let params = s.policy.params;
-        let quota = limit.quota();
+        let quota = limit.params().quota();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
