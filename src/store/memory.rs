@@ -25,15 +25,13 @@ use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
 use crate::limiter::{Decision, Outcome, State};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
+use crate::telemetry::Summarized;
 
 const SHARDS: usize = 64;
 
 /// The shortest time between two sweeps of expired entries forced by a full store: a flood of new
 /// subjects at the cap must not make every one of their acquires walk every shard.
 pub const SWEEP_EVERY_US: u64 = 100_000;
-
-/// The shortest time between two log lines about refused subjects.
-const LOG_FULL_EVERY_US: u64 = 1_000_000;
 
 #[derive(Debug)]
 struct Slot {
@@ -52,9 +50,8 @@ pub struct MemoryStore {
     max_subjects: u64,
     /// When a full store last swept expired entries (µs).
     swept_at_us: AtomicU64,
-    /// Refusals not logged yet, and when the last line about them was written (µs).
-    refused: AtomicU64,
-    refusal_logged_at_us: AtomicU64,
+    /// Refusals, logged one line a second with their count.
+    refused: Summarized,
     policies: Mutex<PolicySet>,
 }
 
@@ -81,8 +78,7 @@ impl MemoryStore {
             max_subjects,
             // Never: the first of each is due at once.
             swept_at_us: AtomicU64::new(u64::MAX),
-            refused: AtomicU64::new(0),
-            refusal_logged_at_us: AtomicU64::new(u64::MAX),
+            refused: Summarized::per_second(),
             policies: Mutex::new(PolicySet::default()),
         }
     }
@@ -115,7 +111,7 @@ impl MemoryStore {
             self.sweep_when_full(now);
             shard = lock(shard_lock);
             if !shard.contains_key(&name) && !self.reserve() {
-                return Err(self.refuse(now));
+                return Err(self.refuse());
             }
         }
         // Taken out and put back: the pure functions own the state while they decide. From here
@@ -176,18 +172,9 @@ impl MemoryStore {
     }
 
     /// Counts a refused subject, logs at most one line a second, and returns the error.
-    fn refuse(&self, now: u64) -> StoreError {
+    fn refuse(&self) -> StoreError {
         metrics::counter!(m::EMBEDDED_STORE_FULL).increment(1);
-        self.refused.fetch_add(1, Ordering::Relaxed);
-        let last = self.refusal_logged_at_us.load(Ordering::Relaxed);
-        let due = now < last || now - last >= LOG_FULL_EVERY_US;
-        if due
-            && self
-                .refusal_logged_at_us
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            let refused = self.refused.swap(0, Ordering::Relaxed);
+        if let Some(refused) = self.refused.hit() {
             tracing::warn!(
                 refused,
                 max_subjects = self.max_subjects,
