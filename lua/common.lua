@@ -1,9 +1,40 @@
--- common.lua: helpers prepended to every decision script when it is loaded (see
--- src/store/scripts.rs). It has no KEYS, ARGV or reply of its own.
+-- common.lua: the head of every decision script, which src/store/scripts.rs puts together from
+-- this file, the helpers some algorithms need (lua/muldiv.lua), and one part per limit of the
+-- policy, in policy order, each part being lua/<algorithm>.lua.
 --
--- The line before it, `#!lua`, is added by src/store/scripts.rs and must stay the first line of
--- every decision script: a Redis 7 flagged script (with no `allow-oom`) is refused whole while
--- Redis is over `maxmemory`, so an out-of-memory Redis answers OOM and nothing is half-written.
+-- KEYS[i]      the state key of the policy's i-th limit
+-- ARGV[1]      cost (1 <= cost <= every limit's quota)
+-- ARGV[2]      the current time in µs, or empty for Redis TIME (explicit times are for tests)
+-- ARGV[3...]   each limit's parameters in policy order: the i-th limit's start at ARGV[a + 1],
+--              where `a` is 2 plus the number of parameters of the limits before it; its file
+--              names them
+-- Reply        {allowed (0|1), then for each limit in policy order: admits (0|1), remaining,
+--              reset_after_us, retry_after_us}
+-- Flags        `#!lua`: refused whole, with OOM, while Redis is over maxmemory
+--
+-- One limit's part has three sections, split by the lines `--- take` and `--- keep`:
+-- - the level: reads the limit's state from `key` (KEYS[i]) and its parameters from ARGV[a + n],
+--   works out where the subject stands at `now`, and sets `admits` (whether `cost` fits). It
+--   writes nothing that changes an answer.
+-- - take: runs when every limit admits; takes `cost`, writes the state with its expiry, and sets
+--   `out_remaining` and `out_reset` (`out_retry` stays 0).
+-- - keep: runs otherwise; writes nothing, and sets `out_remaining`, `out_reset` and, when the
+--   limit does not admit, `out_retry`: the subject as it stands.
+-- The parts nest, each inside the one before (`do ... end`), so that every level runs before
+-- any take or keep, each part's locals stay its own, and the script stays straight-line code:
+--
+--   local allowed, reply = true, {1, 0, 0, 0, 0, ...}
+--   do local key, a = KEYS[1], 2           -- limit 1
+--     <level 1>; if not admits then allowed = false end
+--     do local key, a = KEYS[2], 2 + n1    -- limit 2
+--       <level 2>; if not admits then allowed = false end
+--       local out_remaining, out_reset, out_retry = 0, 0, 0
+--       if allowed then <take 2> else <keep 2> end
+--       reply[6], reply[7], reply[8], reply[9] = ...
+--     end
+--     ... the same for limit 1, whose locals are in scope again
+--   end
+--   return reply
 --
 -- Lua numbers are doubles: integers are exact only below 2^53 (9007199254740992). Times are
 -- microseconds (about 1.7e15 today), so every value stays exact as long as products are formed
@@ -11,11 +42,13 @@
 -- string.format('%d'), never tostring: Redis before 7 prints numbers with 14 digits, which
 -- would corrupt a 16-digit timestamp (TTLs in ms have at most 13 and pass as numbers).
 
+local MAX_WAIT_US = 1125899906842624 -- 2^50 µs; longer waits are reported as this
+
+local cost = tonumber(ARGV[1])
 -- The decision time, `now` in µs: Redis's own clock, so that every service instance shares one,
--- or the explicit time that tests pass. The time is always the last argument: empty for TIME.
--- (Straight-line code rather than a function: each function is a closure created on every call,
--- which measurably costs in a script this short.)
-local now = ARGV[#ARGV]
+-- or the explicit time that tests pass. (Straight-line code rather than a function: each
+-- function is a closure created on every call, which measurably costs in a script this short.)
+local now = ARGV[2]
 if now == '' then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])

@@ -1,22 +1,15 @@
 -- fixed_window.lua: at most `limit` units per window aligned to multiples of `window_us`.
--- Mirrors src/limiter/fixed_window.rs.
+-- Mirrors src/limiter/fixed_window.rs. One limit's part of a decision script: see common.lua.
 --
--- KEYS[1]  the subject's state key: a string packing (window, count, window_us) as doubles
--- ARGV[1]  limit
--- ARGV[2]  window_us
--- ARGV[3]  cost (1 <= cost <= limit)
--- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
---          read by common.lua into `now`
--- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
--- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
+-- key          the limit's state key: a string packing (window, count, window_us) as doubles
+-- ARGV[a + 1]  limit
+-- ARGV[a + 2]  window_us
 --
--- A denial writes nothing. A time in an earlier window than the stored one (the clock stepped
--- back) keeps counting in the stored window.
+-- A time in an earlier window than the stored one (the clock stepped back) keeps counting in the
+-- stored window.
 
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local window_us = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+local limit = tonumber(ARGV[a + 1])
+local window_us = tonumber(ARGV[a + 2])
 
 -- floor(now / window_us), corrected where the division rounds up to the next integer.
 local current = math.floor(now / window_us)
@@ -33,9 +26,16 @@ if raw then
 end
 
 local wait = (window + 1) * window_us - now
-if count + cost <= limit then
-  count = count + cost
-  redis.call('PSETEX', key, math.ceil(wait / 1000), struct.pack('<ddd', window, count, window_us))
-  return {1, limit - count, wait, 0}
+local admits = count + cost <= limit
+--- take
+count = count + cost
+redis.call('PSETEX', key, math.ceil(wait / 1000), struct.pack('<ddd', window, count, window_us))
+out_remaining, out_reset = limit - count, wait
+--- keep
+out_remaining = math.max(limit - count, 0)
+if count > 0 then
+  out_reset = wait
 end
-return {0, math.max(limit - count, 0), wait, wait}
+if not admits then
+  out_retry = wait
+end

@@ -1,31 +1,23 @@
 -- gcra.lua: GCRA, sustained `rate` units per period and at most `burst` at once, decided on the
 -- theoretical arrival time (TAT). Mirrors src/limiter/gcra.rs, whose module doc states the rules.
+-- One limit's part of a decision script: see common.lua.
 --
--- KEYS[1]  the subject's state key: a string packing (anchor_us, units, interval_num,
---          interval_den) as doubles, the TAT being anchor_us + units * interval_num /
---          interval_den µs; a missing key is a subject at rest
--- ARGV[1]  burst (the capacity)
--- ARGV[2]  interval_num } the emission interval period_us / rate in lowest terms, in µs
--- ARGV[3]  interval_den } (interval_den <= rate < 2^31, so products stay exact through muldiv)
--- ARGV[4]  cost (1 <= cost <= burst)
--- ARGV[5]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
---          read by common.lua into `now`
--- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
--- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
+-- key          the limit's state key: a string packing (anchor_us, units, interval_num,
+--              interval_den) as doubles, the TAT being anchor_us + units * interval_num /
+--              interval_den µs; a missing key is a subject at rest
+-- ARGV[a + 1]  burst (the capacity)
+-- ARGV[a + 2]  interval_num } the emission interval period_us / rate in lowest terms, in µs
+-- ARGV[a + 3]  interval_den } (interval_den <= rate < 2^31, so products stay exact through muldiv)
 --
 -- The TAT is an anchor in whole µs plus a whole number of emission intervals, so it is exact
 -- with no rounding. The anchor moves forward by whole multiples of interval_num µs only, stays
 -- within one such span of the last decision, and keeps units below burst + interval_den: every
--- number stays below 2^53. A time before the anchor is treated as the anchor (never refunds). A
--- denial writes nothing. The key expires when the TAT has passed.
+-- number stays below 2^53. A time before the anchor is treated as the anchor (never refunds).
+-- The key expires when the TAT has passed.
 
-local MAX_WAIT_US = 1125899906842624 -- 2^50 µs; longer waits are reported as this
-
-local key = KEYS[1]
-local burst = tonumber(ARGV[1])
-local num = tonumber(ARGV[2])
-local den = tonumber(ARGV[3])
-local cost = tonumber(ARGV[4])
+local burst = tonumber(ARGV[a + 1])
+local num = tonumber(ARGV[a + 2])
+local den = tonumber(ARGV[a + 3])
 
 local anchor, units = now, 0
 local raw = redis.call('GET', key)
@@ -63,13 +55,17 @@ local function drain(level)
   return math.min(skew + wait, MAX_WAIT_US)
 end
 
-if busy + cost <= burst then
-  local after = busy + cost
-  local reset = drain(after)
-  -- Whole spans of num µs (den intervals) move into the anchor, which stays exact.
-  local periods = divmod(elapsed, den)
-  redis.call('PSETEX', key, math.ceil(reset / 1000),
-    struct.pack('<dddd', anchor + periods * num, units - periods * den + cost, num, den))
-  return {1, burst - after, reset, 0}
+local admits = busy + cost <= burst
+--- take
+local after = busy + cost
+out_reset = drain(after)
+-- Whole spans of num µs (den intervals) move into the anchor, which stays exact.
+local periods = divmod(elapsed, den)
+redis.call('PSETEX', key, math.ceil(out_reset / 1000),
+  struct.pack('<dddd', anchor + periods * num, units - periods * den + cost, num, den))
+out_remaining = burst - after
+--- keep
+out_remaining, out_reset = math.max(burst - busy, 0), drain(busy)
+if not admits then
+  out_retry = drain(busy + cost - burst)
 end
-return {0, math.max(burst - busy, 0), drain(busy), drain(busy + cost - burst)}

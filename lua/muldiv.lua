@@ -1,5 +1,5 @@
 -- muldiv.lua: exact a * b / c, prepended after common.lua to the scripts whose products can
--- exceed 2^53 (sliding_window_counter, token_bucket). It has no KEYS, ARGV or reply of its own.
+-- exceed 2^53 (see the registry in src/limiter/mod.rs). It has no KEYS, ARGV or reply of its own.
 
 local TWO_53 = 9007199254740992
 

@@ -1,24 +1,18 @@
 -- sliding_window_counter.lua: the previous window's count, weighted by the part of it still
 -- inside the trailing window, plus the current window's count, may not exceed `limit`.
--- Mirrors src/limiter/sliding_window_counter.rs.
+-- Mirrors src/limiter/sliding_window_counter.rs. One limit's part of a decision script: see
+-- common.lua.
 --
--- KEYS[1]  the subject's state key: a string packing (window, previous, current, window_us)
--- ARGV[1]  limit
--- ARGV[2]  window_us
--- ARGV[3]  cost (1 <= cost <= limit)
--- ARGV[4]  the current time in µs, or empty for Redis TIME (explicit times are for tests);
---          read by common.lua into `now`
--- Reply    {allowed (0|1), remaining, reset_after_us, retry_after_us}
--- Flags    `#!lua` (see common.lua): refused whole, with OOM, while Redis is over maxmemory
+-- key          the limit's state key: a string packing (window, previous, current, window_us)
+-- ARGV[a + 1]  limit
+-- ARGV[a + 2]  window_us
 --
--- Allowed when current + cost + ceil(previous * (window_us - elapsed) / window_us) <= limit,
--- in exact integers. A denial writes nothing. A time in a window earlier than the stored one
--- (the clock stepped back) counts as the start of the stored window.
+-- Admits when current + cost + ceil(previous * (window_us - elapsed) / window_us) <= limit,
+-- in exact integers. A time in a window earlier than the stored one (the clock stepped back)
+-- counts as the start of the stored window.
 
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local w = tonumber(ARGV[2])
-local cost = tonumber(ARGV[3])
+local limit = tonumber(ARGV[a + 1])
+local w = tonumber(ARGV[a + 2])
 
 local now_window = divmod(now, w)
 local window, previous, current = now_window, 0, 0
@@ -43,24 +37,28 @@ if r > 0 then
 end
 
 local end_of_next = start + 2 * w
-if current + cost + weighted <= limit then
-  current = current + cost
-  local reset = end_of_next - now
-  redis.call('PSETEX', key, math.ceil(reset / 1000), struct.pack('<dddd', window, previous, current, w))
-  return {1, limit - current - weighted, reset, 0}
-end
-
-local reset_at = start + w
+local admits = current + cost + weighted <= limit
+--- take
+current = current + cost
+out_reset = end_of_next - now
+redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddd', window, previous, current, w))
+out_remaining = limit - current - weighted
+--- keep
+out_remaining = math.max(limit - current - weighted, 0)
 if current > 0 then
-  reset_at = end_of_next
+  out_reset = end_of_next - now
+elseif previous > 0 then
+  out_reset = math.max(start + w - now, 0)
 end
-local allowed_at
-if current + cost <= limit then
-  -- Later in this window, once the previous window's weight has shrunk enough.
-  allowed_at = start + w - muldiv(w, limit - current - cost, previous)
-else
-  -- In the next window, where this window's count becomes the weighted one.
-  local shrink = muldiv(w, limit - cost, current)
-  allowed_at = start + w + math.max(w - shrink, 0)
+if not admits then
+  local allowed_at
+  if current + cost <= limit then
+    -- Later in this window, once the previous window's weight has shrunk enough.
+    allowed_at = start + w - muldiv(w, limit - current - cost, previous)
+  else
+    -- In the next window, where this window's count becomes the weighted one.
+    local shrink = muldiv(w, limit - cost, current)
+    allowed_at = start + w + math.max(w - shrink, 0)
+  end
+  out_retry = math.max(allowed_at - now, 0)
 end
-return {0, math.max(limit - current - weighted, 0), math.max(reset_at - now, 0), math.max(allowed_at - now, 0)}

@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use anyhow::bail;
 use ratelimiter::config::Settings;
 use ratelimiter::policy::Algorithm;
+use ratelimiter::limiter::MAX_LIMITS;
 use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
 use ratelimiter::telemetry;
 
-const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script ALGORITHM
+const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script ALGORITHM[,ALGORITHM...]
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
@@ -34,9 +35,16 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     .next()
                     .and_then(|n| n.into_string().ok())
                     .unwrap_or_default();
-                match Algorithm::parse(&name) {
-                    Some(a) => print!("{}", scripts::source(a)),
-                    None => bail!("--print-script takes an algorithm name, not {name:?}"),
+                // One algorithm, or several separated by commas: a policy's limits in order.
+                let algorithms: Option<Vec<Algorithm>> =
+                    name.split(',').map(Algorithm::parse).collect();
+                match algorithms {
+                    Some(a) if (1..=MAX_LIMITS).contains(&a.len()) => {
+                        print!("{}", scripts::compose(&a))
+                    }
+                    _ => bail!(
+                        "--print-script takes algorithm names separated by commas (at most {MAX_LIMITS}), not {name:?}"
+                    ),
                 }
                 std::process::exit(0);
             }

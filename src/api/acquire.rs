@@ -31,6 +31,12 @@ pub struct AcquireRequest {
 }
 
 /// The decision. A denial is an ordinary answer (200 with `"allowed": false`), not an error.
+///
+/// For a policy of several limits, the top-level `limit`, `remaining`, `reset_after_ms` and
+/// `retry_after_ms` describe the binding limit: when denied, the denying limit with the longest
+/// `retry_after_ms` (so that it is the time until the same request would be allowed); when
+/// allowed, the limit with the fewest units remaining. `limits` then gives every limit and
+/// `violated` the limits that denied.
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "allowed": true, "policy": "api-per-user", "key": "user-42", "limit": 20, "remaining": 19,
@@ -46,7 +52,8 @@ pub struct AcquireResponse {
     /// The subject asked for, echoed unchanged.
     #[schema(example = "user-42")]
     pub key: String,
-    /// The policy's `limit` (or a token bucket's `capacity`).
+    /// The policy's `limit` (a token bucket's `capacity`, GCRA's `burst`); for several limits,
+    /// the binding limit's.
     #[schema(example = 20)]
     pub limit: u64,
     /// Units still available after this call; never negative.
@@ -63,21 +70,53 @@ pub struct AcquireResponse {
     /// decided instead; an `open` answer was not counted.
     #[schema(example = false)]
     pub degraded: bool,
+    /// Policies of several limits only: each limit, in policy order. When the acquire was
+    /// denied, nothing was taken from any limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Vec<LimitState>>,
+    /// Policies of several limits, on a denial only: the names of the limits that denied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(["daily"]))]
+    pub violated: Option<Vec<String>>,
+}
+
+/// One limit of a policy of several, after an acquire.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"name": "daily", "limit": 10000, "remaining": 9990, "reset_after_ms": 3600000, "retry_after_ms": 0}))]
+pub struct LimitState {
+    /// The limit's name.
+    #[schema(example = "daily")]
+    pub name: String,
+    /// Its quota: `limit`, `capacity` or `burst`.
+    #[schema(example = 10000)]
+    pub limit: u64,
+    /// Units it still has; never negative.
+    #[schema(example = 9990)]
+    pub remaining: u64,
+    /// Milliseconds until it is back to its full quota, if nothing else arrives.
+    #[schema(example = 3600000)]
+    pub reset_after_ms: u64,
+    /// 0 when it admitted the cost; otherwise milliseconds until it would.
+    #[schema(example = 0)]
+    pub retry_after_ms: u64,
 }
 
 /// Acquire units from a policy for a subject.
 ///
-/// Atomically takes `cost` units for `key` under `policy`, or takes nothing. Every decision
-/// carries `RateLimit-Policy` and `RateLimit` headers (IETF httpapi draft-10 syntax); a denial
-/// also carries `Retry-After` in whole seconds.
+/// Atomically takes `cost` units for `key` under `policy`, or takes nothing: for a policy of
+/// several limits, only if every limit admits `cost`, and then from every one. Every decision
+/// carries `RateLimit-Policy` and `RateLimit` headers (IETF httpapi draft-10/-11 syntax, one
+/// list item per limit, named `"<policy>"` for a policy of one limit and `"<policy>/<limit>"`
+/// for each limit of a policy of several); a denial also carries `Retry-After` in whole
+/// seconds, from the binding limit.
 #[utoipa::path(
     tag = "acquire",
     security((), ("bearer" = [])),
     request_body = AcquireRequest,
     responses(
         (status = 200, description = "The decision, allowed or denied", body = AcquireResponse, headers(
-            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`"),
-            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`"),
+            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
+            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`"),
             ("Retry-After" = u64, description = "On a denial: seconds until the request would be allowed"),
             ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
         )),
@@ -107,19 +146,41 @@ pub async fn acquire(
 }
 
 fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
-    let d = a.decision;
-    let limit = a.policy.params.quota();
-    let name = a.policy.name.as_str();
+    let policy = &a.policy;
+    let verdict = &a.verdict;
+    let d = verdict.decision();
+    let binding = verdict.binding();
+    let limit = policy
+        .limits
+        .get(binding)
+        .map_or(0, |l| l.params.quota());
+    let name = policy.name.as_str();
+    let composite = policy.is_composite();
     let mut response = HttpResponse::Ok();
 
+    // One list item per limit: `"<policy>"`, or `"<policy>/<limit>"` for each of several
+    // (policy and limit names hold no `/`, so the two never meet).
     let mut num = itoa::Buffer::new();
     let mut value = String::with_capacity(name.len() + 32);
-    value.push('"');
-    value.push_str(name);
-    value.push_str("\";q=");
-    value.push_str(num.format(limit));
-    value.push_str(";w=");
-    value.push_str(num.format(a.policy.limit.window_seconds()));
+    let item = |value: &mut String, limit: &str| {
+        value.push('"');
+        value.push_str(name);
+        if composite {
+            value.push('/');
+            value.push_str(limit);
+        }
+        value.push('"');
+    };
+    for (i, l) in policy.limits.iter().enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        item(&mut value, l.name.as_str());
+        value.push_str(";q=");
+        value.push_str(num.format(l.params.quota()));
+        value.push_str(";w=");
+        value.push_str(num.format(l.window_seconds()));
+    }
     push_header(&mut response, "ratelimit-policy", &value);
 
     value.clear();
@@ -133,12 +194,16 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     // A degraded answer counted nothing, so there is no remaining quota to report.
     if !a.degraded {
         value.clear();
-        value.push('"');
-        value.push_str(name);
-        value.push_str("\";r=");
-        value.push_str(num.format(d.remaining));
-        value.push_str(";t=");
-        value.push_str(num.format(d.reset_after_us.div_ceil(1_000_000)));
+        for (i, (l, ld)) in policy.limits.iter().zip(verdict.limits()).enumerate() {
+            if i > 0 {
+                value.push_str(", ");
+            }
+            item(&mut value, l.name.as_str());
+            value.push_str(";r=");
+            value.push_str(num.format(ld.remaining));
+            value.push_str(";t=");
+            value.push_str(num.format(ld.reset_after_us.div_ceil(1_000_000)));
+        }
         push_header(&mut response, "ratelimit", &value);
     }
 
@@ -150,6 +215,32 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             num.format(seconds),
         );
     }
+    let (limits, violated) = if composite {
+        let states = policy
+            .limits
+            .iter()
+            .zip(verdict.limits())
+            .map(|(l, ld)| LimitState {
+                name: l.name.to_string(),
+                limit: l.params.quota(),
+                remaining: ld.remaining,
+                reset_after_ms: ld.reset_after_us.div_ceil(1_000),
+                retry_after_ms: ld.retry_after_us.div_ceil(1_000),
+            })
+            .collect();
+        let violated = (!d.allowed).then(|| {
+            policy
+                .limits
+                .iter()
+                .zip(verdict.limits())
+                .filter(|(_, ld)| !ld.allowed)
+                .map(|(l, _)| l.name.to_string())
+                .collect()
+        });
+        (Some(states), violated)
+    } else {
+        (None, None)
+    };
     response.json(AcquireResponse {
         allowed: d.allowed,
         policy: name.to_owned(),
@@ -159,6 +250,8 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         reset_after_ms: d.reset_after_us.div_ceil(1_000),
         retry_after_ms: d.retry_after_us.div_ceil(1_000),
         degraded: a.degraded,
+        limits,
+        violated,
     })
 }
 

@@ -11,6 +11,7 @@ pub mod errors;
 pub mod guard;
 pub mod health;
 pub mod policies;
+pub mod schema;
 pub mod span;
 
 use actix_web::body::MessageBody;

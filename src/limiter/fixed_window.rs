@@ -22,17 +22,31 @@ pub struct State {
     pub window_us: u64,
 }
 
-super::window_rule!("fixed_window");
+super::window_rule!("fixed_window", super::MAX_UNITS);
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    decide(state, p, cost, now_us, true)
+}
+
+/// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
+/// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
+/// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+pub fn decide(
+    state: Option<State>,
+    p: &Params,
+    cost: u64,
+    now_us: u64,
+    take: bool,
+) -> Outcome<State> {
     let current = now_us / p.window_us;
     let (window, count) = match state {
         Some(s) if s.window_us == p.window_us && s.window >= current => (s.window, s.count),
         _ => (current, 0),
     };
     let end = (window + 1) * p.window_us;
-    if count + cost <= p.limit {
+    let admits = count + cost <= p.limit;
+    if admits && take {
         let count = count + cost;
         let ttl = until(end, now_us);
         Outcome {
@@ -53,10 +67,11 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
         let wait = until(end, now_us);
         Outcome {
             decision: Decision {
-                allowed: false,
+                allowed: admits,
                 remaining: p.limit.saturating_sub(count),
-                reset_after_us: wait,
-                retry_after_us: wait,
+                // Nothing counted: already at full quota.
+                reset_after_us: if count == 0 { 0 } else { wait },
+                retry_after_us: if admits { 0 } else { wait },
             },
             state,
             ttl_us: None,

@@ -124,10 +124,34 @@ pub struct State {
 
 impl super::Rule for Params {
     const NAME: &'static str = "gcra";
+    const FIELDS: &'static [super::Field] = &[
+        super::Field {
+            name: "rate",
+            min: MIN_RATE,
+            max: MAX_RATE,
+            doc: "units per `period_ms`, sustained",
+            example: 10,
+        },
+        super::Field {
+            name: "period_ms",
+            min: MIN_PERIOD_MS,
+            max: MAX_PERIOD_MS,
+            doc: "the period in milliseconds over which `rate` units are allowed",
+            example: 1_000,
+        },
+        super::Field {
+            name: "burst",
+            min: MIN_BURST,
+            max: MAX_BURST,
+            doc: "the most units at once, the capacity",
+            example: 20,
+        },
+    ];
+    const QUOTA_FIELD: &'static str = "burst";
     type State = State;
 
-    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
-        acquire(state, self, cost, now_us)
+    fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
+        decide(state, self, cost, now_us, take)
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -137,10 +161,34 @@ impl super::Rule for Params {
     fn quota(&self) -> u64 {
         self.burst
     }
+
+    fn from_fields(values: &[u64]) -> Self {
+        let [rate, period_ms, burst] = super::fields::<3>(values);
+        Self::new(rate, period_ms, burst)
+    }
+
+    fn window_us(&self) -> u64 {
+        // `burst` intervals: from busy to rest.
+        let us = u128::from(self.burst) * u128::from(self.interval_num);
+        u64::try_from(us.div_ceil(u128::from(self.interval_den))).unwrap_or(u64::MAX)
+    }
 }
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    decide(state, p, cost, now_us, true)
+}
+
+/// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
+/// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
+/// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+pub fn decide(
+    state: Option<State>,
+    p: &Params,
+    cost: u64,
+    now_us: u64,
+    take: bool,
+) -> Outcome<State> {
     let (num, den) = (p.interval_num, p.interval_den);
     let (anchor, units) = match state {
         Some(s) if s.interval_num == num && s.interval_den == den => (s.anchor_us, s.units),
@@ -159,7 +207,8 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
     };
     let wait = |level: u64| (skew.saturating_add(drain(level, part, num, den))).min(MAX_WAIT_US);
 
-    if busy + cost <= p.burst {
+    let admits = busy + cost <= p.burst;
+    if admits && take {
         let after = busy + cost;
         let reset = wait(after);
         // Whole periods of `num` µs (`den` intervals) move into the anchor, which stays exact.
@@ -182,10 +231,14 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
     } else {
         Outcome {
             decision: Decision {
-                allowed: false,
+                allowed: admits,
                 remaining: p.burst.saturating_sub(busy),
                 reset_after_us: wait(busy),
-                retry_after_us: wait(busy + cost - p.burst),
+                retry_after_us: if admits {
+                    0
+                } else {
+                    wait(busy + cost - p.burst)
+                },
             },
             state,
             ttl_us: None,

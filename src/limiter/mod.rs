@@ -21,24 +21,53 @@ pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
 
-/// What each algorithm's module provides, implemented on its `Params`: everything the stores and
-/// the tests need to run it, so that nothing outside the module and the registry below matches
-/// on the algorithm.
+/// What each algorithm's module provides, implemented on its `Params`: everything the policy
+/// model, the stores and the tests need to run it, so that nothing outside the module and the
+/// registry below matches on the algorithm.
 pub trait Rule: Copy {
     /// The algorithm's one name: JSON `algorithm`, `lua/<name>.lua`, state keys.
     const NAME: &'static str;
+    /// The policy fields that set the parameters, in the order [`Rule::from_fields`] takes them.
+    const FIELDS: &'static [Field];
+    /// Which of [`Rule::FIELDS`] is the quota ([`Rule::quota`]): named when a cost exceeds it.
+    const QUOTA_FIELD: &'static str;
     /// What is kept per subject.
     type State: std::fmt::Debug + Send;
-    /// The pure decision.
-    fn decide(&self, state: Option<Self::State>, cost: u64, now_us: u64) -> Outcome<Self::State>;
-    /// The script's arguments after `KEYS[1]`, in order, before `cost` and the time.
+    /// The parameters from the fields' values, in [`Rule::FIELDS`] order, each within its
+    /// bounds.
+    fn from_fields(values: &[u64]) -> Self;
+    /// The pure decision: whether `cost` units fit at `now_us`. When they fit and `take` is set
+    /// they are taken (`state` and `ttl_us` say what to keep); otherwise nothing is taken and the
+    /// decision describes the subject as it stands: `allowed` says whether the units fit,
+    /// `retry_after_us` is 0 when they do, and `ttl_us` is `None`. Deciding with `take` unset and
+    /// then again with `take` set on the state it returns gives the same answer as deciding with
+    /// `take` set at once.
+    fn decide(&self, state: Option<Self::State>, cost: u64, now_us: u64, take: bool)
+        -> Outcome<Self::State>;
+    /// The script's parameters (`ARGV[a + 1]` onwards, see `lua/common.lua`).
     fn script_args(&self) -> ScriptArgs;
     /// The most units one subject can be granted at once.
     fn quota(&self) -> u64;
+    /// The time over which the quota is granted, for `RateLimit-Policy`'s `w`: the window, or the
+    /// time to refill from empty, in µs.
+    fn window_us(&self) -> u64;
 }
 
-/// A script's leading arguments, without allocating.
-#[derive(Debug, Clone, Copy)]
+/// One numeric field of an algorithm's parameters, as policy documents name it. Validation, its
+/// error messages and the OpenAPI schema all read the bounds from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Field {
+    pub name: &'static str,
+    pub min: u64,
+    pub max: u64,
+    /// What the field means, for the OpenAPI schema.
+    pub doc: &'static str,
+    /// A typical value, for the OpenAPI schema.
+    pub example: u64,
+}
+
+/// A few integers without allocating: a script's parameters, or the values of a limit's fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ScriptArgs {
     args: [u64; 4],
     len: usize,
@@ -58,16 +87,41 @@ impl ScriptArgs {
     }
 }
 
-/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `acquire`:
-/// the three window algorithms take the same arguments.
+/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`: the
+/// three window algorithms take the same fields. `$max_limit` bounds `limit`.
 macro_rules! window_rule {
-    ($name:literal) => {
+    ($name:literal, $max_limit:expr) => {
         impl super::Rule for Params {
             const NAME: &'static str = $name;
+            const FIELDS: &'static [super::Field] = &[
+                super::Field {
+                    name: "limit",
+                    min: 1,
+                    max: $max_limit,
+                    doc: "units allowed per window",
+                    example: 100,
+                },
+                super::Field {
+                    name: "window_ms",
+                    min: 1,
+                    max: super::MAX_PERIOD_MS,
+                    doc: "the window's length in milliseconds",
+                    example: 60_000,
+                },
+            ];
+            const QUOTA_FIELD: &'static str = "limit";
             type State = State;
 
-            fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
-                acquire(state, self, cost, now_us)
+            fn from_fields(values: &[u64]) -> Self {
+                let [limit, window_ms] = super::fields::<2>(values);
+                Params {
+                    limit,
+                    window_us: window_ms * 1_000,
+                }
+            }
+
+            fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
+                decide(state, self, cost, now_us, take)
             }
 
             fn script_args(&self) -> super::ScriptArgs {
@@ -77,15 +131,34 @@ macro_rules! window_rule {
             fn quota(&self) -> u64 {
                 self.limit
             }
+
+            fn window_us(&self) -> u64 {
+                self.window_us
+            }
         }
     };
 }
 pub(crate) use window_rule;
 
-/// The registry: every algorithm, its module and the Lua files of its script, named once. It
-/// generates [`Algorithm`], [`Params`] and [`State`] and their dispatch.
+/// Largest `limit`, `capacity`, `refill_tokens`, `rate` and `burst`.
+pub const MAX_UNITS: u64 = 1_000_000_000;
+/// Longest `window_ms`, `refill_period_ms` and `period_ms`: 31 days.
+pub const MAX_PERIOD_MS: u64 = 31 * 24 * 3_600 * 1_000;
+
+/// The first `N` values, zeros for any missing (callers pass `FIELDS.len()` values).
+pub(crate) fn fields<const N: usize>(values: &[u64]) -> [u64; N] {
+    let mut out = [0; N];
+    for (o, v) in out.iter_mut().zip(values) {
+        *o = *v;
+    }
+    out
+}
+
+/// The registry: every algorithm, its module and the Lua helpers its script needs besides
+/// `lua/common.lua` and its own `lua/<module>.lua`, named once. It generates [`Algorithm`],
+/// [`Params`] and [`State`] and their dispatch.
 macro_rules! algorithms {
-    ($($variant:ident => $module:ident [$($lua:literal),+]),+ $(,)?) => {
+    ($($variant:ident => $module:ident [$($helper:literal),*]),+ $(,)?) => {
         /// The algorithms, each with one name used everywhere: Rust module, Lua script, JSON
         /// value.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
@@ -108,16 +181,39 @@ macro_rules! algorithms {
                 Self::ALL.into_iter().find(|a| a.as_str() == s)
             }
 
-            /// The decision script as sent to Redis: the flags line (a Redis 7 flagged script,
-            /// refused whole while Redis is out of memory), `lua/common.lua`, then the
-            /// algorithm's files, joined by newlines.
-            pub const fn script(self) -> &'static str {
+            /// The policy fields of its parameters.
+            pub const fn fields(self) -> &'static [Field] {
                 match self {
-                    $(Algorithm::$variant => concat!(
-                        "#!lua\n",
-                        include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/common.lua")),
-                        $("\n", include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $lua))),+
-                    )),+
+                    $(Algorithm::$variant => <$module::Params as Rule>::FIELDS),+
+                }
+            }
+
+            /// The field that holds the quota.
+            pub const fn quota_field(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => <$module::Params as Rule>::QUOTA_FIELD),+
+                }
+            }
+
+            /// Parameters from the values of [`Algorithm::fields`], each within its bounds.
+            pub fn params(self, values: &[u64]) -> Params {
+                match self {
+                    $(Algorithm::$variant => Params::$variant(<$module::Params as Rule>::from_fields(values))),+
+                }
+            }
+
+            /// `lua/<name>.lua`: the algorithm's part of a decision script (see
+            /// `lua/common.lua` for how the parts are put together).
+            pub const fn lua(self) -> &'static str {
+                match self {
+                    $(Algorithm::$variant => include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", stringify!($module), ".lua"))),+
+                }
+            }
+
+            /// The helper files (`lua/<helper>`) its part uses, by name and content.
+            pub const fn lua_helpers(self) -> &'static [(&'static str, &'static str)] {
+                match self {
+                    $(Algorithm::$variant => &[$(($helper, include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/lua/", $helper)))),*]),+
                 }
             }
         }
@@ -141,30 +237,38 @@ macro_rules! algorithms {
                 }
             }
 
-            /// The most units one subject can be granted at once: `limit` or `capacity`.
+            /// The most units one subject can be granted at once: `limit`, `capacity` or
+            /// `burst`.
             pub fn quota(&self) -> u64 {
                 match self {
                     $(Params::$variant(p) => Rule::quota(p)),+
                 }
             }
 
-            /// The script's arguments after `KEYS[1]`, before `cost` and the time.
+            /// The time over which the quota is granted, in µs ([`Rule::window_us`]).
+            pub fn window_us(&self) -> u64 {
+                match self {
+                    $(Params::$variant(p) => Rule::window_us(p)),+
+                }
+            }
+
+            /// The script's parameters.
             pub fn script_args(&self) -> ScriptArgs {
                 match self {
                     $(Params::$variant(p) => Rule::script_args(p)),+
                 }
             }
 
-            /// Decides one acquire with the algorithm's pure function. State of another
+            /// Decides with the algorithm's pure function ([`Rule::decide`]). State of another
             /// algorithm counts as none.
-            pub fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
+            pub fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
                 match self {
                     $(Params::$variant(p) => {
                         let state = match state {
                             Some(State::$variant(s)) => Some(s),
                             _ => None,
                         };
-                        let o = Rule::decide(p, state, cost, now_us);
+                        let o = Rule::decide(p, state, cost, now_us, take);
                         Outcome {
                             decision: o.decision,
                             state: o.state.map(State::$variant),
@@ -178,11 +282,132 @@ macro_rules! algorithms {
 }
 
 algorithms! {
-    FixedWindow => fixed_window ["fixed_window.lua"],
-    SlidingWindowLog => sliding_window_log ["sliding_window_log.lua"],
-    SlidingWindowCounter => sliding_window_counter ["muldiv.lua", "sliding_window_counter.lua"],
-    TokenBucket => token_bucket ["muldiv.lua", "token_bucket.lua"],
-    Gcra => gcra ["muldiv.lua", "gcra.lua"],
+    FixedWindow => fixed_window [],
+    SlidingWindowLog => sliding_window_log [],
+    SlidingWindowCounter => sliding_window_counter ["muldiv.lua"],
+    TokenBucket => token_bucket ["muldiv.lua"],
+    Gcra => gcra ["muldiv.lua"],
+}
+
+/// The most limits one policy holds.
+pub const MAX_LIMITS: usize = 8;
+
+/// Decides one acquire over all of a policy's limits at once: allowed only if every limit admits
+/// `cost`, and then every limit takes it; if any denies, none takes anything. `states[i]` is
+/// limit `i`'s state, replaced by what to keep, and `ttls[i]` is set as [`Outcome::ttl_us`].
+/// The slices are as long as `params`, at most [`MAX_LIMITS`].
+pub fn decide_all(
+    params: &[Params],
+    states: &mut [Option<State>],
+    ttls: &mut [Option<u64>],
+    cost: u64,
+    now_us: u64,
+) -> Verdict {
+    let mut verdict = Verdict::default();
+    // One limit needs no second look.
+    let take = params.len() == 1;
+    for (i, p) in params.iter().enumerate() {
+        let o = p.decide(states[i].take(), cost, now_us, take);
+        states[i] = o.state;
+        ttls[i] = o.ttl_us;
+        verdict.push(o.decision);
+    }
+    if !take && verdict.allowed {
+        verdict = Verdict::default();
+        for (i, p) in params.iter().enumerate() {
+            let o = p.decide(states[i].take(), cost, now_us, true);
+            states[i] = o.state;
+            ttls[i] = o.ttl_us;
+            verdict.push(o.decision);
+        }
+    }
+    verdict
+}
+
+/// The answer to one acquire over a policy's limits: whether it was allowed, and each limit's
+/// decision in policy order. A limit's `allowed` says whether it admitted the cost; when the
+/// acquire was denied, nothing was taken from any limit, so each describes its limit as it
+/// stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    len: usize,
+    limits: [Decision; MAX_LIMITS],
+}
+
+impl Default for Verdict {
+    /// Allowed, with no limits yet.
+    fn default() -> Self {
+        const NONE: Decision = Decision {
+            allowed: true,
+            remaining: 0,
+            reset_after_us: 0,
+            retry_after_us: 0,
+        };
+        Self {
+            allowed: true,
+            len: 0,
+            limits: [NONE; MAX_LIMITS],
+        }
+    }
+}
+
+impl Verdict {
+    /// The verdict of a one-limit policy.
+    pub fn single(decision: Decision) -> Self {
+        let mut v = Self::default();
+        v.push(decision);
+        v
+    }
+
+    /// Adds the next limit's decision: the verdict is allowed while every limit admits. More
+    /// than [`MAX_LIMITS`] are ignored.
+    pub fn push(&mut self, decision: Decision) {
+        if self.len < MAX_LIMITS {
+            self.limits[self.len] = decision;
+            self.len += 1;
+            self.allowed &= decision.allowed;
+        }
+    }
+
+    /// Each limit's decision, in policy order.
+    pub fn limits(&self) -> &[Decision] {
+        &self.limits[..self.len]
+    }
+
+    /// The index of the limit that decided: on a denial, the denying limit with the longest
+    /// `retry_after_us` (the time until the same request is allowed); when allowed, the limit
+    /// with the fewest units remaining. The first such in policy order.
+    pub fn binding(&self) -> usize {
+        let limits = self.limits();
+        let mut best = 0;
+        for (i, d) in limits.iter().enumerate().skip(1) {
+            let b = &limits[best];
+            let better = if self.allowed {
+                d.remaining < b.remaining
+            } else {
+                !d.allowed && (b.allowed || d.retry_after_us > b.retry_after_us)
+            };
+            if better {
+                best = i;
+            }
+        }
+        best
+    }
+
+    /// The binding limit's decision ([`Verdict::binding`]), allowed as the verdict is.
+    pub fn decision(&self) -> Decision {
+        let d = self.limits().get(self.binding()).copied().unwrap_or(Decision {
+            allowed: self.allowed,
+            remaining: 0,
+            reset_after_us: 0,
+            retry_after_us: 0,
+        });
+        Decision {
+            allowed: self.allowed,
+            ..d
+        }
+    }
 }
 
 /// The longest wait reported, in microseconds (2^50 µs, about 35.7 years). Larger waits (a huge

@@ -26,10 +26,23 @@ pub struct State {
     pub window_us: u64,
 }
 
-super::window_rule!("sliding_window_counter");
+super::window_rule!("sliding_window_counter", super::MAX_UNITS);
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    decide(state, p, cost, now_us, true)
+}
+
+/// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
+/// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
+/// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+pub fn decide(
+    state: Option<State>,
+    p: &Params,
+    cost: u64,
+    now_us: u64,
+    take: bool,
+) -> Outcome<State> {
     let w = p.window_us;
     let now_window = now_us / w;
     let (window, previous, current) = match state {
@@ -49,7 +62,8 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
     let weighted = weighted(previous, w - elapsed, w);
 
     let end_of_next = start + 2 * w;
-    if current + cost + weighted <= p.limit {
+    let admits = current + cost + weighted <= p.limit;
+    if admits && take {
         let current = current + cost;
         let reset = until(end_of_next, now_us);
         Outcome {
@@ -68,9 +82,18 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
             ttl_us: Some(reset),
         }
     } else {
-        let reset_at = if current > 0 { end_of_next } else { start + w };
+        let reset_at = if current > 0 {
+            end_of_next
+        } else if previous > 0 {
+            start + w
+        } else {
+            // Nothing counted: already at full quota.
+            now_us
+        };
         // Earliest time at which `current + cost + weighted` fits, if nothing else arrives.
-        let allowed_at = if current + cost <= p.limit {
+        let allowed_at = if admits {
+            now_us
+        } else if current + cost <= p.limit {
             // Later in this window, once the previous window's weight has shrunk enough.
             start + w - muldiv(w, p.limit - current - cost, previous).0
         } else {
@@ -81,7 +104,7 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
         };
         Outcome {
             decision: Decision {
-                allowed: false,
+                allowed: admits,
                 remaining: p.limit.saturating_sub(current + weighted),
                 reset_after_us: until(reset_at, now_us),
                 retry_after_us: until(allowed_at, now_us),

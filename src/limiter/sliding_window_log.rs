@@ -27,10 +27,23 @@ pub struct State {
     pub entries: VecDeque<(u64, u64)>,
 }
 
-super::window_rule!("sliding_window_log");
+super::window_rule!("sliding_window_log", MAX_LIMIT);
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    decide(state, p, cost, now_us, true)
+}
+
+/// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
+/// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
+/// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+pub fn decide(
+    state: Option<State>,
+    p: &Params,
+    cost: u64,
+    now_us: u64,
+    take: bool,
+) -> Outcome<State> {
     let mut log = state.unwrap_or_default();
     // Time never runs backwards past the newest entry.
     let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
@@ -41,7 +54,8 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
     }
     let count: u64 = log.entries.iter().map(|&(_, n)| n).sum();
 
-    if count + cost <= p.limit {
+    let admits = count + cost <= p.limit;
+    if admits && take {
         match log.entries.back_mut() {
             Some((ts, n)) if *ts == t => *n += cost,
             _ => log.entries.push_back((t, cost)),
@@ -59,7 +73,7 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
         }
     } else {
         // The request fits once the oldest `count + cost - limit` units have left the window.
-        let mut must_leave = count + cost - p.limit;
+        let mut must_leave = (count + cost).saturating_sub(p.limit);
         let mut leaves_at = t;
         for &(ts, n) in &log.entries {
             leaves_at = ts;
@@ -68,12 +82,20 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
             }
             must_leave -= n;
         }
-        let newest = log.entries.back().map_or(t, |&(ts, _)| ts);
+        // An empty log is at full quota already.
+        let reset = log
+            .entries
+            .back()
+            .map_or(0, |&(newest, _)| until(newest + p.window_us, now_us));
         let decision = Decision {
-            allowed: false,
+            allowed: admits,
             remaining: p.limit.saturating_sub(count),
-            reset_after_us: until(newest + p.window_us, now_us),
-            retry_after_us: until(leaves_at + p.window_us, now_us),
+            reset_after_us: reset,
+            retry_after_us: if admits {
+                0
+            } else {
+                until(leaves_at + p.window_us, now_us)
+            },
         };
         let state = (!log.entries.is_empty()).then_some(log);
         Outcome {

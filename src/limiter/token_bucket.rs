@@ -44,10 +44,45 @@ pub struct State {
 
 impl super::Rule for Params {
     const NAME: &'static str = "token_bucket";
+    const FIELDS: &'static [super::Field] = &[
+        super::Field {
+            name: "capacity",
+            min: 1,
+            max: super::MAX_UNITS,
+            doc: "tokens the bucket holds; it starts full",
+            example: 20,
+        },
+        super::Field {
+            name: "refill_tokens",
+            min: 1,
+            max: super::MAX_UNITS,
+            doc: "tokens added per `refill_period_ms`, continuously",
+            example: 10,
+        },
+        super::Field {
+            name: "refill_period_ms",
+            min: 1,
+            max: super::MAX_PERIOD_MS,
+            doc: "the period in milliseconds over which `refill_tokens` are added",
+            example: 1_000,
+        },
+    ];
+    const QUOTA_FIELD: &'static str = "capacity";
     type State = State;
 
-    fn decide(&self, state: Option<State>, cost: u64, now_us: u64) -> Outcome<State> {
-        acquire(state, self, cost, now_us)
+    fn from_fields(values: &[u64]) -> Self {
+        let [capacity, refill_tokens, refill_period_ms] = super::fields::<3>(values);
+        Self::new(capacity, refill_tokens.max(1), refill_period_ms * 1_000)
+    }
+
+    fn window_us(&self) -> u64 {
+        // Time to refill from empty.
+        let us = u128::from(self.capacity) * u128::from(self.refill_period_us);
+        u64::try_from(us.div_ceil(u128::from(self.refill_tokens.max(1)))).unwrap_or(u64::MAX)
+    }
+
+    fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
+        decide(state, self, cost, now_us, take)
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -61,6 +96,19 @@ impl super::Rule for Params {
 
 /// Decides one acquire of `cost` units at `now_us`.
 pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outcome<State> {
+    decide(state, p, cost, now_us, true)
+}
+
+/// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
+/// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
+/// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+pub fn decide(
+    state: Option<State>,
+    p: &Params,
+    cost: u64,
+    now_us: u64,
+    take: bool,
+) -> Outcome<State> {
     let (rate, period) = (p.refill_tokens, p.refill_period_us);
     let (mut tokens, mut fraction, updated) = match state {
         Some(s) if s.refill_tokens == rate && s.refill_period_us == period => {
@@ -94,7 +142,8 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
         period,
     };
 
-    if tokens >= cost {
+    let admits = tokens >= cost;
+    if admits && take {
         let after = Level {
             tokens: tokens - cost,
             ..level
@@ -119,10 +168,14 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
     } else {
         Outcome {
             decision: Decision {
-                allowed: false,
+                allowed: admits,
                 remaining: tokens,
                 reset_after_us: (skew + level.wait_for(p.capacity)).min(MAX_WAIT_US),
-                retry_after_us: (skew + level.wait_for(cost)).min(MAX_WAIT_US),
+                retry_after_us: if admits {
+                    0
+                } else {
+                    (skew + level.wait_for(cost)).min(MAX_WAIT_US)
+                },
             },
             state,
             ttl_us: None,

@@ -6,10 +6,8 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::{
-    Algorithm, FailMode, Limit, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_PERIOD_MS, MAX_UNITS,
-};
-use crate::limiter::{gcra, sliding_window_log};
+use super::{Algorithm, FailMode, Limit, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_LIMITS};
+use crate::limiter::{Field, ScriptArgs};
 
 /// Why client input was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -91,13 +89,14 @@ impl ValidationError {
     }
 }
 
-const WINDOW_FIELDS: [&str; 2] = ["limit", "window_ms"];
-const BUCKET_FIELDS: [&str; 3] = ["capacity", "refill_tokens", "refill_period_ms"];
-const GCRA_FIELDS: [&str; 3] = ["rate", "period_ms", "burst"];
-const COMMON_FIELDS: [&str; 4] = ["name", "algorithm", "description", "fail_mode"];
+/// Fields of a policy besides its limit's (flat form) or its `limits`.
+const POLICY_FIELDS: [&str; 3] = ["name", "description", "fail_mode"];
 
-/// Validates a policy document. `path_name`, when given, is the name from the URL: a `name` in
-/// the body must match it, and may be left out.
+/// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
+/// or the `limits` form (`{"name", "limits": [{"name", "algorithm", <fields>…}…]}`). `path_name`,
+/// when given, is the name from the URL: a `name` in the body must match it, and may be left
+/// out. The only place policy input is read: the API, the configuration file and the Redis
+/// store all come through here.
 pub fn parse_policy(
     value: &Value,
     path_name: Option<&PolicyName>,
@@ -123,82 +122,13 @@ pub fn parse_policy(
         }
     };
 
-    let algorithm_name =
-        optional_str(doc, "algorithm")?.ok_or_else(|| ValidationError::Missing {
-            field: "algorithm".into(),
-            context: String::new(),
-        })?;
-    let algorithm = Algorithm::parse(algorithm_name).ok_or_else(|| {
-        ValidationError::invalid(
-            "algorithm",
-            format!(
-                "`{algorithm_name}` is not one of fixed_window, sliding_window_log, sliding_window_counter, token_bucket, gcra"
-            ),
-        )
-    })?;
-
-    let own: &[&str] = match algorithm {
-        Algorithm::TokenBucket => &BUCKET_FIELDS,
-        Algorithm::Gcra => &GCRA_FIELDS,
-        _ => &WINDOW_FIELDS,
-    };
-    // Reject stray fields first, in a stable order, so the error does not depend on map order.
-    let mut keys: Vec<&String> = doc.keys().collect();
-    keys.sort();
-    for key in keys {
-        if COMMON_FIELDS.contains(&key.as_str()) || own.contains(&key.as_str()) {
-            continue;
+    let limits = match doc.get("limits") {
+        None | Some(Value::Null) => {
+            let (algorithm, values) = parse_limit(doc, &POLICY_FIELDS)?;
+            vec![Limit::new(name.clone(), algorithm, values.as_slice())]
         }
-        if [&WINDOW_FIELDS[..], &BUCKET_FIELDS, &GCRA_FIELDS]
-            .iter()
-            .any(|fields| fields.contains(&key.as_str()))
-        {
-            return Err(ValidationError::NotApplicable {
-                field: key.clone(),
-                algorithm: algorithm.as_str(),
-            });
-        }
-        return Err(ValidationError::Unknown { field: key.clone() });
-    }
-
-    let units = |field: &str| {
-        let max = if algorithm == Algorithm::SlidingWindowLog && field == "limit" {
-            sliding_window_log::MAX_LIMIT
-        } else {
-            MAX_UNITS
-        };
-        required_int(doc, field, algorithm, 1, max)
-    };
-    let period = |field: &str| required_int(doc, field, algorithm, 1, MAX_PERIOD_MS);
-    let limit = match algorithm {
-        Algorithm::FixedWindow => Limit::FixedWindow {
-            limit: units("limit")?,
-            window_ms: period("window_ms")?,
-        },
-        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog {
-            limit: units("limit")?,
-            window_ms: period("window_ms")?,
-        },
-        Algorithm::SlidingWindowCounter => Limit::SlidingWindowCounter {
-            limit: units("limit")?,
-            window_ms: period("window_ms")?,
-        },
-        Algorithm::TokenBucket => Limit::TokenBucket {
-            capacity: units("capacity")?,
-            refill_tokens: units("refill_tokens")?,
-            refill_period_ms: period("refill_period_ms")?,
-        },
-        Algorithm::Gcra => Limit::Gcra {
-            rate: required_int(doc, "rate", algorithm, gcra::MIN_RATE, gcra::MAX_RATE)?,
-            period_ms: required_int(
-                doc,
-                "period_ms",
-                algorithm,
-                gcra::MIN_PERIOD_MS,
-                gcra::MAX_PERIOD_MS,
-            )?,
-            burst: required_int(doc, "burst", algorithm, gcra::MIN_BURST, gcra::MAX_BURST)?,
-        },
+        Some(Value::Array(entries)) => parse_limits(doc, entries, &name)?,
+        Some(_) => return Err(wrong_type("limits", "an array of limits")),
     };
 
     let description = match doc.get("description") {
@@ -206,7 +136,7 @@ pub fn parse_policy(
         Some(Value::String(s)) if s.len() > MAX_DESCRIPTION_BYTES => {
             return Err(ValidationError::invalid(
                 "description",
-                "must be at most 1024 bytes",
+                format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
             ))
         }
         Some(Value::String(s)) => Some(s.clone()),
@@ -226,7 +156,114 @@ pub fn parse_policy(
         }
     };
 
-    Ok(Policy::new(name, limit, description, fail_mode))
+    Ok(Policy::new(name, limits, description, fail_mode))
+}
+
+/// The `limits` form: 1 to [`MAX_LIMITS`] limits with unique names. A single limit's name may be
+/// left out and is the policy's (the policy reads back in the flat form).
+fn parse_limits(
+    doc: &Map<String, Value>,
+    entries: &[Value],
+    policy: &PolicyName,
+) -> Result<Vec<Limit>, ValidationError> {
+    // Fields of a limit belong inside it: refuse them beside `limits`, in a stable order.
+    let mut keys: Vec<&String> = doc.keys().collect();
+    keys.sort();
+    for key in keys {
+        if key == "limits" || POLICY_FIELDS.contains(&key.as_str()) {
+            continue;
+        }
+        if key == "algorithm" || Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) {
+            return Err(ValidationError::invalid(
+                key,
+                "belongs inside each of `limits`, not beside it",
+            ));
+        }
+        return Err(ValidationError::Unknown { field: key.clone() });
+    }
+    if entries.is_empty() || entries.len() > MAX_LIMITS {
+        return Err(ValidationError::invalid(
+            "limits",
+            format!("must hold 1 to {MAX_LIMITS} limits"),
+        ));
+    }
+    let mut limits: Vec<Limit> = Vec::with_capacity(entries.len());
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("limits[{i}]");
+        let fields = entry.as_object().ok_or_else(|| wrong_type(&at, "an object"))?;
+        let (algorithm, values) =
+            parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
+        let name = match (optional_str(fields, "name").map_err(|e| e.within(&at))?, entries.len()) {
+            (Some(n), _) => {
+                PolicyName::parse(n).map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?
+            }
+            (None, 1) => policy.clone(),
+            (None, _) => {
+                return Err(ValidationError::Missing {
+                    field: format!("{at}.name"),
+                    context: " when a policy has several limits".into(),
+                })
+            }
+        };
+        if let Some(j) = limits.iter().position(|l| l.name == name) {
+            return Err(ValidationError::invalid(
+                &format!("{at}.name"),
+                format!("`{name}` is the name of limits[{j}] already"),
+            ));
+        }
+        limits.push(Limit::new(name, algorithm, values.as_slice()));
+    }
+    // One limit is the flat form: it carries the policy's name.
+    if let [one] = limits.as_mut_slice() {
+        one.name = policy.clone();
+    }
+    Ok(limits)
+}
+
+fn is_field_of(algorithm: Algorithm, key: &str) -> bool {
+    algorithm.fields().iter().any(|f| f.name == key)
+}
+
+/// One limit's `algorithm` and fields, from an object that may also hold `others`. Each value
+/// is checked against its field's bounds ([`crate::limiter::Field`]).
+fn parse_limit(
+    doc: &Map<String, Value>,
+    others: &[&str],
+) -> Result<(Algorithm, ScriptArgs), ValidationError> {
+    let algorithm_name =
+        optional_str(doc, "algorithm")?.ok_or_else(|| ValidationError::Missing {
+            field: "algorithm".into(),
+            context: String::new(),
+        })?;
+    let algorithm = Algorithm::parse(algorithm_name).ok_or_else(|| {
+        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        ValidationError::invalid(
+            "algorithm",
+            format!("`{algorithm_name}` is not one of {}", names.join(", ")),
+        )
+    })?;
+
+    // Reject stray fields first, in a stable order, so the error does not depend on map order.
+    let mut keys: Vec<&String> = doc.keys().collect();
+    keys.sort();
+    for key in keys {
+        if key == "algorithm" || others.contains(&key.as_str()) || is_field_of(algorithm, key) {
+            continue;
+        }
+        if Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) {
+            return Err(ValidationError::NotApplicable {
+                field: key.clone(),
+                algorithm: algorithm.as_str(),
+            });
+        }
+        return Err(ValidationError::Unknown { field: key.clone() });
+    }
+
+    let mut values = [0; 4];
+    for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
+        *slot = required_int(doc, field, algorithm)?;
+    }
+    Ok((algorithm, ScriptArgs::new(&values[..algorithm.fields().len()])))
 }
 
 /// Validates a `cost`: an integer of at least 1 (the policy's own bound is checked later).
@@ -282,27 +319,26 @@ fn whole(n: &Number) -> Option<i128> {
 
 fn required_int(
     doc: &Map<String, Value>,
-    field: &str,
+    field: &Field,
     algorithm: Algorithm,
-    min: u64,
-    max: u64,
 ) -> Result<u64, ValidationError> {
-    let value = match doc.get(field) {
+    let value = match doc.get(field.name) {
         None | Some(Value::Null) => {
             return Err(ValidationError::Missing {
-                field: field.to_owned(),
+                field: field.name.to_owned(),
                 context: format!(" for {} policies", algorithm.as_str()),
             })
         }
         Some(v) => v,
     };
-    match integer(value, field)? {
+    let (min, max) = (field.min, field.max);
+    match integer(value, field.name)? {
         Some(n) if n >= i128::from(min) && n <= i128::from(max) => Ok(n as u64),
         Some(_) => Err(ValidationError::invalid(
-            field,
+            field.name,
             format!("must be an integer from {min} to {max}"),
         )),
-        None => Err(ValidationError::invalid(field, "must be a whole number")),
+        None => Err(ValidationError::invalid(field.name, "must be a whole number")),
     }
 }
 

@@ -218,15 +218,13 @@ impl PolicyCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{FailMode, Limit, PolicyName};
+    use crate::policy::{Algorithm, FailMode, PolicyName};
 
     fn policy(limit: u64) -> Policy {
-        Policy::new(
+        Policy::single(
             PolicyName::parse("p").expect("valid"),
-            Limit::FixedWindow {
-                limit,
-                window_ms: 1_000,
-            },
+            Algorithm::FixedWindow,
+            &[limit, 1_000],
             None,
             FailMode::Open,
         )
@@ -248,7 +246,7 @@ mod tests {
     }
 
     fn limit(cache: &PolicyCache) -> Option<u64> {
-        cache.get("p").map(|(p, _)| p.params.quota())
+        cache.get("p").map(|(p, _)| p.params()[0].quota())
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::config::LimitsSettings;
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Verdict};
 use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Policy};
 use crate::store::breaker::BreakerState;
@@ -43,13 +43,16 @@ pub enum ServiceError {
         None => "the policy does not exist".to_owned(),
     })]
     PreconditionFailed { current: Option<Etag> },
-    #[error(
-        "`cost` {cost} exceeds the policy's `{field}` of {quota}, so it could never be granted"
-    )]
+    /// `limit` is the limit's name in a policy of several limits.
+    #[error("`cost` {cost} exceeds {}`{field}` of {quota}, so it could never be granted", match limit {
+        Some(limit) => format!("limit `{limit}`'s "),
+        None => "the policy's ".to_owned(),
+    })]
     CostAboveQuota {
         cost: u64,
         quota: u64,
         field: &'static str,
+        limit: Option<String>,
     },
     /// The store failed on a policy whose fail mode is `closed`, or on a policy write.
     #[error(transparent)]
@@ -62,7 +65,8 @@ pub struct Acquired {
     pub policy: Arc<Policy>,
     /// The version of the policy this instance decided with.
     pub etag: Etag,
-    pub decision: Decision,
+    /// Each limit's decision, and whether the acquire was allowed.
+    pub verdict: Verdict,
     /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
     pub degraded: bool,
 }
@@ -145,22 +149,27 @@ impl RateLimiter {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let (policy, etag) = self.policy(name).await?;
-        let quota = policy.params.quota();
-        if cost > quota {
-            return Err(ServiceError::CostAboveQuota {
-                cost,
-                quota,
-                field: policy.limit.quota_field(),
-            });
+        if let Some(tightest) = policy.tightest() {
+            let quota = tightest.params.quota();
+            if cost > quota {
+                return Err(ServiceError::CostAboveQuota {
+                    cost,
+                    quota,
+                    field: tightest.algorithm().quota_field(),
+                    limit: policy
+                        .is_composite()
+                        .then(|| tightest.name.to_string()),
+                });
+            }
         }
         let result = match self.store.acquire(&policy, key, cost, now_us).await {
-            Ok(decision) => Ok((decision, false)),
+            Ok(verdict) => Ok((verdict, false)),
             Err(e) => self.by_fail_mode(&policy, key, cost, now_us, e),
         };
         self.acquire_seconds.record(started.elapsed().as_secs_f64());
-        let (decision, degraded) = result?;
+        let (verdict, degraded) = result?;
         let counters = self.counters(&policy);
-        match (degraded, decision.allowed) {
+        match (degraded, verdict.allowed) {
             (true, _) => counters.degraded.increment(1),
             (false, true) => counters.allowed.increment(1),
             (false, false) => counters.denied.increment(1),
@@ -168,7 +177,7 @@ impl RateLimiter {
         Ok(Acquired {
             policy,
             etag,
-            decision,
+            verdict,
             degraded,
         })
     }
@@ -181,7 +190,7 @@ impl RateLimiter {
         cost: u64,
         now_us: Option<u64>,
         error: StoreError,
-    ) -> Result<(Decision, bool), ServiceError> {
+    ) -> Result<(Verdict, bool), ServiceError> {
         // An outage fails every decision: one line a second, with how many there were.
         static DEGRADED: Summarized = Summarized::per_second();
         if let Some(count) = DEGRADED.hit() {
@@ -190,8 +199,8 @@ impl RateLimiter {
         if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
             let now = now_us.unwrap_or_else(system_now_us);
             // A full local store (`StoreError::Full`) allows, as `open` does, below.
-            if let Ok(decision) = local.acquire_at(policy, key, cost, now) {
-                return Ok((decision, true));
+            if let Ok(verdict) = local.acquire_at(policy, key, cost, now) {
+                return Ok((verdict, true));
             }
         }
         match policy.fail_mode {
@@ -203,15 +212,18 @@ impl RateLimiter {
             }
             .into()),
             // `local` on the embedded store (full, the only way it fails) allows, as `open`.
-            FailMode::Open | FailMode::Local => Ok((
-                Decision {
-                    allowed: true,
-                    remaining: policy.params.quota() - cost,
-                    reset_after_us: 0,
-                    retry_after_us: 0,
-                },
-                true,
-            )),
+            FailMode::Open | FailMode::Local => {
+                let mut verdict = Verdict::default();
+                for p in policy.params() {
+                    verdict.push(Decision {
+                        allowed: true,
+                        remaining: p.quota().saturating_sub(cost),
+                        reset_after_us: 0,
+                        retry_after_us: 0,
+                    });
+                }
+                Ok((verdict, true))
+            }
         }
     }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::LimitsSettings;
-use crate::policy::{Limit, PolicyName};
+use crate::policy::{Algorithm, PolicyName};
 use crate::store::{Precondition, WriteKind, WriteStatus, Written};
 
 fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
@@ -27,12 +27,10 @@ fn service(limits: &LimitsSettings, configured: Vec<Policy>) -> RateLimiter {
 }
 
 fn policy(name: &str, limit: u64, fail_mode: FailMode) -> Policy {
-    Policy::new(
+    Policy::single(
         PolicyName::parse(name).expect("valid name"),
-        Limit::FixedWindow {
-            limit,
-            window_ms: 60_000,
-        },
+        Algorithm::FixedWindow,
+        &[limit, 60_000],
         None,
         fail_mode,
     )
@@ -57,7 +55,7 @@ async fn acquires_decide_with_the_policy_this_instance_just_wrote() {
     let now = Some(1_000_000);
     for expected in [true, true, false] {
         let a = s.acquire("p", &key("k"), 1, now).await.expect("decided");
-        assert_eq!(a.decision.allowed, expected);
+        assert_eq!(a.verdict.allowed, expected);
         assert!(!a.degraded);
         assert_eq!(a.etag, written.etag, "decided with the version written");
     }
@@ -88,7 +86,7 @@ async fn a_full_embedded_store_answers_new_subjects_by_fail_mode() {
         .acquire("open", &key("b"), 1, now)
         .await
         .expect("answered");
-    assert!(open.degraded && open.decision.allowed, "{open:?}");
+    assert!(open.degraded && open.verdict.allowed, "{open:?}");
     assert!(matches!(
         s.acquire("closed", &key("c"), 1, now).await,
         Err(ServiceError::Store(StoreError::Full(_)))

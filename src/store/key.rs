@@ -1,11 +1,14 @@
 //! Redis key names, shared by both stores so that they address state identically.
 //!
-//! State: `<prefix>:{<policy>:<escaped key>}:<algorithm>`. The braces are a Redis Cluster hash
-//! tag, so all of one subject's keys live on one slot. The caller's key is escaped so that no
+//! State: `<prefix>:{<policy>:<escaped key>}:<algorithm>` for a policy's limit named after the
+//! policy (the one limit of a flat policy), `<prefix>:{<policy>:<escaped key>}:<limit>:<algorithm>`
+//! for any other limit. The braces are a Redis Cluster hash tag, so all of one subject's keys,
+//! every limit's, live on one slot and one script can decide them together. The caller's key is escaped so that no
 //! byte of it can end the tag early or imitate another policy's or key's name: `%`, `{`, `}`,
 //! `:` and ASCII control bytes become `%XX`, which makes the mapping injective (policy names
-//! hold none of those bytes). The algorithm is part of the name, so a policy whose algorithm
-//! changes never hands one script another script's state.
+//! hold none of those bytes). The limit's name (which cannot hold `:`) and the algorithm are
+//! part of the name, so a limit keeps its state across a change to the policy only while its
+//! name and algorithm stay the same, and one script is never handed another's state.
 //!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
@@ -13,11 +16,20 @@
 
 use crate::policy::Algorithm;
 
-/// Appends the state key of one subject to `buf` (cleared first), reusing its allocation.
-pub fn state_key(buf: &mut String, prefix: &str, policy: &str, key: &str, algorithm: Algorithm) {
+/// Writes the state key of one subject's limit to `buf` (cleared first), reusing its
+/// allocation. `limit` is `None` for a limit named after its policy.
+pub fn state_key(
+    buf: &mut String,
+    prefix: &str,
+    policy: &str,
+    key: &str,
+    limit: Option<&str>,
+    algorithm: Algorithm,
+) {
     buf.clear();
     let alg = algorithm.as_str();
-    buf.reserve(prefix.len() + policy.len() + key.len() + alg.len() + 5);
+    let limit_len = limit.map_or(0, |l| l.len() + 1);
+    buf.reserve(prefix.len() + policy.len() + key.len() + limit_len + alg.len() + 5);
     buf.push_str(prefix);
     buf.push_str(":{");
     buf.push_str(policy);
@@ -38,6 +50,10 @@ pub fn state_key(buf: &mut String, prefix: &str, policy: &str, key: &str, algori
         buf.push_str(key);
     }
     buf.push_str("}:");
+    if let Some(limit) = limit {
+        buf.push_str(limit);
+        buf.push(':');
+    }
     buf.push_str(alg);
 }
 
@@ -100,13 +116,21 @@ mod tests {
 
     fn key(policy: &str, k: &str) -> String {
         let mut buf = String::new();
-        state_key(&mut buf, "rl", policy, k, Algorithm::TokenBucket);
+        state_key(&mut buf, "rl", policy, k, None, Algorithm::TokenBucket);
         buf
     }
 
     #[test]
     fn plain_keys_are_kept_readable() {
         assert_eq!(key("api", "user-42"), "rl:{api:user-42}:token_bucket");
+    }
+
+    #[test]
+    fn other_limits_are_named_inside_the_subject_s_slot() {
+        let mut buf = String::new();
+        state_key(&mut buf, "rl", "api", "u", Some("daily"), Algorithm::FixedWindow);
+        assert_eq!(buf, "rl:{api:u}:daily:fixed_window");
+        assert_eq!(hash_tag(&buf), "api:u");
     }
 
     #[test]

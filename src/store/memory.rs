@@ -22,7 +22,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
 use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
-use crate::limiter::{Decision, Outcome, State};
+use crate::limiter::{decide_all, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
@@ -83,76 +83,91 @@ impl MemoryStore {
         }
     }
 
-    /// Decides one acquire at an explicit time. Fails with [`StoreError::Full`] only for a subject
-    /// without state while the store holds `max_subjects` subjects that have not expired.
+    /// Decides one acquire over all of the policy's limits at an explicit time, under one lock.
+    /// Fails with [`StoreError::Full`] only when a limit without state needs an entry while the
+    /// store holds `max_subjects` entries that have not expired.
     pub fn acquire_at(
         &self,
         policy: &Policy,
         key: &LimitKey,
         cost: u64,
         now: u64,
-    ) -> Result<Decision, StoreError> {
-        let mut name = String::new();
-        key::state_key(
-            &mut name,
-            &self.prefix,
-            policy.name.as_str(),
-            key.as_str(),
-            policy.algorithm(),
-        );
-        let shard_lock = self.shard(&name);
+    ) -> Result<Verdict, StoreError> {
+        let params = policy.params();
+        let n = params.len().min(MAX_LIMITS);
+        let mut names: [String; MAX_LIMITS] = Default::default();
+        for (i, (name, p)) in names.iter_mut().zip(params).enumerate() {
+            key::state_key(
+                name,
+                &self.prefix,
+                policy.name.as_str(),
+                key.as_str(),
+                policy.state_name(i),
+                p.algorithm(),
+            );
+        }
+        let names = &mut names[..n];
+        // All of a subject's limits are in one shard, decided under its one lock.
+        let shard_lock = self.shard(policy.name.as_str(), key.as_str());
         let mut shard = lock(shard_lock);
-        // A subject with an entry (live, or expired and not evicted yet) reuses its slot; one
-        // without takes a slot before deciding, so that the count never passes the cap however
-        // many new subjects arrive at once.
-        if !shard.contains_key(&name) && !self.reserve() {
+        // Limits with an entry (live, or expired and not evicted yet) reuse it; the others take
+        // a slot before deciding, so that the count never passes the cap however many new
+        // subjects arrive at once.
+        if !self.reserve(&shard, names) {
             // The sweep locks every shard: this one must be released first.
             drop(shard);
             self.sweep_when_full(now);
             shard = lock(shard_lock);
-            if !shard.contains_key(&name) && !self.reserve() {
+            if !self.reserve(&shard, names) {
                 return Err(self.refuse());
             }
         }
         // Taken out and put back: the pure functions own the state while they decide. From here
-        // this subject holds exactly one counted slot.
-        let (state, expires_at) = match shard.remove(&name) {
-            Some(slot) if slot.expires_at_us > now => (Some(slot.state), slot.expires_at_us),
-            _ => (None, 0),
-        };
-
-        let Outcome {
-            decision,
-            state,
-            ttl_us: ttl,
-        } = policy.params.decide(state, cost, now);
-        let mut kept = false;
-        if let Some(state) = state {
-            let expires_at_us = ttl.map_or(expires_at, |ttl| now.saturating_add(ttl));
+        // each of these limits holds exactly one counted slot.
+        let mut states: [Option<State>; MAX_LIMITS] = Default::default();
+        let mut expires = [0; MAX_LIMITS];
+        for (i, name) in names.iter().enumerate() {
+            if let Some(slot) = shard.remove(name) {
+                if slot.expires_at_us > now {
+                    states[i] = Some(slot.state);
+                    expires[i] = slot.expires_at_us;
+                }
+            }
+        }
+        let mut ttls = [None; MAX_LIMITS];
+        let verdict = decide_all(params, &mut states[..n], &mut ttls[..n], cost, now);
+        let mut kept = 0;
+        for (i, name) in names.iter_mut().enumerate() {
+            let Some(state) = states[i].take() else {
+                continue;
+            };
+            let expires_at_us = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
             if expires_at_us > now {
                 shard.insert(
-                    name,
+                    std::mem::take(name),
                     Slot {
                         state,
                         expires_at_us,
                     },
                 );
-                kept = true;
+                kept += 1;
             }
         }
-        if !kept {
-            self.subjects.fetch_sub(1, Ordering::Relaxed);
-        }
-        Ok(decision)
+        self.subjects.fetch_sub((n - kept) as u64, Ordering::Relaxed);
+        Ok(verdict)
     }
 
-    /// Takes one slot for a new subject, unless the store is full.
-    fn reserve(&self) -> bool {
-        self.subjects
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                (n < self.max_subjects).then_some(n + 1)
-            })
-            .is_ok()
+    /// Takes one slot for each of `names` that has no entry in `shard`, unless the store would be
+    /// over its cap; all of them or none.
+    fn reserve(&self, shard: &HashMap<String, Slot>, names: &[String]) -> bool {
+        let missing = names.iter().filter(|n| !shard.contains_key(*n)).count() as u64;
+        missing == 0
+            || self
+                .subjects
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n + missing <= self.max_subjects).then_some(n + missing)
+                })
+                .is_ok()
     }
 
     /// Frees expired entries, unless a full store already did less than [`SWEEP_EVERY_US`] ago.
@@ -209,9 +224,11 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn shard(&self, name: &str) -> &Mutex<HashMap<String, Slot>> {
+    /// The shard of one subject: by policy and key, so that every limit's state is in it.
+    fn shard(&self, policy: &str, key: &str) -> &Mutex<HashMap<String, Slot>> {
         let mut h = DefaultHasher::new();
-        name.hash(&mut h);
+        policy.hash(&mut h);
+        key.hash(&mut h);
         &self.shards[(h.finish() as usize) % SHARDS]
     }
 }
@@ -223,7 +240,7 @@ impl Store for MemoryStore {
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Verdict, StoreError> {
         self.acquire_at(policy, key, cost, now_us.unwrap_or_else(system_now_us))
     }
 
@@ -247,12 +264,13 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{FailMode, Limit};
+    use crate::policy::{Algorithm, FailMode};
 
-    fn policy(limit: Limit) -> Policy {
-        Policy::new(
+    fn policy(algorithm: Algorithm, values: &[u64]) -> Policy {
+        Policy::single(
             PolicyName::parse("p").expect("valid"),
-            limit,
+            algorithm,
+            values,
             None,
             FailMode::Open,
         )
@@ -261,10 +279,7 @@ mod tests {
     #[test]
     fn expired_state_reads_as_absent_and_is_evicted() {
         let store = MemoryStore::new("rl", 100);
-        let p = policy(Limit::FixedWindow {
-            limit: 1,
-            window_ms: 1_000,
-        });
+        let p = policy(Algorithm::FixedWindow, &[1, 1_000]);
         let k = LimitKey::parse("k".into()).expect("valid");
         assert!(store.acquire_at(&p, &k, 1, 0).expect("decided").allowed);
         assert!(
@@ -287,11 +302,7 @@ mod tests {
     #[test]
     fn a_denial_keeps_the_expiry_of_the_state() {
         let store = MemoryStore::new("rl", 100);
-        let p = policy(Limit::TokenBucket {
-            capacity: 1,
-            refill_tokens: 1,
-            refill_period_ms: 1_000,
-        });
+        let p = policy(Algorithm::TokenBucket, &[1, 1, 1_000]);
         let k = LimitKey::parse("k".into()).expect("valid");
         assert!(store.acquire_at(&p, &k, 1, 0).expect("decided").allowed);
         assert!(
@@ -308,10 +319,7 @@ mod tests {
     }
 
     fn one_second_window() -> Policy {
-        policy(Limit::FixedWindow {
-            limit: 2,
-            window_ms: 1_000,
-        })
+        policy(Algorithm::FixedWindow, &[2, 1_000])
     }
 
     #[test]

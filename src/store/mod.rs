@@ -17,7 +17,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::limiter::Decision;
+use crate::limiter::Verdict;
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 pub use self::memory::MemoryStore;
@@ -213,7 +213,8 @@ pub fn new_generation() -> String {
 
 /// The operations every store provides.
 pub trait Store: Send + Sync {
-    /// Decides one acquire atomically. `now_us` is for tests that drive time explicitly; `None`
+    /// Decides one acquire over all of the policy's limits atomically: allowed only if every
+    /// limit admits `cost`, and then every limit takes it; otherwise none changes. `now_us` is for tests that drive time explicitly; `None`
     /// uses the store's clock (Redis `TIME`, or the system clock for the embedded store).
     fn acquire(
         &self,
@@ -221,7 +222,7 @@ pub trait Store: Send + Sync {
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
-    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
     /// Writes (or refuses to write) one policy, atomically with the change tracking.
     fn write_policy(
@@ -318,7 +319,7 @@ impl Store for AnyStore {
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<Verdict, StoreError> {
         dispatch!(self, s => s.acquire(policy, key, cost, now_us))
     }
 

@@ -16,7 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, Store, StoreError,
     WriteStatus, Written,
 };
-use crate::limiter::Decision;
+use crate::limiter::{Decision, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
@@ -408,6 +408,29 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
     Ok((generation.map(Arc::from), version, floor, entries))
 }
 
+/// A decision script's reply (see `lua/common.lua`): `{allowed, then per limit: admits,
+/// remaining, reset_after_us, retry_after_us}`.
+fn verdict(reply: &[u64], limits: usize) -> Result<Verdict, StoreError> {
+    if reply.len() != 1 + 4 * limits {
+        return Err(StoreError::Corrupt(format!(
+            "a decision script answered {} numbers for {limits} limits",
+            reply.len()
+        )));
+    }
+    let mut verdict = Verdict::default();
+    for d in reply[1..].chunks_exact(4) {
+        verdict.push(Decision {
+            allowed: d[0] == 1,
+            remaining: d[1],
+            reset_after_us: d[2],
+            retry_after_us: d[3],
+        });
+    }
+    // The script's own verdict; it equals every limit admitting.
+    verdict.allowed = reply[0] == 1;
+    Ok(verdict)
+}
+
 impl RedisStore {
     /// One call of `policy_read.lua` with `args`.
     async fn policy_read(&self, args: &[&str]) -> Result<ReadReply, StoreError> {
@@ -433,38 +456,42 @@ impl Store for RedisStore {
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
-    ) -> Result<Decision, StoreError> {
-        let mut name = String::new();
-        key::state_key(
-            &mut name,
-            &self.prefix,
-            policy.name.as_str(),
-            key.as_str(),
-            policy.algorithm(),
-        );
-        let script = self.scripts.decision(policy.algorithm());
-        let (allowed, remaining, reset_after_us, retry_after_us): (u8, u64, u64, u64) = self
+    ) -> Result<Verdict, StoreError> {
+        let params = policy.params();
+        let n = params.len().min(MAX_LIMITS);
+        let mut names: [String; MAX_LIMITS] = Default::default();
+        for (i, (name, p)) in names.iter_mut().zip(params).enumerate() {
+            key::state_key(
+                name,
+                &self.prefix,
+                policy.name.as_str(),
+                key.as_str(),
+                policy.state_name(i),
+                p.algorithm(),
+            );
+        }
+        let script = self.scripts.decision(params);
+        let reply: Vec<u64> = self
             .with_conn(async |conn| {
                 let mut call = script.prepare_invoke();
-                call.key(&name);
-                for arg in policy.params.script_args().as_slice() {
-                    call.arg(*arg);
+                for name in &names[..n] {
+                    call.key(name.as_str());
                 }
                 call.arg(cost);
-                // The time is always the last argument; empty means Redis's clock.
+                // Empty means Redis's clock.
                 match now_us {
                     Some(now) => call.arg(now),
                     None => call.arg(""),
                 };
+                for p in &params[..n] {
+                    for arg in p.script_args().as_slice() {
+                        call.arg(*arg);
+                    }
+                }
                 Ok(call.invoke_async(conn).await?)
             })
             .await?;
-        Ok(Decision {
-            allowed: allowed == 1,
-            remaining,
-            reset_after_us,
-            retry_after_us,
-        })
+        verdict(&reply, n)
     }
 
     async fn write_policy(&self, w: PolicyWrite<'_>) -> Result<Written, StoreError> {
@@ -572,19 +599,16 @@ impl Store for RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{FailMode, Limit};
+    use crate::policy::{Algorithm, FailMode};
 
     #[test]
     fn a_policy_is_stored_as_its_json_document_and_read_back_unchanged() {
         let name = PolicyName::parse("007").expect("valid");
         // A name and a description that look like numbers stay strings.
-        let policy = Policy::new(
+        let policy = Policy::single(
             name,
-            Limit::TokenBucket {
-                capacity: 20,
-                refill_tokens: 10,
-                refill_period_ms: 1_000,
-            },
+            Algorithm::TokenBucket,
+            &[20, 10, 1_000],
             Some("42".into()),
             FailMode::Closed,
         );
@@ -606,7 +630,7 @@ mod tests {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .to_vec();
         let policy = decode(fields).expect("decodes");
-        assert_eq!(policy.params.quota(), 5);
+        assert_eq!(policy.params()[0].quota(), 5);
         assert_eq!(policy.description.as_deref(), Some("5 a minute"));
     }
 
