@@ -42,8 +42,13 @@ pub trait Rule: Copy {
     /// `retry_after_us` is 0 when they do, and `ttl_us` is `None`. Deciding with `take` unset and
     /// then again with `take` set on the state it returns gives the same answer as deciding with
     /// `take` set at once.
-    fn decide(&self, state: Option<Self::State>, cost: u64, now_us: u64, take: bool)
-        -> Outcome<Self::State>;
+    fn decide(
+        &self,
+        state: Option<Self::State>,
+        cost: u64,
+        now_us: u64,
+        take: bool,
+    ) -> Outcome<Self::State>;
     /// The script's parameters (`ARGV[a + 1]` onwards, see `lua/common.lua`).
     fn script_args(&self) -> ScriptArgs;
     /// The most units one subject can be granted at once.
@@ -120,7 +125,13 @@ macro_rules! window_rule {
                 }
             }
 
-            fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
+            fn decide(
+                &self,
+                state: Option<State>,
+                cost: u64,
+                now_us: u64,
+                take: bool,
+            ) -> Outcome<State> {
                 decide(state, self, cost, now_us, take)
             }
 
@@ -397,12 +408,16 @@ impl Verdict {
 
     /// The binding limit's decision ([`Verdict::binding`]), allowed as the verdict is.
     pub fn decision(&self) -> Decision {
-        let d = self.limits().get(self.binding()).copied().unwrap_or(Decision {
-            allowed: self.allowed,
-            remaining: 0,
-            reset_after_us: 0,
-            retry_after_us: 0,
-        });
+        let d = self
+            .limits()
+            .get(self.binding())
+            .copied()
+            .unwrap_or(Decision {
+                allowed: self.allowed,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+            });
         Decision {
             allowed: self.allowed,
             ..d
@@ -441,4 +456,76 @@ pub struct Outcome<S> {
 /// `target - now`, or zero when `target` has passed.
 pub(crate) fn until(target: u64, now: u64) -> u64 {
     target.saturating_sub(now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decide(params: &[Params], states: &mut [Option<State>], cost: u64, now: u64) -> Verdict {
+        let mut ttls = [None; MAX_LIMITS];
+        decide_all(params, states, &mut ttls[..params.len()], cost, now)
+    }
+
+    #[test]
+    fn a_denial_by_one_limit_takes_nothing_from_the_others() {
+        // 3 per second and 5 per minute.
+        let params = [
+            Algorithm::FixedWindow.params(&[3, 1_000]),
+            Algorithm::TokenBucket.params(&[5, 5, 60_000]),
+        ];
+        let mut states: [Option<State>; 2] = Default::default();
+        for i in 0..3 {
+            let v = decide(&params, &mut states, 1, i);
+            assert!(v.allowed);
+            assert_eq!(v.limits()[1].remaining, 4 - i);
+        }
+        let v = decide(&params, &mut states, 1, 10);
+        assert!(!v.allowed);
+        assert_eq!(v.binding(), 0);
+        assert!(!v.limits()[0].allowed && v.limits()[1].allowed);
+        assert_eq!(v.limits()[1].remaining, 2, "the bucket kept its tokens");
+        assert_eq!(v.limits()[1].retry_after_us, 0);
+        // A new second: the window admits again, and the bucket still has its 2.
+        let v = decide(&params, &mut states, 2, 1_000_000);
+        assert!(v.allowed);
+        assert_eq!(v.limits()[1].remaining, 0);
+        assert_eq!(v.binding(), 1, "the fewest remaining binds");
+        let v = decide(&params, &mut states, 1, 1_000_001);
+        assert!(!v.allowed);
+        assert_eq!(v.binding(), 1);
+        assert_eq!(v.decision().retry_after_us, v.limits()[1].retry_after_us);
+    }
+
+    #[test]
+    fn the_binding_denial_is_the_longest_wait() {
+        let mut v = Verdict::default();
+        let d = |allowed, retry_after_us| Decision {
+            allowed,
+            remaining: 0,
+            reset_after_us: 0,
+            retry_after_us,
+        };
+        v.push(d(true, 0));
+        v.push(d(false, 5));
+        v.push(d(false, 9));
+        v.push(d(false, 9));
+        assert!(!v.allowed);
+        assert_eq!(v.binding(), 2);
+        assert_eq!(v.decision().retry_after_us, 9);
+    }
+
+    #[test]
+    fn one_limit_decides_as_its_own_function() {
+        let p = Algorithm::Gcra.params(&[10, 1_000, 3]);
+        let mut states: [Option<State>; 1] = Default::default();
+        let mut alone = None;
+        for (now, cost) in [(0, 2), (1, 2), (100_000, 1), (150_000, 3)] {
+            let v = decide(&[p], &mut states, cost, now);
+            let o = p.decide(alone.take(), cost, now, true);
+            alone = o.state;
+            assert_eq!(v.limits(), &[o.decision]);
+            assert_eq!(v.decision(), o.decision);
+        }
+    }
 }

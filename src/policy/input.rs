@@ -190,13 +190,16 @@ fn parse_limits(
     let mut limits: Vec<Limit> = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
         let at = format!("limits[{i}]");
-        let fields = entry.as_object().ok_or_else(|| wrong_type(&at, "an object"))?;
-        let (algorithm, values) =
-            parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
-        let name = match (optional_str(fields, "name").map_err(|e| e.within(&at))?, entries.len()) {
-            (Some(n), _) => {
-                PolicyName::parse(n).map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?
-            }
+        let fields = entry
+            .as_object()
+            .ok_or_else(|| wrong_type(&at, "an object"))?;
+        let (algorithm, values) = parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
+        let name = match (
+            optional_str(fields, "name").map_err(|e| e.within(&at))?,
+            entries.len(),
+        ) {
+            (Some(n), _) => PolicyName::parse(n)
+                .map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?,
             (None, 1) => policy.clone(),
             (None, _) => {
                 return Err(ValidationError::Missing {
@@ -263,7 +266,10 @@ fn parse_limit(
     for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
         *slot = required_int(doc, field, algorithm)?;
     }
-    Ok((algorithm, ScriptArgs::new(&values[..algorithm.fields().len()])))
+    Ok((
+        algorithm,
+        ScriptArgs::new(&values[..algorithm.fields().len()]),
+    ))
 }
 
 /// Validates a `cost`: an integer of at least 1 (the policy's own bound is checked later).
@@ -338,7 +344,10 @@ fn required_int(
             field.name,
             format!("must be an integer from {min} to {max}"),
         )),
-        None => Err(ValidationError::invalid(field.name, "must be a whole number")),
+        None => Err(ValidationError::invalid(
+            field.name,
+            "must be a whole number",
+        )),
     }
 }
 
@@ -406,6 +415,86 @@ mod tests {
             json!({"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1, "colour": 1}),
         );
         assert_eq!(e.to_string(), "unknown field `colour`");
+    }
+
+    #[test]
+    fn several_limits_read_back_in_the_limits_form_and_one_in_the_flat_form() {
+        let v = json!({"name": "api", "limits": [
+            {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000},
+            {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
+        ], "fail_mode": "closed"});
+        let p = parse_policy(&v, None).expect("valid");
+        assert_eq!(p.limits.len(), 2);
+        assert_eq!(p.state_name(0), Some("burst"));
+        assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);
+        // A GET body sent back is the same policy.
+        let again = serde_json::to_value(p.to_doc()).expect("serializes");
+        assert_eq!(parse_policy(&again, None).expect("valid"), p);
+
+        let one = json!({"name": "api", "limits": [
+            {"name": "burst", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000.0}
+        ]});
+        let p = parse_policy(&one, None).expect("valid");
+        assert_eq!(p.state_name(0), None, "one limit carries the policy's name");
+        assert_eq!(
+            serde_json::to_value(p.to_doc()).expect("serializes"),
+            json!({"name": "api", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "fail_mode": "open"})
+        );
+    }
+
+    #[test]
+    fn errors_in_limits_name_the_limit_and_field() {
+        let fw = json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1000});
+        let with = |name: &str| {
+            let mut l = fw.clone();
+            l["name"] = json!(name);
+            l
+        };
+        let cases = [
+            (json!({"name": "p", "limits": []}), "limits"),
+            (
+                json!({"name": "p", "limits": vec![fw.clone(); 9]}),
+                "limits",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), fw.clone()]}),
+                "limits[1].name",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), with("a")]}),
+                "limits[1].name",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), with("b:c")]}),
+                "limits[1].name",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), {"name": "b", "algorithm": "fixed_window", "limit": 0, "window_ms": 1}]}),
+                "limits[1].limit",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), {"name": "b", "algorithm": "gcra", "rate": 1, "period_ms": 1, "burst": 1, "capacity": 1}]}),
+                "limits[1].capacity",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a"), {"name": "b", "algorithm": "gcra", "rate": 1, "period_ms": 1, "burst": 1, "colour": 1}]}),
+                "limits[1].colour",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a")], "algorithm": "fixed_window"}),
+                "algorithm",
+            ),
+            (
+                json!({"name": "p", "limits": [with("a")], "limit": 5}),
+                "limit",
+            ),
+            (json!({"name": "p", "limits": [with("a"), 5]}), "limits[1]"),
+            (json!({"name": "p", "limits": {"a": 1}}), "limits"),
+        ];
+        for (v, field) in cases {
+            let e = err(v.clone());
+            assert_eq!(e.field(), Some(field), "{v}: {e}");
+        }
     }
 
     #[test]
