@@ -621,6 +621,22 @@ mod tests {
     }
 
     #[test]
+    fn policies_in_the_file_may_hold_several_limits() {
+        let f = file(
+            "[[policies]]\nname = \"exports\"\nlimits = [\n  { name = \"minute\", algorithm = \"gcra\", rate = 5, period_ms = 60000, burst = 5 },\n  \
+             { name = \"day\", algorithm = \"fixed_window\", limit = 100, window_ms = 86400000 },\n]\n",
+        );
+        let s = Settings::load_from(Some(&f.0), env(&[])).expect("valid");
+        assert_eq!(s.policies.len(), 1);
+        assert_eq!(s.policies[0].limits.len(), 2);
+        let f = file(
+            "[[policies]]\nname = \"exports\"\nlimits = [\n  { name = \"minute\", algorithm = \"gcra\", rate = 5, period_ms = 60000, burst = 0 },\n]\n",
+        );
+        let e = Settings::load_from(Some(&f.0), env(&[])).expect_err("burst 0");
+        assert!(e.to_string().contains("policies[0].limits[0].burst"), "{e}");
+    }
+
+    #[test]
     fn token_lists_come_from_comma_separated_variables() {
         let s = Settings::load_from(
             None,

@@ -6,6 +6,10 @@
 //! asked for, expired entries read as absent, and [`MemoryStore::evict_expired`] (run every
 //! second by the service) frees them, so memory stays bounded by the live subjects.
 //!
+//! A subject's limits (one per limit of its policy) are in one shard and decided together under
+//! its lock, as one script decides them on Redis. Each limit's state is one entry, and "subjects"
+//! below counts entries.
+//!
 //! The number of subjects is capped (`limits.max_embedded_subjects`). At the cap, a subject that
 //! has no state yet first makes the store free what has expired (at most every
 //! [`SWEEP_EVERY_US`]); if the store is still full, its acquire fails with [`StoreError::Full`],
