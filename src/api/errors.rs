@@ -12,7 +12,7 @@ use crate::policy::ValidationError;
 use crate::service::policies::etag_header;
 use crate::service::readiness::Unready;
 use crate::service::ServiceError;
-use crate::store::StoreError;
+use crate::store::ErrorClass;
 use crate::telemetry::Summarized;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
@@ -184,26 +184,27 @@ impl ApiError {
                     "The policy is not at the version the request names",
                     None,
                 ),
-                ServiceError::Store(StoreError::OutcomeUnknown(_)) => (
-                    S::SERVICE_UNAVAILABLE,
-                    "urn:ratelimiter:problem:outcome-unknown",
-                    "The store did not answer in time: the request may or may not have taken effect",
-                    None,
-                ),
-                ServiceError::Store(
-                    StoreError::Unavailable(_) | StoreError::Server(_) | StoreError::Full(_),
-                ) => (
-                    S::SERVICE_UNAVAILABLE,
-                    "urn:ratelimiter:problem:store-unavailable",
-                    "The rate-limit store is unavailable",
-                    None,
-                ),
-                ServiceError::Store(_) => (
-                    S::INTERNAL_SERVER_ERROR,
-                    "urn:ratelimiter:problem:internal",
-                    "Internal error",
-                    None,
-                ),
+                // The HTTP column of `ErrorClass`'s table.
+                ServiceError::Store(e) => match e.class() {
+                    ErrorClass::OutcomeUnknown => (
+                        S::SERVICE_UNAVAILABLE,
+                        "urn:ratelimiter:problem:outcome-unknown",
+                        "The store did not answer in time: the request may or may not have taken effect",
+                        None,
+                    ),
+                    ErrorClass::Unreachable | ErrorClass::Refused => (
+                        S::SERVICE_UNAVAILABLE,
+                        "urn:ratelimiter:problem:store-unavailable",
+                        "The rate-limit store is unavailable",
+                        None,
+                    ),
+                    ErrorClass::Corrupt => (
+                        S::INTERNAL_SERVER_ERROR,
+                        "urn:ratelimiter:problem:internal",
+                        "Internal error",
+                        None,
+                    ),
+                },
             },
         }
     }
@@ -223,7 +224,9 @@ impl ResponseError for ApiError {
                 tracing::error!(error = %self, "request failed");
                 "The request could not be completed; the cause is in the service's log.".to_owned()
             }
-            ApiError::Service(ServiceError::Store(StoreError::OutcomeUnknown(_))) => {
+            ApiError::Service(ServiceError::Store(e))
+                if e.class() == ErrorClass::OutcomeUnknown =>
+            {
                 "The store did not answer in time, so it is not known whether this request took \
                  effect. For a policy write, read the policy and compare its ETag before \
                  retrying, or retry with If-Match (a write with a precondition is safe to repeat)."
@@ -263,5 +266,43 @@ impl ResponseError for ApiError {
             detail,
             field: field.map(str::to_owned),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::StoreError;
+
+    #[test]
+    fn store_errors_are_answered_as_their_class_says() {
+        // The HTTP column of `ErrorClass`'s table, one error of each kind.
+        let table = [
+            (StoreError::unavailable("refused"), 503, "store-unavailable"),
+            (
+                StoreError::outcome_unknown("no answer"),
+                503,
+                "outcome-unknown",
+            ),
+            (StoreError::server("OOM"), 503, "store-unavailable"),
+            (StoreError::Full(2), 503, "store-unavailable"),
+            (StoreError::corrupt("policy hash"), 500, "internal"),
+        ];
+        for (error, status, kind) in table {
+            let text = error.to_string();
+            let error = ApiError::Service(ServiceError::Store(error));
+            let (s, k, _, field) = error.parts();
+            assert_eq!(s.as_u16(), status, "{text}");
+            assert_eq!(k, format!("urn:ratelimiter:problem:{kind}"), "{text}");
+            assert_eq!(field, None, "{text}");
+            assert_eq!(
+                error
+                    .error_response()
+                    .headers()
+                    .contains_key(header::RETRY_AFTER),
+                status == 503,
+                "{text}"
+            );
+        }
     }
 }

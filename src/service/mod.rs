@@ -189,6 +189,9 @@ impl RateLimiter {
         now_us: Option<u64>,
         error: StoreError,
     ) -> Result<(Verdict, bool), ServiceError> {
+        if !error.class().answered_by_fail_mode() {
+            return Err(error.into());
+        }
         // An outage fails every decision: one line a second, with how many there were.
         static DEGRADED: Summarized = Summarized::per_second();
         if let Some(count) = DEGRADED.hit() {
@@ -204,11 +207,7 @@ impl RateLimiter {
         match policy.fail_mode {
             // Whether a decision that got no answer was counted does not matter to the client:
             // it was not granted. `outcome-unknown` is for writes that must be read back.
-            FailMode::Closed => Err(match error {
-                StoreError::OutcomeUnknown(cause) => StoreError::Unavailable(cause),
-                other => other,
-            }
-            .into()),
+            FailMode::Closed => Err(error.outcome_known().into()),
             // `local` on the embedded store (full, the only way it fails) allows, as `open`.
             FailMode::Open | FailMode::Local => {
                 let mut verdict = Verdict::default();

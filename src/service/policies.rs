@@ -319,7 +319,7 @@ impl RateLimiter {
         limit: usize,
     ) -> Result<(Vec<(Arc<Policy>, Etag)>, Option<String>), ServiceError> {
         if let Err(e) = self.refresh().await {
-            if !(e.is_transient() && self.cache.is_loaded()) {
+            if !(e.class().may_serve_cached() && self.cache.is_loaded()) {
                 return Err(e.into());
             }
             tracing::warn!(error = %e, "store unreachable; listing cached policies");
@@ -353,7 +353,7 @@ impl RateLimiter {
     pub async fn get_policy(&self, name: &PolicyName) -> Result<(Policy, Etag), ServiceError> {
         let found = match self.store.read_policy(name).await {
             Ok(found) => found,
-            Err(e) if e.is_transient() && self.cache.is_loaded() => {
+            Err(e) if e.class().may_serve_cached() && self.cache.is_loaded() => {
                 tracing::warn!(error = %e, "store unreachable; reading the cached policy");
                 self.cache
                     .get(name.as_str())

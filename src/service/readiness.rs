@@ -3,7 +3,7 @@
 
 use super::RateLimiter;
 use crate::store::breaker::BreakerState;
-use crate::store::{Precondition, StoreError, WriteKind};
+use crate::store::{Precondition, WriteKind};
 
 /// Why an instance is not ready.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,9 +37,10 @@ impl RateLimiter {
             .await
         {
             tracing::warn!(error = %e, "not ready: the store refused a probe write");
-            return Some(match e {
-                StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_) => Unready::Unreachable,
-                _ => Unready::RefusesWrites,
+            return Some(if e.class().is_transient() {
+                Unready::Unreachable
+            } else {
+                Unready::RefusesWrites
             });
         }
         if self.sync.is_stale() {

@@ -91,7 +91,7 @@ struct Link {
     live: Mutex<Option<Live>>,
     /// One connection attempt at a time; holds the last attempt's failure, so that the calls
     /// that waited for it share its answer instead of each trying again.
-    connecting: tokio::sync::Mutex<Option<String>>,
+    connecting: tokio::sync::Mutex<Option<RedisError>>,
     attempts: AtomicU64,
 }
 
@@ -303,7 +303,7 @@ impl Link {
         }
         if self.attempts.load(Ordering::Acquire) != seen {
             if let Some(failure) = last_failure.as_ref() {
-                return Err(StoreError::Unavailable(failure.clone()));
+                return Err(connect_error(failure.clone()));
             }
         }
         let result = match io {
@@ -326,9 +326,8 @@ impl Link {
                 Ok(live)
             }
             Err(e) => {
-                let e = connect_error(e);
-                *last_failure = Some(e.to_string());
-                Err(StoreError::Unavailable(e))
+                *last_failure = Some(e.clone());
+                Err(connect_error(e))
             }
         }
     }
@@ -366,14 +365,15 @@ impl Drop for AbortOnDrop {
 }
 
 /// Why a connection could not be made, in words an operator acts on.
-fn connect_error(e: RedisError) -> String {
-    if e.kind() == redis::ErrorKind::AuthenticationFailed {
+fn connect_error(e: RedisError) -> StoreError {
+    let message = if e.kind() == redis::ErrorKind::AuthenticationFailed {
         format!("authentication failed (check the password in redis.url): {e}")
     } else if e.is_connection_refusal() {
         format!("connection refused: {e}")
     } else {
         format!("cannot connect: {e}")
-    }
+    };
+    StoreError::unavailable(message).caused_by(e)
 }
 
 impl Conn {

@@ -24,38 +24,236 @@ pub use self::memory::MemoryStore;
 pub use self::redis::RedisStore;
 
 /// Why a store call failed.
-#[derive(Debug, thiserror::Error)]
+///
+/// Each error carries what went wrong in words (its `Display`) and, where another error
+/// reported it, that error as its [`source`](std::error::Error::source) (the redis-rs
+/// `RedisError`, say), so that a log can show the chain. What an error means to its
+/// reader (retry, breaker, fail mode, cache, HTTP) is its [`class`](StoreError::class), never
+/// its variant.
+#[derive(Debug)]
 pub enum StoreError {
     /// The store could not be reached, and the call was provably not executed (refused, no
-    /// connection, circuit breaker open): worth retrying, and answered by the policy's fail mode.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
+    /// connection, circuit breaker open). [`ErrorClass::Unreachable`].
+    Unavailable(Cause),
     /// The call may have been executed, but no answer came (the deadline passed, or the
-    /// connection broke after the command was sent): transient like `Unavailable`, but a write
-    /// must be read back before it is retried.
-    #[error("no answer from the store: {0}")]
-    OutcomeUnknown(String),
+    /// connection broke after the command was sent): a write must be read back before it is
+    /// retried. [`ErrorClass::OutcomeUnknown`].
+    OutcomeUnknown(Cause),
     /// The store answered with an error (a script error, out of memory, a wrong type).
-    #[error("store error: {0}")]
-    Server(String),
+    /// [`ErrorClass::Refused`].
+    Server(Cause),
     /// Stored data that does not decode (a policy hash edited by hand, say).
-    #[error("stored data is corrupt: {0}")]
-    Corrupt(String),
+    /// [`ErrorClass::Corrupt`].
+    Corrupt(Cause),
     /// The embedded store already holds state for its most subjects
     /// (`limits.max_embedded_subjects`, the number given) and none of them has expired: a
-    /// subject without state gets none. Answered by the policy's fail mode, like an outage; not
-    /// transient in the breaker's sense (nothing was unreachable).
-    #[error("the embedded store is full: it keeps state for at most {0} subjects (limits.max_embedded_subjects)")]
+    /// subject without state gets none. [`ErrorClass::Refused`]: nothing was unreachable.
     Full(u64),
 }
 
+/// What a [`StoreError`] means to the code that meets it. This table is the one place that says
+/// it; the circuit breaker and the resend on a new connection (`store::redis`), the fail modes,
+/// the cached-policy fallback and readiness (`service`), and the HTTP answer (`api::errors`) all
+/// go by it.
+///
+/// | class | errors | transient (breaker counts it) | acquire answered by fail mode | cached policies served instead | HTTP answer |
+/// |---|---|---|---|---|---|
+/// | `Unreachable` | `Unavailable` | yes | yes | yes | 503 `store-unavailable` |
+/// | `OutcomeUnknown` | `OutcomeUnknown` | yes | yes (`closed`: reported as `Unavailable`) | yes | 503 `outcome-unknown` |
+/// | `Refused` | `Server`, `Full` | no | yes | no | 503 `store-unavailable` |
+/// | `Corrupt` | `Corrupt` | no | yes | no | 500 `internal` |
+///
+/// - *Transient* ([`is_transient`](Self::is_transient)): the store was not reached or its
+///   answer never came, so the same call may succeed later without anyone changing anything.
+///   Only these count against the circuit breaker ([`counts_against_breaker`](
+///   Self::counts_against_breaker)): an error the store answered with proves it reachable. The
+///   Redis store sends such a call once more on a new connection when the connection proves
+///   nothing was sent, and readiness reports them as "the store is unreachable" (any other
+///   error of its probe write as "the store refuses writes").
+/// - *Fail mode* ([`answered_by_fail_mode`](Self::answered_by_fail_mode)): every failed acquire
+///   is answered by its policy's fail mode: `open` allows, `local` decides with the in-process
+///   store (and allows when that is full), `closed` answers the error. A decision refused that
+///   way need not be read back, so `closed` reports an unknown outcome as `Unavailable`.
+/// - *Cached policies* ([`may_serve_cached`](Self::may_serve_cached)): a policy read or list
+///   that meets a transient error is answered from this instance's cache, once it has loaded
+///   the policies; any other error is answered as an error. Writes never fall back.
+/// - *HTTP* (chosen in `api/errors.rs`, the one place that chooses statuses; the body of a
+///   store error never carries its cause, which goes to the log): `outcome-unknown` tells the
+///   client to read a write back before retrying it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The store could not be reached; the call provably did not take effect.
+    Unreachable,
+    /// The call was sent and no answer came: it may or may not have taken effect.
+    OutcomeUnknown,
+    /// The store was reached and said no: an error it answered with (a script error, out of
+    /// memory, a wrong type, a command it refuses), or the embedded store full.
+    Refused,
+    /// The store answered something this version cannot read.
+    Corrupt,
+}
+
+impl ErrorClass {
+    /// Whether the store was not reached or did not answer, so that the same call may succeed
+    /// later without anyone changing anything.
+    pub const fn is_transient(self) -> bool {
+        matches!(self, ErrorClass::Unreachable | ErrorClass::OutcomeUnknown)
+    }
+
+    /// Whether the circuit breaker counts the error as a failure to reach the store.
+    pub const fn counts_against_breaker(self) -> bool {
+        self.is_transient()
+    }
+
+    /// Whether a failed acquire is answered by its policy's fail mode (rather than always as an
+    /// error).
+    pub const fn answered_by_fail_mode(self) -> bool {
+        true
+    }
+
+    /// Whether a policy read may be answered from the cache instead (once it is loaded).
+    pub const fn may_serve_cached(self) -> bool {
+        self.is_transient()
+    }
+}
+
 impl StoreError {
-    /// Whether the same call may succeed later without anyone changing anything.
-    pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            StoreError::Unavailable(_) | StoreError::OutcomeUnknown(_)
-        )
+    /// What the error means to its reader: see [`ErrorClass`].
+    pub const fn class(&self) -> ErrorClass {
+        match self {
+            StoreError::Unavailable(_) => ErrorClass::Unreachable,
+            StoreError::OutcomeUnknown(_) => ErrorClass::OutcomeUnknown,
+            StoreError::Server(_) | StoreError::Full(_) => ErrorClass::Refused,
+            StoreError::Corrupt(_) => ErrorClass::Corrupt,
+        }
+    }
+
+    /// Whether the same call may succeed later without anyone changing anything
+    /// ([`ErrorClass::is_transient`]).
+    pub const fn is_transient(&self) -> bool {
+        self.class().is_transient()
+    }
+
+    // The constructors take the message as a `String` or a `&str`; add the error that reported
+    // it with `caused_by`.
+
+    pub fn unavailable(cause: impl Into<Cause>) -> Self {
+        StoreError::Unavailable(cause.into())
+    }
+
+    pub fn outcome_unknown(cause: impl Into<Cause>) -> Self {
+        StoreError::OutcomeUnknown(cause.into())
+    }
+
+    pub fn server(cause: impl Into<Cause>) -> Self {
+        StoreError::Server(cause.into())
+    }
+
+    pub fn corrupt(cause: impl Into<Cause>) -> Self {
+        StoreError::Corrupt(cause.into())
+    }
+
+    /// Keeps `source` as the error that caused this one. `Full` has no cause to keep it in.
+    pub fn caused_by(mut self, source: impl Into<BoxedError>) -> Self {
+        if let Some(cause) = self.cause_mut() {
+            cause.source = Some(source.into());
+        }
+        self
+    }
+
+    /// The same error for a call whose outcome is settled: its connection proves nothing was
+    /// sent, or (a refused decision) whether it took effect does not matter. An unknown outcome
+    /// becomes `Unavailable`; any other error is unchanged.
+    pub fn outcome_known(self) -> Self {
+        match self {
+            StoreError::OutcomeUnknown(cause) => StoreError::Unavailable(cause),
+            other => other,
+        }
+    }
+
+    fn cause(&self) -> Option<&Cause> {
+        match self {
+            StoreError::Unavailable(c)
+            | StoreError::OutcomeUnknown(c)
+            | StoreError::Server(c)
+            | StoreError::Corrupt(c) => Some(c),
+            StoreError::Full(_) => None,
+        }
+    }
+
+    fn cause_mut(&mut self) -> Option<&mut Cause> {
+        match self {
+            StoreError::Unavailable(c)
+            | StoreError::OutcomeUnknown(c)
+            | StoreError::Server(c)
+            | StoreError::Corrupt(c) => Some(c),
+            StoreError::Full(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Unavailable(c) => write!(f, "store unavailable: {c}"),
+            StoreError::OutcomeUnknown(c) => write!(f, "no answer from the store: {c}"),
+            StoreError::Server(c) => write!(f, "store error: {c}"),
+            StoreError::Corrupt(c) => write!(f, "stored data is corrupt: {c}"),
+            StoreError::Full(max) => write!(
+                f,
+                "the embedded store is full: it keeps state for at most {max} subjects \
+                 (limits.max_embedded_subjects)"
+            ),
+        }
+    }
+}
+
+// Written out rather than derived with thiserror: a `#[source]` field must itself be the source,
+// and `Cause` as a link of its own would repeat the message in every printed chain.
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let source = self.cause()?.source.as_deref()?;
+        Some(source)
+    }
+}
+
+/// An error of any kind, kept as the source of a [`StoreError`].
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, in words, and the error that reported it, if any
+/// ([`StoreError::caused_by`]). Reads as its message (`Display`, and `Deref` to `str`).
+#[derive(Debug)]
+pub struct Cause {
+    message: String,
+    source: Option<BoxedError>,
+}
+
+impl From<String> for Cause {
+    fn from(message: String) -> Self {
+        Cause {
+            message,
+            source: None,
+        }
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(message: &str) -> Self {
+        Cause::from(message.to_owned())
+    }
+}
+
+impl std::ops::Deref for Cause {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
     }
 }
 
@@ -337,5 +535,137 @@ impl Store for AnyStore {
 
     async fn ping(&self) -> Result<(), StoreError> {
         dispatch!(self, s => s.ping())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn every_error_is_read_as_its_class_says() {
+        use ErrorClass::*;
+        // The rows of `ErrorClass`'s table: error, class, transient (the breaker counts it),
+        // answered by fail mode, cached policies served instead.
+        let table = [
+            (
+                StoreError::unavailable("refused"),
+                Unreachable,
+                true,
+                true,
+                true,
+            ),
+            (
+                StoreError::outcome_unknown("no answer"),
+                OutcomeUnknown,
+                true,
+                true,
+                true,
+            ),
+            (StoreError::server("OOM"), Refused, false, true, false),
+            (StoreError::Full(2), Refused, false, true, false),
+            (
+                StoreError::corrupt("policy hash"),
+                Corrupt,
+                false,
+                true,
+                false,
+            ),
+        ];
+        for (error, class, transient, fail_mode, cached) in table {
+            assert_eq!(error.class(), class, "{error}");
+            assert_eq!(error.is_transient(), transient, "{error}");
+            assert_eq!(class.is_transient(), transient, "{error}");
+            assert_eq!(class.counts_against_breaker(), transient, "{error}");
+            assert_eq!(class.answered_by_fail_mode(), fail_mode, "{error}");
+            assert_eq!(class.may_serve_cached(), cached, "{error}");
+        }
+    }
+
+    #[test]
+    fn redis_errors_are_classified_and_kept_as_the_source() {
+        use ::redis::{ErrorKind, RedisError, ServerErrorKind};
+        let cases = [
+            (
+                RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+                ErrorClass::Unreachable,
+                "store unavailable: connection refused: ",
+            ),
+            (
+                RedisError::from((ErrorKind::AuthenticationFailed, "WRONGPASS")),
+                ErrorClass::Unreachable,
+                "store unavailable: authentication failed: ",
+            ),
+            (
+                RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "LOADING")),
+                ErrorClass::Unreachable,
+                "store unavailable: Redis is loading its data: ",
+            ),
+            (
+                RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset)),
+                ErrorClass::OutcomeUnknown,
+                "no answer from the store: connection failed: ",
+            ),
+            (
+                RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ResponseError),
+                    "OOM command not allowed",
+                )),
+                ErrorClass::Refused,
+                "store error: ",
+            ),
+        ];
+        for (redis_error, class, text) in cases {
+            let said = redis_error.to_string();
+            let error = StoreError::from(redis_error);
+            assert_eq!(error.class(), class, "{error}");
+            assert_eq!(error.to_string(), format!("{text}{said}"));
+            let source = error
+                .source()
+                .and_then(|s| s.downcast_ref::<RedisError>())
+                .map(ToString::to_string);
+            assert_eq!(source.as_deref(), Some(said.as_str()), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_outcome_made_known_is_unavailable_with_its_message_and_source() {
+        let io = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        let error = StoreError::outcome_unknown("connection failed")
+            .caused_by(io)
+            .outcome_known();
+        assert!(matches!(&error, StoreError::Unavailable(m) if &**m == "connection failed"));
+        assert_eq!(error.to_string(), "store unavailable: connection failed");
+        assert!(error
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some());
+        let server = StoreError::server("OOM").outcome_known();
+        assert_eq!(server.class(), ErrorClass::Refused);
+    }
+
+    #[test]
+    fn messages_read_as_before_sources_were_kept() {
+        assert_eq!(
+            StoreError::unavailable("x").to_string(),
+            "store unavailable: x"
+        );
+        assert_eq!(
+            StoreError::outcome_unknown("x").to_string(),
+            "no answer from the store: x"
+        );
+        assert_eq!(StoreError::server("x").to_string(), "store error: x");
+        assert_eq!(
+            StoreError::corrupt("x").to_string(),
+            "stored data is corrupt: x"
+        );
+        assert_eq!(
+            StoreError::Full(7).to_string(),
+            "the embedded store is full: it keeps state for at most 7 subjects \
+             (limits.max_embedded_subjects)"
+        );
+        assert!(StoreError::Full(7).caused_by("ignored").source().is_none());
     }
 }

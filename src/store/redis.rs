@@ -13,8 +13,8 @@ use super::connection::{Conn, ConnectionMode, Connections};
 use super::key::PolicyKeys;
 use super::scripts::Scripts;
 use super::{
-    key, new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, Store, StoreError,
-    WriteStatus, Written,
+    key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
+    StoreError, WriteStatus, Written,
 };
 use crate::limiter::{Decision, Verdict, MAX_LIMITS};
 use crate::metrics as m;
@@ -37,26 +37,28 @@ impl From<RedisError> for StoreError {
     /// (refused, wrong password, Redis still loading) are `Unavailable`; a connection that broke
     /// or a reply that did not parse may have come after Redis ran the command, so those are
     /// `OutcomeUnknown` (the store's `call` turns them into `Unavailable` when the connection
-    /// proves nothing was sent); an error Redis answered the command with is `Server`.
+    /// proves nothing was sent); an error Redis answered the command with is `Server`. The
+    /// redis-rs error is kept as the source.
     fn from(e: RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
         let kind = e.kind();
-        if kind == ErrorKind::AuthenticationFailed
+        let error = if kind == ErrorKind::AuthenticationFailed
             || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         {
-            StoreError::Unavailable(format!("authentication failed: {e}"))
+            StoreError::unavailable(format!("authentication failed: {e}"))
         } else if e.is_connection_refusal() {
-            StoreError::Unavailable(format!("connection refused: {e}"))
+            StoreError::unavailable(format!("connection refused: {e}"))
         } else if kind == ErrorKind::Server(ServerErrorKind::BusyLoading) {
-            StoreError::Unavailable(format!("Redis is loading its data: {e}"))
+            StoreError::unavailable(format!("Redis is loading its data: {e}"))
         } else if e.is_io_error()
             || e.is_unrecoverable_error()
             || kind == ErrorKind::ClusterConnectionNotFound
         {
-            StoreError::OutcomeUnknown(format!("connection failed: {e}"))
+            StoreError::outcome_unknown(format!("connection failed: {e}"))
         } else {
-            StoreError::Server(e.to_string())
-        }
+            StoreError::server(e.to_string())
+        };
+        error.caused_by(e)
     }
 }
 
@@ -85,7 +87,7 @@ impl RedisStore {
         prefix: &str,
     ) -> Result<Self, StoreError> {
         let conns = Connections::open(url, mode, connections).map_err(|e| {
-            StoreError::Server(format!("invalid redis.url {}: {e}", redact_url(url)))
+            StoreError::server(format!("invalid redis.url {}: {e}", redact_url(url))).caused_by(e)
         })?;
         Ok(Self::on(conns, timeout, prefix))
     }
@@ -142,7 +144,7 @@ impl RedisStore {
         let Some(permit) = self.breaker.permit() else {
             metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
             let cause = self.breaker.cause().unwrap_or_default();
-            return Err(StoreError::Unavailable(format!(
+            return Err(StoreError::unavailable(format!(
                 "Redis is unreachable (circuit breaker open; last failure: {cause})"
             )));
         };
@@ -162,7 +164,7 @@ impl RedisStore {
             metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
         }
         let reached = match &result {
-            Err(e) if e.is_transient() => {
+            Err(e) if e.class().counts_against_breaker() => {
                 self.breaker.set_cause(e.to_string());
                 false
             }
@@ -205,14 +207,14 @@ impl RedisStore {
             Ok(Err(e)) if e.is_transient() => Err((e, "connection")),
             Ok(Err(e)) => Err((e, "server")),
             Err(_) if !sending.load(Ordering::Acquire) => Err((
-                StoreError::Unavailable(format!(
+                StoreError::unavailable(format!(
                     "could not connect to Redis within {} ms",
                     self.timeout.as_millis()
                 )),
                 "timeout",
             )),
             Err(_) => Err((
-                StoreError::OutcomeUnknown(format!(
+                StoreError::outcome_unknown(format!(
                     "no answer from Redis within {} ms",
                     self.timeout.as_millis()
                 )),
@@ -280,7 +282,7 @@ impl RedisStore {
             Ok(info) => info,
             // A Redis that does not let us run INFO (an ACL, a renamed command) may well be new
             // enough: say what is needed rather than refuse to start.
-            Err(StoreError::Server(e)) => {
+            Err(e) if e.class() == ErrorClass::Refused => {
                 tracing::warn!(
                     error = %e,
                     "cannot read the Redis version; the decision scripts need Redis {}.{} or later",
@@ -304,7 +306,7 @@ impl RedisStore {
             ));
         }
         match versions.iter().find(|v| !supports_script_flags(v)) {
-            Some(old) => Err(StoreError::Server(format!(
+            Some(old) => Err(StoreError::server(format!(
                 "Redis {old} cannot run the decision scripts: they need Redis {}.{} or later \
                  (script flags)",
                 MIN_REDIS_VERSION.0, MIN_REDIS_VERSION.1
@@ -338,9 +340,10 @@ fn supports_script_flags(version: &str) -> bool {
 
 /// A transient error of a call its connection proves was never sent is `Unavailable`.
 fn unsent(e: StoreError, conn: &Conn) -> StoreError {
-    match e {
-        StoreError::OutcomeUnknown(m) if conn.never_sent() => StoreError::Unavailable(m),
-        e => e,
+    if conn.never_sent() {
+        e.outcome_known()
+    } else {
+        e
     }
 }
 
@@ -358,7 +361,7 @@ fn encode(policy: &Policy) -> Vec<(String, String)> {
 /// hash written by a version before it (one field per policy field, every value a string), the
 /// fields, numbers read back from the fields that hold them.
 fn decode(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
-    let corrupt = |e: &dyn std::fmt::Display| StoreError::Corrupt(format!("policy hash: {e}"));
+    let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
     if let Some((_, doc)) = fields.iter().find(|(k, _)| k == DOC_FIELD) {
         let doc: Json = serde_json::from_str(doc).map_err(|e| corrupt(&e))?;
         return parse_policy(&doc, None).map_err(|e| corrupt(&e));
@@ -391,7 +394,7 @@ type ReadReply = (Option<Arc<str>>, u64, u64, Vec<Entry>);
 
 fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| {
-        StoreError::Corrupt(format!("policy_read.lua answered an unexpected shape: {e}"))
+        StoreError::corrupt(format!("policy_read.lua answered an unexpected shape: {e}"))
     };
     let Value::Array(items) = reply else {
         return Err(corrupt(&"not an array"));
@@ -412,7 +415,7 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
 /// remaining, reset_after_us, retry_after_us}`.
 fn verdict(reply: &[u64], limits: usize) -> Result<Verdict, StoreError> {
     if reply.len() != 1 + 4 * limits {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::corrupt(format!(
             "a decision script answered {} numbers for {limits} limits",
             reply.len()
         )));
@@ -527,7 +530,7 @@ impl Store for RedisStore {
             })
             .await?;
         let status = WriteStatus::parse(&status)
-            .ok_or_else(|| StoreError::Corrupt(format!("policy_write.lua answered {status:?}")))?;
+            .ok_or_else(|| StoreError::corrupt(format!("policy_write.lua answered {status:?}")))?;
         Ok(Written {
             status,
             etag: Etag {
