@@ -19,25 +19,25 @@ local burst = tonumber(ARGV[a + 1])
 local num = tonumber(ARGV[a + 2])
 local den = tonumber(ARGV[a + 3])
 
-local anchor, units = now, 0
+-- t = max(now, anchor): a time before the anchor is treated as the anchor; skew = t - now.
+-- Intervals elapsed since the anchor: `elapsed` whole ones and part / num of the next. The
+-- level still to drain is busy - part / num intervals; a TAT at or before t (or no state) is a
+-- subject at rest, anchored at t. (A subject at rest, the common case on a busy key space,
+-- needs no long division.)
+local t, skew = now, 0
+local anchor, units, busy, elapsed, part = now, 0, 0, 0, 0
 local raw = redis.call('GET', key)
 if raw then
-  local a, u, n, d = struct.unpack('<dddd', raw)
+  local at, u, n, d = struct.unpack('<dddd', raw)
   if n == num and d == den then
-    anchor, units = a, u
+    if at > now then
+      t, skew, anchor = at, at - now, at
+    end
+    local e, p = muldiv(t - at, den, num)
+    if e < u then
+      anchor, units, busy, elapsed, part = at, u, u - e, e, p
+    end
   end
-end
-
-local t = math.max(now, anchor)
-local skew = t - now
--- Intervals elapsed since the anchor: `elapsed` whole ones and part / num of the next. The
--- level still to drain is busy - part / num intervals; a TAT at or before t is a subject at rest.
-local elapsed, part = muldiv(t - anchor, den, num)
-local busy
-if elapsed >= units then
-  anchor, units, busy, part, elapsed = t, 0, 0, 0, 0
-else
-  busy = units - elapsed
 end
 
 -- Time for a level of `level - part / num` intervals to drain to zero, from the caller's now:
@@ -60,7 +60,10 @@ local admits = busy + cost <= burst
 local after = busy + cost
 out_reset = drain(after)
 -- Whole spans of num µs (den intervals) move into the anchor, which stays exact.
-local periods = divmod(elapsed, den)
+local periods = 0
+if elapsed >= den then
+  periods = divmod(elapsed, den)
+end
 redis.call('PSETEX', key, math.ceil(out_reset / 1000),
   struct.pack('<dddd', anchor + periods * num, units - periods * den + cost, num, den))
 out_remaining = burst - after
