@@ -150,10 +150,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let verdict = &a.verdict;
     let d = verdict.decision();
     let binding = verdict.binding();
-    let limit = policy
-        .limits
-        .get(binding)
-        .map_or(0, |l| l.params.quota());
+    let limit = policy.limits.get(binding).map_or(0, |l| l.params.quota());
     let name = policy.name.as_str();
     let composite = policy.is_composite();
     let mut response = HttpResponse::Ok();

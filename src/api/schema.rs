@@ -78,7 +78,10 @@ impl PartialSchema for PolicyDoc {
              A policy of one limit always reads back in the flat form.",
         ));
         for a in Algorithm::ALL {
-            one_of = one_of.item(limit_object(a, policy_object(format!("{} policy", a.as_str()))));
+            one_of = one_of.item(limit_object(
+                a,
+                policy_object(format!("{} policy", a.as_str())),
+            ));
         }
         let mut limit = OneOfBuilder::new();
         for a in Algorithm::ALL {
@@ -88,8 +91,10 @@ impl PartialSchema for PolicyDoc {
                     .title(Some(format!("{} limit", a.as_str())))
                     .property(
                         "name",
-                        name("The limit's name, unique within its policy; required when there \
-                              are several"),
+                        name(
+                            "The limit's name, unique within its policy; required when there \
+                              are several",
+                        ),
                     ),
             ));
         }
