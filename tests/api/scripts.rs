@@ -1,14 +1,15 @@
 //! The Lua scripts on a real Redis, driven with explicit times.
 //!
 //! Two kinds of test. Property tests run random request sequences through each script and
-//! through its pure Rust function and require identical decisions. Flaw tests each check one
+//! through its pure Rust function and require identical decisions; scripts composed for several
+//! limits are held to `limiter::decide_all` the same way. Flaw tests each check one
 //! known flaw of the classic scripts (kept in `tests/api/classic/`), and run twice: our script
 //! must pass, and the classic one must fail, which proves the check can catch the flaw.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{sliding_window_log, Decision, State};
-use ratelimiter::policy::{Algorithm, FailMode, LimitKey, Params, Policy, PolicyName};
+use ratelimiter::limiter::{decide_all, sliding_window_log, Decision, State, Verdict};
+use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
 use ratelimiter::store::{scripts, RedisStore, Store, StoreError};
@@ -585,6 +586,263 @@ fn every_script_decides_exactly_as_its_rust_function() {
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+}
+
+// --- Composed scripts: several limits decided as `decide_all` decides them ----------------------
+
+/// A policy of these limits, named `l1`, `l2`, ..., and the state keys of its subject `subject`
+/// as the Redis store names them.
+fn composite(lab: &mut Lab, specs: &[Spec]) -> (Policy, Vec<String>) {
+    lab.subjects += 1;
+    let name = PolicyName::parse(&format!("p{}", lab.subjects)).expect("valid name");
+    let limits = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (a, values))| {
+            let limit = PolicyName::parse(&format!("l{}", i + 1)).expect("valid name");
+            Limit::new(limit, *a, values)
+        })
+        .collect();
+    let policy = Policy::new(name, limits, None, FailMode::Closed);
+    let keys = policy
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut k = String::new();
+            state_key(
+                &mut k,
+                "rl",
+                policy.name.as_str(),
+                "subject",
+                policy.state_name(i),
+                p.algorithm(),
+            );
+            k
+        })
+        .collect();
+    (policy, keys)
+}
+
+/// A verdict as a decision script replies: allowed, then each limit's admits, remaining,
+/// reset_after_us and retry_after_us.
+fn as_reply(v: &Verdict) -> Vec<u64> {
+    let mut reply = vec![u64::from(v.allowed)];
+    for d in v.limits() {
+        reply.extend([
+            u64::from(d.allowed),
+            d.remaining,
+            d.reset_after_us,
+            d.retry_after_us,
+        ]);
+    }
+    reply
+}
+
+/// The loaded script `sha` for `params` at `now`, then every key persisted, in one transaction
+/// (see [`Impl::OursPersisted`]).
+fn composed_persisted(
+    conn: &mut redis::Connection,
+    sha: &str,
+    keys: &[String],
+    params: &[Params],
+    cost: u64,
+    now: u64,
+) -> Result<Vec<u64>, String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVALSHA")
+        .arg(sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(cost)
+        .arg(now);
+    for p in params {
+        pipe.arg(p.script_args().as_slice());
+    }
+    for k in keys {
+        pipe.cmd("PERSIST").arg(k).ignore();
+    }
+    let (reply,): (Vec<u64>,) = pipe.query(conn).map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+fn load(conn: &mut redis::Connection, source: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query(conn)
+        .expect("SCRIPT LOAD")
+}
+
+#[test]
+fn composed_scripts_decide_exactly_as_decide_all() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    // Denials by some limits while others admit: the case that composing is about.
+    let partial_denials = std::cell::Cell::new(0u64);
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let policies = proptest::collection::vec(limits(), 2..=4);
+    let result = runner.run(&(policies, steps()), |(specs, steps)| {
+        let mut lab = lab.borrow_mut();
+        let (policy, keys) = composite(&mut lab, &specs);
+        let params = policy.params();
+        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let sha = load(&mut lab.conn, &scripts::compose(&algorithms));
+        let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(step.dt_us);
+            // Mostly small costs, sometimes the smallest quota.
+            let cost = match step.cost_pick % 8 {
+                0 => quota,
+                _ => 1 + step.cost_pick % quota.min(5),
+            };
+            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            if !expected.allowed && expected.limits().iter().any(|d| d.allowed) {
+                partial_denials.set(partial_denials.get() + 1);
+            }
+            let got = composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now)
+                .map_err(TestCaseError::fail)?;
+            prop_assert_eq!(
+                got,
+                as_reply(&expected),
+                "step {} at {} cost {} of {:?}",
+                i,
+                now,
+                cost,
+                specs
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        partial_denials.get() > 100,
+        "only {} denials where some limit admitted",
+        partial_denials.get()
+    );
+}
+
+/// A key's content and expiry, whatever its type: a string's bytes, a log's members with their
+/// scores, and its absolute expiry in ms (`PEXPIRETIME`, which real time does not move).
+fn snapshot(conn: &mut redis::Connection, key: &str) -> (Vec<Vec<u8>>, i64) {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).expect("TYPE");
+    let content: Vec<Vec<u8>> = match kind.as_str() {
+        "string" => vec![redis::cmd("GET").arg(key).query(conn).expect("GET")],
+        "zset" => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(conn)
+            .expect("ZRANGE"),
+        other => panic!("{key} is a {other}"),
+    };
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(conn)
+        .expect("PEXPIRETIME");
+    (content, expires)
+}
+
+#[test]
+fn eight_limits_run_and_a_denial_by_one_leaves_every_state_byte_for_byte() {
+    let mut lab = Lab::new();
+    // Every algorithm, then three more; the sixth is the tightest.
+    let specs: Vec<Spec> = vec![
+        window(100, 60_000, Algorithm::FixedWindow),
+        window(100, 60_000, Algorithm::SlidingWindowLog),
+        window(100, 60_000, Algorithm::SlidingWindowCounter),
+        bucket(100, 1, 60_000),
+        (Algorithm::Gcra, vec![1, 60_000, 100]),
+        window(3, 60_000, Algorithm::FixedWindow),
+        bucket(50, 5, 1_000),
+        (Algorithm::Gcra, vec![10, 1_000, 50]),
+    ];
+    let (policy, keys) = composite(&mut lab, &specs);
+    let key = LimitKey::parse("subject".into()).expect("valid key");
+    let params = policy.params();
+    let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+    let mut ttls = vec![None; params.len()];
+
+    // Through the store, as the service calls it: all eight take.
+    let v = lab
+        .rt
+        .block_on(lab.store.acquire(&policy, &key, 2, Some(T0)))
+        .expect("eight limits decided");
+    assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, T0));
+    assert!(v.allowed && v.limits().len() == 8, "{v:?}");
+    let before: Vec<_> = keys.iter().map(|k| snapshot(&mut lab.conn, k)).collect();
+    assert!(before.iter().all(|(_, expires)| *expires > 0), "{before:?}");
+
+    // The sixth has one unit left: it denies, and no limit changes.
+    let now = T0 + 1_000;
+    let v = lab
+        .rt
+        .block_on(lab.store.acquire(&policy, &key, 2, Some(now)))
+        .expect("eight limits decided");
+    assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, now));
+    assert!(!v.allowed && v.binding() == 5, "{v:?}");
+    for (i, d) in v.limits().iter().enumerate() {
+        assert_eq!(d.allowed, i != 5, "limit {}: {d:?}", i + 1);
+    }
+    let after: Vec<_> = keys.iter().map(|k| snapshot(&mut lab.conn, k)).collect();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(b, a, "limit {} ({}) changed on a denial", i + 1, keys[i]);
+    }
+}
+
+#[test]
+fn eight_limits_of_any_one_algorithm_fit_in_one_script() {
+    // The parts nest, so their locals add up: eight of the heaviest part is the most any
+    // composition holds. Each must compile, run and agree with `decide_all`.
+    let mut lab = Lab::new();
+    for a in Algorithm::ALL {
+        let specs = vec![window(5, 60_000, a); 8];
+        let (policy, keys) = composite(&mut lab, &specs);
+        let params = policy.params();
+        let sha = load(&mut lab.conn, &scripts::compose(&[a; 8]));
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        for (now, cost) in [(T0, 3), (T0 + 1, 3), (T0 + 2, 2)] {
+            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            let got = composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now)
+                .unwrap_or_else(|e| panic!("{a:?}: {e}"));
+            assert_eq!(got, as_reply(&expected), "{a:?} at {now} cost {cost}");
+        }
+    }
+}
+
+#[test]
+fn a_one_limit_script_is_its_part_as_straight_line_code() {
+    for a in Algorithm::ALL {
+        let script = scripts::compose(&[a]);
+        let name = a.as_str();
+        assert_eq!(script.matches("do -- limit ").count(), 1, "{name}");
+        assert_eq!(script.matches("end -- limit ").count(), 1, "{name}");
+        assert!(
+            script.contains(&format!("do -- limit 1: {name}\n")),
+            "{name}"
+        );
+        // The part's three sections, verbatim and in order.
+        let lua = a.lua();
+        let (level, rest) = lua.split_once("\n--- take\n").expect("take");
+        let (take, keep) = rest.split_once("\n--- keep\n").expect("keep");
+        let mut at = 0;
+        for section in [level, take, keep] {
+            let found = script[at..]
+                .find(section)
+                .unwrap_or_else(|| panic!("{name}: a section is missing or out of order"));
+            at += found + section.len();
+        }
     }
 }
 
