@@ -51,10 +51,7 @@ fn limit_object(algorithm: Algorithm, extra: ObjectBuilder) -> ObjectBuilder {
 
 /// `name`, `description` and `fail_mode`, common to both forms.
 fn policy_object(title: String) -> ObjectBuilder {
-    let fail_mode = match FailMode::schema() {
-        RefOr::T(Schema::Object(o)) => RefOr::T(Schema::Object(o)),
-        other => other,
-    };
+    let fail_mode = FailMode::schema();
     ObjectBuilder::new()
         .title(Some(title))
         .property("name", name("Unique policy name"))
