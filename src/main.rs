@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use ratelimiter::config::Settings;
-use ratelimiter::policy::Algorithm;
 use ratelimiter::limiter::MAX_LIMITS;
+use ratelimiter::policy::Algorithm;
 use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
 use ratelimiter::telemetry;

@@ -42,8 +42,13 @@ pub trait Rule: Copy {
     /// `retry_after_us` is 0 when they do, and `ttl_us` is `None`. Deciding with `take` unset and
     /// then again with `take` set on the state it returns gives the same answer as deciding with
     /// `take` set at once.
-    fn decide(&self, state: Option<Self::State>, cost: u64, now_us: u64, take: bool)
-        -> Outcome<Self::State>;
+    fn decide(
+        &self,
+        state: Option<Self::State>,
+        cost: u64,
+        now_us: u64,
+        take: bool,
+    ) -> Outcome<Self::State>;
     /// The script's parameters (`ARGV[a + 1]` onwards, see `lua/common.lua`).
     fn script_args(&self) -> ScriptArgs;
     /// The most units one subject can be granted at once.
@@ -120,7 +125,13 @@ macro_rules! window_rule {
                 }
             }
 
-            fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
+            fn decide(
+                &self,
+                state: Option<State>,
+                cost: u64,
+                now_us: u64,
+                take: bool,
+            ) -> Outcome<State> {
                 decide(state, self, cost, now_us, take)
             }
 
@@ -397,12 +408,16 @@ impl Verdict {
 
     /// The binding limit's decision ([`Verdict::binding`]), allowed as the verdict is.
     pub fn decision(&self) -> Decision {
-        let d = self.limits().get(self.binding()).copied().unwrap_or(Decision {
-            allowed: self.allowed,
-            remaining: 0,
-            reset_after_us: 0,
-            retry_after_us: 0,
-        });
+        let d = self
+            .limits()
+            .get(self.binding())
+            .copied()
+            .unwrap_or(Decision {
+                allowed: self.allowed,
+                remaining: 0,
+                reset_after_us: 0,
+                retry_after_us: 0,
+            });
         Decision {
             allowed: self.allowed,
             ..d

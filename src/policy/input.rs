@@ -190,13 +190,16 @@ fn parse_limits(
     let mut limits: Vec<Limit> = Vec::with_capacity(entries.len());
     for (i, entry) in entries.iter().enumerate() {
         let at = format!("limits[{i}]");
-        let fields = entry.as_object().ok_or_else(|| wrong_type(&at, "an object"))?;
-        let (algorithm, values) =
-            parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
-        let name = match (optional_str(fields, "name").map_err(|e| e.within(&at))?, entries.len()) {
-            (Some(n), _) => {
-                PolicyName::parse(n).map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?
-            }
+        let fields = entry
+            .as_object()
+            .ok_or_else(|| wrong_type(&at, "an object"))?;
+        let (algorithm, values) = parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
+        let name = match (
+            optional_str(fields, "name").map_err(|e| e.within(&at))?,
+            entries.len(),
+        ) {
+            (Some(n), _) => PolicyName::parse(n)
+                .map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?,
             (None, 1) => policy.clone(),
             (None, _) => {
                 return Err(ValidationError::Missing {
@@ -263,7 +266,10 @@ fn parse_limit(
     for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
         *slot = required_int(doc, field, algorithm)?;
     }
-    Ok((algorithm, ScriptArgs::new(&values[..algorithm.fields().len()])))
+    Ok((
+        algorithm,
+        ScriptArgs::new(&values[..algorithm.fields().len()]),
+    ))
 }
 
 /// Validates a `cost`: an integer of at least 1 (the policy's own bound is checked later).
@@ -338,7 +344,10 @@ fn required_int(
             field.name,
             format!("must be an integer from {min} to {max}"),
         )),
-        None => Err(ValidationError::invalid(field.name, "must be a whole number")),
+        None => Err(ValidationError::invalid(
+            field.name,
+            "must be a whole number",
+        )),
     }
 }
 

@@ -156,9 +156,7 @@ impl RateLimiter {
                     cost,
                     quota,
                     field: tightest.algorithm().quota_field(),
-                    limit: policy
-                        .is_composite()
-                        .then(|| tightest.name.to_string()),
+                    limit: policy.is_composite().then(|| tightest.name.to_string()),
                 });
             }
         }

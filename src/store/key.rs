@@ -128,7 +128,14 @@ mod tests {
     #[test]
     fn other_limits_are_named_inside_the_subject_s_slot() {
         let mut buf = String::new();
-        state_key(&mut buf, "rl", "api", "u", Some("daily"), Algorithm::FixedWindow);
+        state_key(
+            &mut buf,
+            "rl",
+            "api",
+            "u",
+            Some("daily"),
+            Algorithm::FixedWindow,
+        );
         assert_eq!(buf, "rl:{api:u}:daily:fixed_window");
         assert_eq!(hash_tag(&buf), "api:u");
     }

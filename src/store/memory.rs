@@ -153,7 +153,8 @@ impl MemoryStore {
                 kept += 1;
             }
         }
-        self.subjects.fetch_sub((n - kept) as u64, Ordering::Relaxed);
+        self.subjects
+            .fetch_sub((n - kept) as u64, Ordering::Relaxed);
         Ok(verdict)
     }
 

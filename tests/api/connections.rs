@@ -376,7 +376,7 @@ async fn cluster_seed_passwords_never_reach_the_start_up_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_are_loaded_at_start_up() {
     let shas: Vec<String> = ratelimiter::store::scripts::sources()
-        .map(|s| redis::Script::new(s).get_hash().to_owned())
+        .map(|s| redis::Script::new(&s).get_hash().to_owned())
         .collect();
     let loaded = |conn: &mut redis::Connection| -> Vec<bool> {
         redis::cmd("SCRIPT")

@@ -3,27 +3,29 @@
 //! go-redis/redis_rate's float GCRA every disagreement is settled by exact arithmetic in our
 //! favour, and the classic flaws that apply to GCRA are absent.
 //!
-//! The script is the one the service sends, from the algorithm registry.
+//! The script is the one the service sends for a one-limit GCRA policy
+//! (`scripts::compose(&[Algorithm::Gcra])`); redis_rate's keeps its own arguments and reply.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::gcra::{
     self, Params, MAX_BURST, MAX_PERIOD_MS, MAX_RATE, MIN_BURST, MIN_PERIOD_MS, MIN_RATE,
 };
-use ratelimiter::limiter::{Decision, Rule};
+use ratelimiter::limiter::{Algorithm, Decision, Rule};
+use ratelimiter::store::scripts;
 
 use crate::helpers::TestRedis;
-
-const SOURCE: &str = ratelimiter::store::scripts::source(ratelimiter::limiter::Algorithm::Gcra);
 
 const REDIS_RATE: &str = include_str!("classic/redis_rate_gcra.lua");
 
 /// A plausible current time in µs: large enough that float truncation would show.
 const T0: u64 = 1_764_460_800_123_457;
 
-type Reply = (u8, u64, u64, u64);
+/// Our script's reply for one limit: allowed, then the limit's admits, remaining,
+/// reset_after_us and retry_after_us.
+type Reply = (u8, u8, u64, u64, u64);
 
-fn decision((allowed, remaining, reset_after_us, retry_after_us): Reply) -> Decision {
+fn decision((allowed, _admits, remaining, reset_after_us, retry_after_us): Reply) -> Decision {
     Decision {
         allowed: allowed == 1,
         remaining,
@@ -65,7 +67,10 @@ impl Lab {
                 .query(&mut conn)
                 .expect("SCRIPT LOAD")
         };
-        let (ours, theirs) = (load(SOURCE), load(REDIS_RATE));
+        let (ours, theirs) = (
+            load(&scripts::compose(&[Algorithm::Gcra])),
+            load(REDIS_RATE),
+        );
         Self {
             _redis: redis,
             conn,
@@ -82,15 +87,12 @@ impl Lab {
 
     fn ours_cmd(&self, key: &str, p: &Params, cost: u64, now: Option<u64>) -> redis::Cmd {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&self.ours)
-            .arg(1)
-            .arg(key)
-            .arg(Rule::script_args(p).as_slice())
-            .arg(cost);
+        cmd.arg(&self.ours).arg(1).arg(key).arg(cost);
         match now {
             Some(now) => cmd.arg(now),
             None => cmd.arg(""),
         };
+        cmd.arg(Rule::script_args(p).as_slice());
         cmd
     }
 

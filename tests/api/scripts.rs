@@ -1,13 +1,14 @@
 //! The Lua scripts on a real Redis, driven with explicit times.
 //!
 //! Two kinds of test. Property tests run random request sequences through each script and
-//! through its pure Rust function and require identical decisions. Flaw tests each check one
+//! through its pure Rust function and require identical decisions; scripts composed for several
+//! limits are held to `limiter::decide_all` the same way. Flaw tests each check one
 //! known flaw of the classic scripts (kept in `tests/api/classic/`), and run twice: our script
 //! must pass, and the classic one must fail, which proves the check can catch the flaw.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{sliding_window_log, Decision, State};
+use ratelimiter::limiter::{decide_all, sliding_window_log, Decision, State, Verdict};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
@@ -37,6 +38,10 @@ fn classic_source(a: Algorithm) -> &'static str {
         Algorithm::Gcra => unreachable!("no classic script in our argument order for gcra"),
     }
 }
+
+/// One limit as a test writes it: the algorithm and its fields' values in the algorithm's order
+/// (`window_ms` and the like in ms, as a user gives them).
+type Spec = (Algorithm, Vec<u64>);
 
 /// A private Redis, our store on it, and a plain connection for the classic scripts.
 struct Lab {
@@ -74,11 +79,11 @@ impl Lab {
         }
     }
 
-    /// A fresh subject under a fresh policy.
-    fn subject(&mut self, imp: Impl, limit: Limit) -> Subject<'_> {
+    /// A fresh subject under a fresh one-limit policy.
+    fn subject(&mut self, imp: Impl, (algorithm, values): Spec) -> Subject<'_> {
         self.subjects += 1;
         let name = PolicyName::parse(&format!("p{}", self.subjects)).expect("valid name");
-        let policy = Policy::new(name, limit, None, FailMode::Closed);
+        let policy = Policy::single(name, algorithm, &values, None, FailMode::Closed);
         let key = LimitKey::parse("subject".into()).expect("valid key");
         let mut redis_key = String::new();
         state_key(
@@ -86,7 +91,8 @@ impl Lab {
             "rl",
             policy.name.as_str(),
             key.as_str(),
-            policy.algorithm(),
+            None,
+            algorithm,
         );
         Subject {
             lab: self,
@@ -109,41 +115,58 @@ struct Subject<'a> {
 impl Subject<'_> {
     /// One acquire at `now` (`None`: the script's own clock).
     fn at(&mut self, now: Option<u64>, cost: u64) -> Result<Decision, String> {
+        let params = self.policy.params()[0];
         match self.imp {
             Impl::Ours => self
                 .lab
                 .rt
                 .block_on(self.lab.store.acquire(&self.policy, &self.key, cost, now))
+                .map(|v| v.decision())
                 .map_err(|e| e.to_string()),
-            Impl::Classic | Impl::OursPersisted => {
-                // The classic scripts take the same arguments as ours.
-                let mut args: Vec<u64> = self.policy.params.script_args().as_slice().to_vec();
+            Impl::Classic => {
+                // The classic scripts keep their own layout: [params..., cost, now] and a reply
+                // of {allowed, remaining, reset_after_us, retry_after_us}.
+                let mut args: Vec<u64> = params.script_args().as_slice().to_vec();
                 args.push(cost);
                 args.extend(now);
-                let reply: (u8, u64, u64, u64) = if self.imp == Impl::Classic {
-                    redis::Script::new(classic_source(self.policy.algorithm()))
+                let (allowed, remaining, reset_after_us, retry_after_us): (u8, u64, u64, u64) =
+                    redis::Script::new(classic_source(params.algorithm()))
                         .key(&self.redis_key)
                         .arg(&args)
                         .invoke(&mut self.lab.conn)
-                        .map_err(|e| e.to_string())?
-                } else {
-                    // The decision and PERSIST in one transaction: no real time passes in
-                    // between for a short TTL to expire what simulated time still needs.
-                    let (reply,): ((u8, u64, u64, u64),) = redis::pipe()
-                        .atomic()
-                        .cmd("EVAL")
-                        .arg(scripts::source(self.policy.algorithm()))
-                        .arg(1)
-                        .arg(&self.redis_key)
-                        .arg(&args)
-                        .cmd("PERSIST")
-                        .arg(&self.redis_key)
-                        .ignore()
-                        .query(&mut self.lab.conn)
                         .map_err(|e| e.to_string())?;
-                    reply
+                Ok(Decision {
+                    allowed: allowed == 1,
+                    remaining,
+                    reset_after_us,
+                    retry_after_us,
+                })
+            }
+            Impl::OursPersisted => {
+                // The decision and PERSIST in one transaction: no real time passes in between
+                // for a short TTL to expire what simulated time still needs.
+                let mut pipe = redis::pipe();
+                pipe.atomic()
+                    .cmd("EVAL")
+                    .arg(scripts::compose(&[params.algorithm()]))
+                    .arg(1)
+                    .arg(&self.redis_key)
+                    .arg(cost);
+                match now {
+                    Some(now) => pipe.arg(now),
+                    None => pipe.arg(""),
                 };
-                let (allowed, remaining, reset_after_us, retry_after_us) = reply;
+                pipe.arg(params.script_args().as_slice())
+                    .cmd("PERSIST")
+                    .arg(&self.redis_key)
+                    .ignore();
+                let ((allowed, _admits, remaining, reset_after_us, retry_after_us),): ((
+                    u8,
+                    u8,
+                    u64,
+                    u64,
+                    u64,
+                ),) = pipe.query(&mut self.lab.conn).map_err(|e| e.to_string())?;
                 Ok(Decision {
                     allowed: allowed == 1,
                     remaining,
@@ -175,22 +198,26 @@ macro_rules! ensure {
     };
 }
 
-fn window(limit: u64, window_ms: u64, a: Algorithm) -> Limit {
-    match a {
-        Algorithm::FixedWindow => Limit::FixedWindow { limit, window_ms },
-        Algorithm::SlidingWindowLog => Limit::SlidingWindowLog { limit, window_ms },
-        Algorithm::SlidingWindowCounter => Limit::SlidingWindowCounter { limit, window_ms },
-        Algorithm::TokenBucket => Limit::TokenBucket {
-            capacity: limit,
-            refill_tokens: limit,
-            refill_period_ms: window_ms,
-        },
-        Algorithm::Gcra => Limit::Gcra {
-            rate: limit,
-            period_ms: window_ms,
-            burst: limit,
-        },
-    }
+/// `limit` units per `window_ms`, in each algorithm's own fields.
+fn window(limit: u64, window_ms: u64, a: Algorithm) -> Spec {
+    let values = match a {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowLog | Algorithm::SlidingWindowCounter => {
+            vec![limit, window_ms]
+        }
+        // capacity, refill_tokens, refill_period_ms
+        Algorithm::TokenBucket => vec![limit, limit, window_ms],
+        // rate, period_ms, burst
+        Algorithm::Gcra => vec![limit, window_ms, limit],
+    };
+    (a, values)
+}
+
+/// A token bucket of `capacity`, refilled by `refill_tokens` per `refill_period_ms`.
+fn bucket(capacity: u64, refill_tokens: u64, refill_period_ms: u64) -> Spec {
+    (
+        Algorithm::TokenBucket,
+        vec![capacity, refill_tokens, refill_period_ms],
+    )
 }
 
 /// The algorithms that have a classic script in `classic/` taking our arguments.
@@ -216,11 +243,7 @@ fn ours_pass_and_classic_fails(check: fn(&mut Lab, Impl) -> Result<(), String>) 
 // --- Flaw: time from the caller instead of Redis ------------------------------------------------
 
 fn check_time_comes_from_redis(lab: &mut Lab, imp: Impl) -> Result<(), String> {
-    let limit = Limit::TokenBucket {
-        capacity: 2,
-        refill_tokens: 1,
-        refill_period_ms: 60_000,
-    };
+    let limit = bucket(2, 1, 60_000);
     let redis_now = |lab: &mut Lab| -> u64 {
         let (s, us): (u64, u64) = redis::cmd("TIME").query(&mut lab.conn).expect("TIME");
         s * 1_000_000 + us
@@ -268,14 +291,7 @@ fn sliding_window_log_counts_every_request_in_the_same_microsecond() {
 // --- Flaw: a clock stepping back refunds or removes quota ---------------------------------------
 
 fn check_step_back_token_bucket(lab: &mut Lab, imp: Impl) -> Result<(), String> {
-    let mut s = lab.subject(
-        imp,
-        Limit::TokenBucket {
-            capacity: 10,
-            refill_tokens: 1,
-            refill_period_ms: 1_000,
-        },
-    );
+    let mut s = lab.subject(imp, bucket(10, 1, 1_000));
     ensure!(s.allowed(T0, 5)?, "half the bucket");
     // The clock steps back 5 s: the 5 tokens left must stay.
     let d = s.at(Some(T0 - 5_000_000), 1)?;
@@ -326,14 +342,7 @@ fn check_no_drift(lab: &mut Lab, imp: Impl) -> Result<(), String> {
     // One token per 10 s, looked at every second for 10,000 s: exactly 1000 tokens arrive
     // (adding 0.1 ten times in floating point gives less than 1). Seconds rather than
     // milliseconds keep the key's real-time TTL far longer than the test runs.
-    let mut s = lab.subject(
-        imp,
-        Limit::TokenBucket {
-            capacity: 1,
-            refill_tokens: 1,
-            refill_period_ms: 10_000,
-        },
-    );
+    let mut s = lab.subject(imp, bucket(1, 1, 10_000));
     ensure!(s.allowed(T0, 1)?, "the first token");
     let mut granted = 0;
     for second in 1..=10_000u64 {
@@ -355,14 +364,10 @@ fn check_retry_after_is_exact(lab: &mut Lab, imp: Impl) -> Result<(), String> {
         window(3, 1_000, Algorithm::FixedWindow),
         window(3, 1_000, Algorithm::SlidingWindowLog),
         window(3, 1_000, Algorithm::SlidingWindowCounter),
-        Limit::TokenBucket {
-            capacity: 3,
-            refill_tokens: 7,
-            refill_period_ms: 1_000,
-        },
+        bucket(3, 7, 1_000),
     ];
     for limit in limits {
-        let a = limit.algorithm();
+        let a = limit.0;
         let mut s = lab.subject(imp, limit);
         ensure!(s.allowed(T0, 2)?, "{a:?}");
         ensure!(s.allowed(T0 + 333, 1)?, "{a:?}");
@@ -418,17 +423,10 @@ fn check_ttls(lab: &mut Lab, imp: Impl) -> Result<(), String> {
         (window(5, 10_000, Algorithm::FixedWindow), 10_000),
         (window(5, 10_000, Algorithm::SlidingWindowLog), 10_000),
         (window(5, 10_000, Algorithm::SlidingWindowCounter), 20_000),
-        (
-            Limit::TokenBucket {
-                capacity: 5,
-                refill_tokens: 1,
-                refill_period_ms: 2_000,
-            },
-            2_000,
-        ),
+        (bucket(5, 1, 2_000), 2_000),
     ];
     for (limit, longest) in cases {
-        let a = limit.algorithm();
+        let a = limit.0;
         let mut s = lab.subject(imp, limit);
         let start = T0 - T0 % 10_000_000;
         ensure!(s.allowed(start, 1)?, "{a:?}");
@@ -452,11 +450,12 @@ fn state_expires_as_soon_as_it_no_longer_matters() {
 fn state_keys_keep_every_subject_on_its_own_hash_tag() {
     let mut lab = Lab::new();
     let keys = ["plain", "a}b", "{x}", "a:b", "%41", "\u{1}\n"];
-    let limit = window(1, 60_000, Algorithm::FixedWindow);
+    let (a, values) = window(1, 60_000, Algorithm::FixedWindow);
     for k in keys {
-        let policy = Policy::new(
+        let policy = Policy::single(
             PolicyName::parse("esc").expect("name"),
-            limit,
+            a,
+            &values,
             None,
             FailMode::Open,
         );
@@ -495,7 +494,7 @@ struct Step {
     cost_pick: u64,
 }
 
-fn limits() -> impl Strategy<Value = Limit> {
+fn limits() -> impl Strategy<Value = Spec> {
     let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
     let windows = prop_oneof![
         1u64..=20,
@@ -506,25 +505,21 @@ fn limits() -> impl Strategy<Value = Limit> {
     let log_units = prop_oneof![1u64..=12, Just(10_000u64)];
     prop_oneof![
         (units.clone(), windows.clone())
-            .prop_map(|(limit, window_ms)| Limit::FixedWindow { limit, window_ms }),
+            .prop_map(|(limit, window_ms)| (Algorithm::FixedWindow, vec![limit, window_ms])),
         (log_units, windows.clone())
-            .prop_map(|(limit, window_ms)| Limit::SlidingWindowLog { limit, window_ms }),
-        (units.clone(), windows.clone())
-            .prop_map(|(limit, window_ms)| Limit::SlidingWindowCounter { limit, window_ms }),
+            .prop_map(|(limit, window_ms)| (Algorithm::SlidingWindowLog, vec![limit, window_ms])),
+        (units.clone(), windows.clone()).prop_map(|(limit, window_ms)| (
+            Algorithm::SlidingWindowCounter,
+            vec![limit, window_ms]
+        )),
         (units.clone(), units.clone(), windows.clone()).prop_map(
-            |(capacity, refill_tokens, refill_period_ms)| {
-                Limit::TokenBucket {
-                    capacity,
-                    refill_tokens,
-                    refill_period_ms,
-                }
-            }
+            |(capacity, refill_tokens, refill_period_ms)| (
+                Algorithm::TokenBucket,
+                vec![capacity, refill_tokens, refill_period_ms]
+            )
         ),
-        (units.clone(), windows, units).prop_map(|(rate, period_ms, burst)| Limit::Gcra {
-            rate,
-            period_ms,
-            burst,
-        }),
+        (units.clone(), windows, units)
+            .prop_map(|(rate, period_ms, burst)| (Algorithm::Gcra, vec![rate, period_ms, burst])),
     ]
 }
 
@@ -548,7 +543,7 @@ struct Model(Option<State>);
 
 impl Model {
     fn decide(&mut self, params: &Params, cost: u64, now: u64) -> Decision {
-        let o = params.decide(self.0.take(), cost, now);
+        let o = params.decide(self.0.take(), cost, now, true);
         self.0 = o.state;
         o.decision
     }
@@ -564,9 +559,9 @@ fn every_script_decides_exactly_as_its_rust_function() {
     let result = runner.run(&(limits(), steps()), |(limit, steps)| {
         let mut model = Model(None);
         let mut lab = lab.borrow_mut();
-        let mut s = lab.subject(Impl::OursPersisted, limit);
-        let params = s.policy.params;
-        let quota = limit.params().quota();
+        let mut s = lab.subject(Impl::OursPersisted, limit.clone());
+        let params = s.policy.params()[0];
+        let quota = params.quota();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
@@ -591,6 +586,263 @@ fn every_script_decides_exactly_as_its_rust_function() {
     });
     if let Err(e) = result {
         panic!("{e}");
+    }
+}
+
+// --- Composed scripts: several limits decided as `decide_all` decides them ----------------------
+
+/// A policy of these limits, named `l1`, `l2`, ..., and the state keys of its subject `subject`
+/// as the Redis store names them.
+fn composite(lab: &mut Lab, specs: &[Spec]) -> (Policy, Vec<String>) {
+    lab.subjects += 1;
+    let name = PolicyName::parse(&format!("p{}", lab.subjects)).expect("valid name");
+    let limits = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (a, values))| {
+            let limit = PolicyName::parse(&format!("l{}", i + 1)).expect("valid name");
+            Limit::new(limit, *a, values)
+        })
+        .collect();
+    let policy = Policy::new(name, limits, None, FailMode::Closed);
+    let keys = policy
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut k = String::new();
+            state_key(
+                &mut k,
+                "rl",
+                policy.name.as_str(),
+                "subject",
+                policy.state_name(i),
+                p.algorithm(),
+            );
+            k
+        })
+        .collect();
+    (policy, keys)
+}
+
+/// A verdict as a decision script replies: allowed, then each limit's admits, remaining,
+/// reset_after_us and retry_after_us.
+fn as_reply(v: &Verdict) -> Vec<u64> {
+    let mut reply = vec![u64::from(v.allowed)];
+    for d in v.limits() {
+        reply.extend([
+            u64::from(d.allowed),
+            d.remaining,
+            d.reset_after_us,
+            d.retry_after_us,
+        ]);
+    }
+    reply
+}
+
+/// The loaded script `sha` for `params` at `now`, then every key persisted, in one transaction
+/// (see [`Impl::OursPersisted`]).
+fn composed_persisted(
+    conn: &mut redis::Connection,
+    sha: &str,
+    keys: &[String],
+    params: &[Params],
+    cost: u64,
+    now: u64,
+) -> Result<Vec<u64>, String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVALSHA")
+        .arg(sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(cost)
+        .arg(now);
+    for p in params {
+        pipe.arg(p.script_args().as_slice());
+    }
+    for k in keys {
+        pipe.cmd("PERSIST").arg(k).ignore();
+    }
+    let (reply,): (Vec<u64>,) = pipe.query(conn).map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+fn load(conn: &mut redis::Connection, source: &str) -> String {
+    redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(source)
+        .query(conn)
+        .expect("SCRIPT LOAD")
+}
+
+#[test]
+fn composed_scripts_decide_exactly_as_decide_all() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    // Denials by some limits while others admit: the case that composing is about.
+    let partial_denials = std::cell::Cell::new(0u64);
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let policies = proptest::collection::vec(limits(), 2..=4);
+    let result = runner.run(&(policies, steps()), |(specs, steps)| {
+        let mut lab = lab.borrow_mut();
+        let (policy, keys) = composite(&mut lab, &specs);
+        let params = policy.params();
+        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let sha = load(&mut lab.conn, &scripts::compose(&algorithms));
+        let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(step.dt_us);
+            // Mostly small costs, sometimes the smallest quota.
+            let cost = match step.cost_pick % 8 {
+                0 => quota,
+                _ => 1 + step.cost_pick % quota.min(5),
+            };
+            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            if !expected.allowed && expected.limits().iter().any(|d| d.allowed) {
+                partial_denials.set(partial_denials.get() + 1);
+            }
+            let got = composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now)
+                .map_err(TestCaseError::fail)?;
+            prop_assert_eq!(
+                got,
+                as_reply(&expected),
+                "step {} at {} cost {} of {:?}",
+                i,
+                now,
+                cost,
+                specs
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        partial_denials.get() > 100,
+        "only {} denials where some limit admitted",
+        partial_denials.get()
+    );
+}
+
+/// A key's content and expiry, whatever its type: a string's bytes, a log's members with their
+/// scores, and its absolute expiry in ms (`PEXPIRETIME`, which real time does not move).
+fn snapshot(conn: &mut redis::Connection, key: &str) -> (Vec<Vec<u8>>, i64) {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).expect("TYPE");
+    let content: Vec<Vec<u8>> = match kind.as_str() {
+        "string" => vec![redis::cmd("GET").arg(key).query(conn).expect("GET")],
+        "zset" => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(conn)
+            .expect("ZRANGE"),
+        other => panic!("{key} is a {other}"),
+    };
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query(conn)
+        .expect("PEXPIRETIME");
+    (content, expires)
+}
+
+#[test]
+fn eight_limits_run_and_a_denial_by_one_leaves_every_state_byte_for_byte() {
+    let mut lab = Lab::new();
+    // Every algorithm, then three more; the sixth is the tightest.
+    let specs: Vec<Spec> = vec![
+        window(100, 60_000, Algorithm::FixedWindow),
+        window(100, 60_000, Algorithm::SlidingWindowLog),
+        window(100, 60_000, Algorithm::SlidingWindowCounter),
+        bucket(100, 1, 60_000),
+        (Algorithm::Gcra, vec![1, 60_000, 100]),
+        window(3, 60_000, Algorithm::FixedWindow),
+        bucket(50, 5, 1_000),
+        (Algorithm::Gcra, vec![10, 1_000, 50]),
+    ];
+    let (policy, keys) = composite(&mut lab, &specs);
+    let key = LimitKey::parse("subject".into()).expect("valid key");
+    let params = policy.params();
+    let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+    let mut ttls = vec![None; params.len()];
+
+    // Through the store, as the service calls it: all eight take.
+    let v = lab
+        .rt
+        .block_on(lab.store.acquire(&policy, &key, 2, Some(T0)))
+        .expect("eight limits decided");
+    assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, T0));
+    assert!(v.allowed && v.limits().len() == 8, "{v:?}");
+    let before: Vec<_> = keys.iter().map(|k| snapshot(&mut lab.conn, k)).collect();
+    assert!(before.iter().all(|(_, expires)| *expires > 0), "{before:?}");
+
+    // The sixth has one unit left: it denies, and no limit changes.
+    let now = T0 + 1_000;
+    let v = lab
+        .rt
+        .block_on(lab.store.acquire(&policy, &key, 2, Some(now)))
+        .expect("eight limits decided");
+    assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, now));
+    assert!(!v.allowed && v.binding() == 5, "{v:?}");
+    for (i, d) in v.limits().iter().enumerate() {
+        assert_eq!(d.allowed, i != 5, "limit {}: {d:?}", i + 1);
+    }
+    let after: Vec<_> = keys.iter().map(|k| snapshot(&mut lab.conn, k)).collect();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        assert_eq!(b, a, "limit {} ({}) changed on a denial", i + 1, keys[i]);
+    }
+}
+
+#[test]
+fn eight_limits_of_any_one_algorithm_fit_in_one_script() {
+    // The parts nest, so their locals add up: eight of the heaviest part is the most any
+    // composition holds. Each must compile, run and agree with `decide_all`.
+    let mut lab = Lab::new();
+    for a in Algorithm::ALL {
+        let specs = vec![window(5, 60_000, a); 8];
+        let (policy, keys) = composite(&mut lab, &specs);
+        let params = policy.params();
+        let sha = load(&mut lab.conn, &scripts::compose(&[a; 8]));
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        for (now, cost) in [(T0, 3), (T0 + 1, 3), (T0 + 2, 2)] {
+            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            let got = composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now)
+                .unwrap_or_else(|e| panic!("{a:?}: {e}"));
+            assert_eq!(got, as_reply(&expected), "{a:?} at {now} cost {cost}");
+        }
+    }
+}
+
+#[test]
+fn a_one_limit_script_is_its_part_as_straight_line_code() {
+    for a in Algorithm::ALL {
+        let script = scripts::compose(&[a]);
+        let name = a.as_str();
+        assert_eq!(script.matches("do -- limit ").count(), 1, "{name}");
+        assert_eq!(script.matches("end -- limit ").count(), 1, "{name}");
+        assert!(
+            script.contains(&format!("do -- limit 1: {name}\n")),
+            "{name}"
+        );
+        // The part's three sections, verbatim and in order.
+        let lua = a.lua();
+        let (level, rest) = lua.split_once("\n--- take\n").expect("take");
+        let (take, keep) = rest.split_once("\n--- keep\n").expect("keep");
+        let mut at = 0;
+        for section in [level, take, keep] {
+            let found = script[at..]
+                .find(section)
+                .unwrap_or_else(|| panic!("{name}: a section is missing or out of order"));
+            at += found + section.len();
+        }
     }
 }
 
@@ -687,14 +939,14 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let mut lab = Lab::new();
     let limit = window(10_000, 30_000, Algorithm::SlidingWindowLog);
     let s = lab.subject(Impl::Ours, limit);
-    let Params::SlidingWindowLog(params) = s.policy.params else {
+    let Params::SlidingWindowLog(params) = s.policy.params()[0] else {
         unreachable!("a log")
     };
     let key = s.redis_key.clone();
     let conn = &mut lab.conn;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(scripts::source(Algorithm::SlidingWindowLog))
+        .arg(scripts::compose(&[Algorithm::SlidingWindowLog]))
         .query(conn)
         .expect("SCRIPT LOAD");
 
@@ -719,12 +971,12 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             .arg(&sha)
             .arg(1)
             .arg(&key)
-            .arg(params.limit)
-            .arg(params.window_us)
             .arg(cost)
-            .arg(now);
+            .arg(now)
+            .arg(params.limit)
+            .arg(params.window_us);
     }
-    let replies: Vec<(u8, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
+    let replies: Vec<(u8, u8, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
 
     let mut state = None;
     let mut longest = 0;
@@ -740,6 +992,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             denied += 1;
         }
         let expected = (
+            u8::from(d.allowed),
             u8::from(d.allowed),
             d.remaining,
             d.reset_after_us,
@@ -757,20 +1010,20 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let entries = state.as_ref().map_or(0, |s| s.entries.len());
     assert!(entries > 3_000, "{entries} entries");
     reset_stats(conn);
-    let reply: (u8, u64, u64, u64) = redis::cmd("EVALSHA")
+    let reply: (u8, u8, u64, u64, u64) = redis::cmd("EVALSHA")
         .arg(&sha)
         .arg(1)
         .arg(&key)
         .arg(params.limit)
-        .arg(params.window_us)
-        .arg(params.limit)
         .arg(now)
+        .arg(params.limit)
+        .arg(params.window_us)
         .query(conn)
         .expect("a denial");
     let d = sliding_window_log::acquire(state, &params, params.limit, now).decision;
     assert_eq!(
         reply,
-        (0, d.remaining, d.reset_after_us, d.retry_after_us),
+        (0, 0, d.remaining, d.reset_after_us, d.retry_after_us),
         "the last denial"
     );
     let commands = script_commands(conn);
