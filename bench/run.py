@@ -6,12 +6,12 @@
 
 It builds the service in release mode, starts its own redis-server on a free loopback port, a
 service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
-wrk for each algorithm, one hot key and keys spread over 100,000 subjects, at 1, 50 and 256
-connections. In the same run and at the same concurrency it measures the two ceilings:
+wrk for each algorithm, and for a policy of two limits (a token bucket and a daily fixed window),
+one hot key and keys spread over 100,000 subjects, at 1, 50 and 256 connections. In the same run and at the same concurrency it measures the two ceilings:
 redis-benchmark calling the same Lua script with EVALSHA (the limit of one Redis) and
 GET /healthz (the limit of the HTTP stack on this machine). It also reports each script's cost
 inside Redis (INFO commandstats, usec_per_call, on 100,000 keys) beside the classic token
-bucket's, and the embedded store's memory for 1,000,000 subjects and its reclaiming of them.
+bucket's, the two-limit script beside the one-limit token bucket's, and the embedded store's memory for 1,000,000 subjects and its reclaiming of them.
 
 It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
 127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
@@ -49,6 +49,30 @@ POLICIES = {
     "token_bucket": {"capacity": 1_000_000_000, "refill_tokens": 1_000_000_000, "refill_period_ms": 1000},
     "gcra": {"rate": 1_000_000_000, "period_ms": 1000, "burst": 1_000_000_000},
 }
+
+# A policy of two limits, measured beside the one-limit token bucket: the same bucket, plus a
+# daily window of 10,000,000 that this benchmark never fills, so that the allowed path (both
+# limits read, both written) is what is measured, on a hot key too.
+TWO = "token_bucket+fixed_window"
+MEASURED = ALGORITHMS + [TWO]
+DAY_MS = 86_400_000
+# Each measured policy's limits, as (name, algorithm, fields); a one-limit policy's limit goes
+# unnamed (it is named like its policy).
+LIMITS = {a: [(None, a, POLICIES[a])] for a in ALGORITHMS}
+LIMITS[TWO] = [("burst", "token_bucket", POLICIES["token_bucket"]),
+               ("daily", "fixed_window", {"limit": 10_000_000, "window_ms": DAY_MS})]
+
+
+def policy_name(label):
+    return "bench-two-limits" if label == TWO else f"bench-{label}"
+
+
+def policy_doc(label):
+    limits = LIMITS[label]
+    if len(limits) == 1:
+        _, algorithm, fields = limits[0]
+        return {"algorithm": algorithm, **fields}
+    return {"limits": [{"name": name, "algorithm": algorithm, **fields} for name, algorithm, fields in limits]}
 
 
 def fail(message):
@@ -167,10 +191,10 @@ def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", work
     child = procs.start([binary], env=env)
     base = f"http://127.0.0.1:{port}"
     wait_until(lambda: http("GET", base + "/readyz")[0] == 200, "the service")
-    for algorithm, params in POLICIES.items():
-        status, body = http("PUT", f"{base}/v1/policies/bench-{algorithm}", {"algorithm": algorithm, **params})
+    for label in MEASURED:
+        status, body = http("PUT", f"{base}/v1/policies/{policy_name(label)}", policy_doc(label))
         if status not in (200, 201):
-            fail(f"creating bench-{algorithm}: {status} {body!r}")
+            fail(f"creating {policy_name(label)}: {status} {body!r}")
     return base, child
 
 
@@ -194,37 +218,48 @@ def wrk(url, connections, duration, script, args=()):
     }
 
 
-def script_source(binary, algorithm):
-    """The script exactly as the binary sends it to Redis."""
-    return subprocess.run([binary, "--print-script", algorithm], capture_output=True, text=True, check=True).stdout
+def script_source(binary, label):
+    """The decision script for the policy's limits, exactly as the binary sends it to Redis."""
+    algorithms = ",".join(algorithm for _, algorithm, _ in LIMITS[label])
+    return subprocess.run([binary, "--print-script", algorithms], capture_output=True, text=True, check=True).stdout
 
 
-def script_args(algorithm):
-    p = POLICIES[algorithm]
+def limit_args(algorithm, p):
+    """One limit's script parameters (its Rule::script_args in src/limiter/)."""
     if algorithm == "token_bucket":
         rate, period = p["refill_tokens"], p["refill_period_ms"] * 1000
         g = math.gcd(rate, period)
-        return [p["capacity"], rate // g, period // g, 1]
+        return [p["capacity"], rate // g, period // g]
     if algorithm == "gcra":
         # The emission interval period_us / rate in lowest terms.
         rate, period = p["rate"], p["period_ms"] * 1000
         g = math.gcd(rate, period)
-        return [p["burst"], period // g, rate // g, 1]
-    return [p["limit"], p["window_ms"] * 1000, 1]
+        return [p["burst"], period // g, rate // g]
+    return [p["limit"], p["window_ms"] * 1000]
+
+
+def script_call(label, policy, subject):
+    """KEYS and ARGV of one acquire of cost 1 at Redis's time (lua/common.lua): the state key of
+    each limit (src/store/key.rs), then cost, "" and each limit's parameters in policy order."""
+    keys, args = [], [1, ""]
+    for name, algorithm, fields in LIMITS[label]:
+        keys.append(f"rl:{{{policy}:{subject}}}:{name + ':' if name else ''}{algorithm}")
+        args += limit_args(algorithm, fields)
+    return keys, args
 
 
 def load_script(port, source):
     return redis_cli(port, "SCRIPT", "LOAD", source)
 
 
-def redis_benchmark(port, connections, duration, sha, key, args, spread):
+def redis_benchmark(port, connections, duration, sha, keys, args, spread):
     """EVALSHA of one script; returns rps and latencies. Calibrates the request count so the
     run lasts about `duration` seconds."""
     def run(n):
         cmd = ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", str(connections), "-n", str(n), "--csv"]
         if spread:
             cmd += ["-r", str(spread)]
-        cmd += ["EVALSHA", sha, "1", key, *map(str, args)]
+        cmd += ["EVALSHA", sha, str(len(keys)), *keys, *map(str, args)]
         out = subprocess.run(cmd, capture_output=True, text=True)
         rows = [l for l in out.stdout.splitlines() if l.startswith('"') and not l.startswith('"test"')]
         if out.returncode != 0 or not rows:
@@ -238,11 +273,13 @@ def redis_benchmark(port, connections, duration, sha, key, args, spread):
     return run(n)
 
 
-def commandstats_usec_per_call(port, sha, key, args, calls):
+def commandstats_usec_per_call(port, sha, keys, args, calls):
+    # redis-benchmark draws each __rand_int__ of a command on its own, so the keys of a policy of
+    # several limits belong to different subjects here; inside one Redis that costs the same.
     redis_cli(port, "CONFIG", "RESETSTAT")
     subprocess.run(
         ["redis-benchmark", "-h", "127.0.0.1", "-p", str(port), "-c", "50", "-n", str(calls), "-r", str(SPREAD), "-q",
-         "EVALSHA", sha, "1", key, *map(str, args)],
+         "EVALSHA", sha, str(len(keys)), *keys, *map(str, args)],
         capture_output=True, check=True)
     for line in redis_cli(port, "INFO", "commandstats").splitlines():
         if line.startswith("cmdstat_evalsha:"):
@@ -311,7 +348,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=int, default=2, help="seconds per measurement (default 2)")
     ap.add_argument("--connections", default="1,50,256", help="connection counts (default 1,50,256)")
-    ap.add_argument("--algorithms", default=",".join(ALGORITHMS))
+    ap.add_argument("--algorithms", default=",".join(MEASURED),
+                    help=f"policies to measure: algorithms, and {TWO} for the policy of two limits")
     ap.add_argument("--pool-size", type=int, default=16, help="redis.pool_size, for --connection-mode pool (default 16)")
     ap.add_argument("--connection-mode", default="multiplexed", choices=["multiplexed", "pool"],
                     help="redis.connection_mode of the service (default multiplexed)")
@@ -322,12 +360,12 @@ def main():
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     opts = ap.parse_args()
     if opts.smoke:
-        opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", "token_bucket", 2000
+        opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", f"token_bucket,{TWO}", 2000
 
     connections = [int(c) for c in opts.connections.split(",")]
     algorithms = [a for a in opts.algorithms.split(",") if a]
     for a in algorithms:
-        if a not in ALGORITHMS:
+        if a not in MEASURED:
             fail(f"unknown algorithm {a}")
     for tool, package in [("wrk", "wrk"), ("redis-server", "redis-server"), ("redis-cli", "redis-server"),
                           ("redis-benchmark", "redis-server")]:
@@ -356,18 +394,18 @@ def main():
             # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
             healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, script) for c in connections}
             sha = load_script(redis_port, script_source(binary, algorithm))
-            args = script_args(algorithm) + [""]
+            policy = policy_name(algorithm)
             for keys in (1, SPREAD):
-                key = f"rl:{{bench-{algorithm}:{'hot' if keys == 1 else 'k__rand_int__'}}}:{algorithm}"
+                state_keys, args = script_call(algorithm, policy, "hot" if keys == 1 else "k__rand_int__")
                 for c in connections:
-                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
-                    ceiling = redis_benchmark(redis_port, c, opts.duration, sha, key, args, keys if keys > 1 else 0)
-                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [f"bench-{algorithm}", keys])
+                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
+                    ceiling = redis_benchmark(redis_port, c, opts.duration, sha, state_keys, args,
+                                              keys if keys > 1 else 0)
+                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
                     # A hot key lives on one master, so the cluster only differs on spread keys.
                     on_cluster = None
                     if keys > 1:
-                        on_cluster = wrk(cluster_base + "/v1/acquire", c, opts.duration, script,
-                                         [f"bench-{algorithm}", keys])
+                        on_cluster = wrk(cluster_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
                     results["rows"].append({
                         "algorithm": algorithm, "keys": keys, "connections": c,
                         "redis": on_redis, "cluster": on_cluster, "evalsha": ceiling, "embedded": embedded,
@@ -377,22 +415,26 @@ def main():
                     })
 
         # Script costs, interleaved over several rounds (one Redis, noisy neighbours): medians.
-        calls, rounds = (20_000, 1) if opts.smoke else (100_000, 3)
+        calls, rounds = (20_000, 1) if opts.smoke else (100_000, 5)
         scripts = {}
         for algorithm in algorithms:
             sha = load_script(redis_port, script_source(binary, algorithm))
-            key = f"rl:{{cost-{algorithm}:k__rand_int__}}:{algorithm}"
-            scripts[algorithm] = (sha, key, script_args(algorithm) + [""])
+            scripts[algorithm] = (sha, *script_call(algorithm, f"cost-{algorithm}", "k__rand_int__"))
         with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
-            scripts["classic_token_bucket"] = (load_script(redis_port, f.read()), "classic:{k__rand_int__}",
-                                               script_args("token_bucket"))
-        scripts["return_1"] = (load_script(redis_port, "return 1"), "x", [])
+            # Its ARGV: capacity, refill_tokens, refill_period_us, cost.
+            scripts["classic_token_bucket"] = (load_script(redis_port, f.read()), ["classic:{k__rand_int__}"],
+                                               limit_args("token_bucket", POLICIES["token_bucket"]) + [1])
+        scripts["return_1"] = (load_script(redis_port, "return 1"), ["x"], [])
         samples = {name: [] for name in scripts}
         for _ in range(rounds):
-            for name, (sha, key, args) in scripts.items():
-                samples[name].append(commandstats_usec_per_call(redis_port, sha, key, args, calls))
+            for name, (sha, keys, args) in scripts.items():
+                samples[name].append(commandstats_usec_per_call(redis_port, sha, keys, args, calls))
         results["script_cost_usec"] = {name: statistics.median(v) for name, v in samples.items()}
         results["script_cost_samples"] = samples
+        if TWO in samples and "token_bucket" in samples:
+            # Each round measures the two side by side: the median of the rounds' ratios.
+            ratios = [t / o for t, o in zip(samples[TWO], samples["token_bucket"])]
+            results["two_limits_vs_one"] = {"script_cost": statistics.median(ratios), "script_cost_rounds": ratios}
 
         if opts.memory_subjects:
             results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 40,
@@ -417,7 +459,7 @@ def redis_cli_version():
 
 
 def report(results):
-    widths = [22, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 6, 6]
+    widths = [25, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 6, 6]
     head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "cluster/s", "evalsha/s", "embed/s", "p99",
             "healthz/s", "p99", "r/ev", "e/hz"]
     print(fmt_row(head, widths))
@@ -434,7 +476,7 @@ def report(results):
           f"e/hz = acquire embedded / healthz; errors or non-2xx answers: {errors})")
     print("\nscript cost inside Redis (usec_per_call, 100k keys):")
     for name, usec in results["script_cost_usec"].items():
-        print(f"  {name:24} {usec:6.2f}")
+        print(f"  {name:25} {usec:6.2f}")
     if results["memory"]:
         print("\nembedded store memory:", json.dumps(results["memory"]))
     print("\ntargets:")
@@ -453,6 +495,21 @@ def targets(results):
         lines.append(f"{a:24} acquire/EVALSHA {r['redis_vs_evalsha']:.2f} (>= 0.6 {'met' if r['redis_vs_evalsha'] >= 0.6 else 'MISSED'}), "
                      f"embedded/healthz {r['embedded_vs_healthz']:.2f} (>= 0.7 {'met' if r['embedded_vs_healthz'] >= 0.7 else 'MISSED'}), "
                      f"p99 {r['redis']['p99_ms']:.2f} ms (<= {p99_limit:.2f} {'met' if r['redis']['p99_ms'] <= p99_limit else 'MISSED'})")
+    # The policy of two limits beside the one-limit token bucket (the same bucket plus a window).
+    one = {(r["keys"], r["connections"]): r for r in results["rows"] if r["algorithm"] == "token_bucket"}
+    for r in results["rows"]:
+        o = one.get((r["keys"], r["connections"]))
+        if r["algorithm"] == TWO and o and r["connections"] == 50:
+            lines.append(f"{TWO} through HTTP, {'hot key' if r['keys'] == 1 else '100k keys'}, 50 connections: "
+                         f"{r['redis']['rps'] / o['redis']['rps']:.2f} x the one-limit token_bucket's acquires/s on Redis "
+                         f"(p99 {r['redis']['p99_ms']:.2f} vs {o['redis']['p99_ms']:.2f} ms), "
+                         f"{r['evalsha']['rps'] / o['evalsha']['rps']:.2f} x its EVALSHA/s, "
+                         f"{r['embedded']['rps'] / o['embedded']['rps']:.2f} x its embedded acquires/s")
+    two = results.get("two_limits_vs_one")
+    if two:
+        lines.append(f"{TWO} script {results['script_cost_usec'][TWO]:.2f} us per call = {two['script_cost']:.2f} x "
+                     f"token_bucket's {results['script_cost_usec']['token_bucket']:.2f} (median of the rounds' ratios; "
+                     f"< 1.5 {'met' if two['script_cost'] < 1.5 else 'MISSED'})")
     costs = results["script_cost_usec"]
     classic = costs.get("classic_token_bucket")
     for a in ALGORITHMS:

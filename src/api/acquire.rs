@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use super::auth::Client;
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
+use super::schema;
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
 use crate::service::{Acquired, RateLimiter};
 
@@ -17,15 +18,15 @@ use crate::service::{Acquired, RateLimiter};
 #[schema(example = json!({"policy": "api-per-user", "key": "user-42", "cost": 1}))]
 pub struct AcquireRequest {
     /// Name of an existing policy.
-    #[schema(example = "api-per-user")]
+    #[schema(schema_with = schema::policy_field)]
     pub policy: String,
     /// The subject being limited (a user id, an IP address, an API key…): any non-empty UTF-8
     /// string of at most 256 bytes.
     #[schema(example = "user-42", min_length = 1, max_length = 256)]
     pub key: String,
-    /// Units to take, all or nothing; at least 1 and at most the policy's `limit` or `capacity`.
-    /// Defaults to 1.
-    #[schema(value_type = Option<u64>, minimum = 1, example = 1)]
+    /// Units to take, all or nothing: at least 1 and at most the quota of every limit of the
+    /// policy. Defaults to 1.
+    #[schema(schema_with = schema::cost_field)]
     #[serde(default)]
     pub cost: Option<serde_json::Number>,
 }

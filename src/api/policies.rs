@@ -9,6 +9,7 @@ use utoipa::{IntoParams, ToSchema};
 use super::auth::Admin;
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
+use super::schema::{DeleteHeaders, PolicyReplacement, ReplaceHeaders};
 use crate::policy::{parse_policy, PolicyDoc, PolicyName, ValidationError};
 use crate::service::policies::etag_header;
 use crate::service::{RateLimiter, ServiceError};
@@ -42,6 +43,12 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
+/// `{name}` of `/v1/policies/{name}`; its spec is in `schema`.
+#[derive(Debug, Deserialize)]
+pub struct PolicyPath {
+    pub name: String,
+}
+
 /// A name from the path; one that is not a valid name names no policy.
 fn path_name(raw: &str) -> Result<PolicyName, ApiError> {
     PolicyName::parse(raw).map_err(|_| ServiceError::UnknownPolicy(raw.to_owned()).into())
@@ -51,8 +58,24 @@ fn location(name: &PolicyName) -> String {
     format!("/v1/policies/{name}")
 }
 
+/// A character of an opaque ETag (RFC 9110 `etagc`, ASCII only), but `,`, which separates list
+/// items and was refused before; the schema's `If-Match` pattern says the same.
+fn is_etag_char(b: u8) -> bool {
+    b == b'!' || (b'#'..=b'~').contains(&b)
+}
+
+/// What a write's `If-Match` and `If-None-Match` ask.
+enum Condition {
+    /// One precondition, or none.
+    One(Precondition),
+    /// `If-Match` and `If-None-Match: *` together: the first needs the policy and the second
+    /// its absence, so they never both hold. RFC 9110 (13.2.2) evaluates them in turn, which
+    /// always ends in 412; nothing is written.
+    Never,
+}
+
 /// The precondition of a write, from `If-Match` (one ETag, or `*`) and `If-None-Match: *`.
-fn precondition(req: &HttpRequest) -> Result<Precondition, ApiError> {
+fn condition(req: &HttpRequest) -> Result<Condition, ApiError> {
     let one = |name: &'static str| -> Result<Option<&str>, ApiError> {
         let mut values = req.headers().get_all(name);
         let Some(value) = values.next() else {
@@ -73,29 +96,50 @@ fn precondition(req: &HttpRequest) -> Result<Precondition, ApiError> {
         }
         Ok(Some(value))
     };
-    match (one("if-match")?, one("if-none-match")?) {
-        (Some(_), Some(_)) => Err(ApiError::BadHeader {
-            header: "if-none-match",
-            reason: "cannot be combined with If-Match",
-        }),
-        (Some("*"), None) => Ok(Precondition::Exists),
-        (Some(etag), None) => {
+    let if_match = match one("if-match")? {
+        None => None,
+        Some("*") => Some(Precondition::Exists),
+        Some(etag) => {
             let inner = etag
                 .strip_prefix('"')
                 .and_then(|e| e.strip_suffix('"'))
-                .filter(|e| !e.is_empty() && !e.contains('"'))
+                .filter(|e| !e.is_empty() && e.bytes().all(is_etag_char))
                 .ok_or(ApiError::BadHeader {
                     header: "if-match",
                     reason: "must be a quoted ETag, as the policy's ETag header shows it, or `*`",
                 })?;
-            Ok(Precondition::Matches(inner.to_owned()))
+            Some(Precondition::Matches(inner.to_owned()))
         }
-        (None, Some("*")) => Ok(Precondition::Absent),
-        (None, Some(_)) => Err(ApiError::BadHeader {
-            header: "if-none-match",
-            reason: "only `*` is supported (create only if absent)",
-        }),
-        (None, None) => Ok(Precondition::None),
+    };
+    let absent = match one("if-none-match")? {
+        None => false,
+        Some("*") => true,
+        Some(_) => {
+            return Err(ApiError::BadHeader {
+                header: "if-none-match",
+                reason: "only `*` is supported (create only if absent)",
+            })
+        }
+    };
+    Ok(match (if_match, absent) {
+        (Some(_), true) => Condition::Never,
+        (Some(p), false) => Condition::One(p),
+        (None, true) => Condition::One(Precondition::Absent),
+        (None, false) => Condition::One(Precondition::None),
+    })
+}
+
+/// The 412 of a write whose preconditions never hold, with the policy's ETag when it exists.
+async fn never_holds(limiter: &RateLimiter, name: &PolicyName) -> ApiError {
+    match limiter.get_policy(name).await {
+        Ok((_, etag)) => ServiceError::PreconditionFailed {
+            current: Some(etag),
+        }
+        .into(),
+        Err(ServiceError::UnknownPolicy(_)) => {
+            ServiceError::PreconditionFailed { current: None }.into()
+        }
+        Err(e) => e.into(),
     }
 }
 
@@ -196,7 +240,7 @@ pub async fn create(
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
-    params(("name" = String, Path, description = "The policy's name")),
+    params(PolicyPath),
     responses(
         (status = 200, description = "The policy", body = PolicyDoc, headers(("ETag" = String, description = "The policy's version"))),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
@@ -208,9 +252,9 @@ pub async fn create(
 pub async fn read(
     _: Admin,
     limiter: web::Data<RateLimiter>,
-    name: web::Path<String>,
+    path: web::Path<PolicyPath>,
 ) -> Result<HttpResponse, ApiError> {
-    let name = path_name(&name)?;
+    let name = path_name(&path.name)?;
     let (policy, etag) = limiter.get_policy(&name).await?;
     Ok(HttpResponse::Ok()
         .insert_header((header::ETAG, etag_header(&etag)))
@@ -223,17 +267,13 @@ pub async fn read(
 /// Replacing a policy keeps the subjects' counters unless the algorithm or its window or rate
 /// changes, in which case they start afresh. With `If-Match: "<ETag>"` the write happens only if
 /// the policy is still at that version (`If-Match: *`: only if it exists); with
-/// `If-None-Match: *` only if it does not exist. Either makes a retry after an
-/// `outcome-unknown` 503 safe.
+/// `If-None-Match: *` only if it does not exist (both together never hold: 412). Either makes a
+/// retry after an `outcome-unknown` 503 safe.
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
-    params(
-        ("name" = String, Path, description = "The policy's name"),
-        ("If-Match" = Option<String>, Header, description = "Write only if the policy is at this version: its `ETag`, quoted as the header shows it, or `*` for any version"),
-        ("If-None-Match" = Option<String>, Header, description = "`*`: write only if the policy does not exist"),
-    ),
-    request_body = PolicyDoc,
+    params(PolicyPath, ReplaceHeaders),
+    request_body = PolicyReplacement,
     responses(
         (status = 200, description = "Replaced", body = PolicyDoc, headers(("ETag" = String, description = "The version written"))),
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version written"))),
@@ -250,14 +290,18 @@ pub async fn read(
 pub async fn replace(
     _: Admin,
     limiter: web::Data<RateLimiter>,
-    name: web::Path<String>,
+    path: web::Path<PolicyPath>,
     req: HttpRequest,
     body: JsonBody<Value>,
 ) -> Result<HttpResponse, ApiError> {
-    let path = PolicyName::parse(&name)
+    let path = PolicyName::parse(&path.name)
         .map_err(|r| ApiError::Validation(ValidationError::invalid("name", r)))?;
-    let precondition = precondition(&req)?;
+    let condition = condition(&req)?;
     let policy = parse_policy(&body.0, Some(&path))?;
+    let precondition = match condition {
+        Condition::One(p) => p,
+        Condition::Never => return Err(never_holds(&limiter, &path).await),
+    };
     let doc = policy.to_doc();
     let written = limiter
         .change_policy(WriteKind::Put, &path, Some(policy), &precondition)
@@ -283,10 +327,7 @@ pub async fn replace(
 #[utoipa::path(
     tag = "policies",
     security((), ("bearer" = [])),
-    params(
-        ("name" = String, Path, description = "The policy's name"),
-        ("If-Match" = Option<String>, Header, description = "Delete only if the policy is at this version: its `ETag`, quoted as the header shows it, or `*` for any version"),
-    ),
+    params(PolicyPath, DeleteHeaders),
     responses(
         (status = 204, description = "Deleted"),
         (status = 400, description = "A malformed `If-Match`", body = Problem, content_type = "application/problem+json"),
@@ -300,17 +341,19 @@ pub async fn replace(
 pub async fn remove(
     _: Admin,
     limiter: web::Data<RateLimiter>,
-    name: web::Path<String>,
+    path: web::Path<PolicyPath>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let name = path_name(&name)?;
-    let precondition = precondition(&req)?;
-    if precondition == Precondition::Absent {
-        return Err(ApiError::BadHeader {
-            header: "if-none-match",
-            reason: "does not apply to DELETE",
-        });
-    }
+    let name = path_name(&path.name)?;
+    let precondition = match condition(&req)? {
+        Condition::One(Precondition::Absent) | Condition::Never => {
+            return Err(ApiError::BadHeader {
+                header: "if-none-match",
+                reason: "does not apply to DELETE",
+            })
+        }
+        Condition::One(p) => p,
+    };
     limiter
         .change_policy(WriteKind::Delete, &name, None, &precondition)
         .await?;

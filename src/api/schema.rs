@@ -1,26 +1,55 @@
-//! The OpenAPI schema of a policy document, built from the algorithms' own field descriptions
-//! ([`crate::limiter::Field`]): one object per algorithm in the flat form and one in the `limits`
-//! form, each with no properties but its own, so that the schema says exactly what
-//! [`crate::policy::parse_policy`] accepts, from the same bounds.
+//! The OpenAPI schemas the derives cannot state, built from the same constants as the checks.
+//!
+//! A policy document: one object per algorithm in the flat form and one in the `limits` form,
+//! each with no properties but its own, its fields' bounds from the algorithms' own descriptions
+//! ([`crate::limiter::Field`]), so that the schema says what [`crate::policy::parse_policy`]
+//! accepts. Two variants: [`PolicyDoc`] (`POST` and every answer; `name` required) and
+//! [`PolicyReplacement`] (`PUT`; `name` may be left out, the path gives it). `null` stands for a
+//! field left out, as the parser reads it. What JSON Schema cannot say is in the descriptions:
+//! limit names unique within their policy, a `PUT` body's `name` equal to the path's, and
+//! lengths in bytes where the schema can only count characters.
+//!
+//! Also the parameters whose patterns come from the server's own rules: a policy name in a path,
+//! the `If-Match`/`If-None-Match` preconditions, and an acquire's `policy` and `cost`.
 
 use std::borrow::Cow;
 
+use serde_json::Value;
+use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{
-    AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type,
+    AdditionalProperties, AnyOfBuilder, ArrayBuilder, Object, ObjectBuilder, OneOfBuilder, Schema,
+    SchemaType, Type,
 };
-use utoipa::openapi::RefOr;
-use utoipa::{PartialSchema, ToSchema};
+use utoipa::openapi::{RefOr, Required};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
-use crate::policy::{Algorithm, FailMode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS};
+use super::policies::PolicyPath;
+use crate::policy::{
+    Algorithm, FailMode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, NAME_PATTERN,
+};
 
-const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$";
+/// A string, or `null` for "left out".
+fn nullable_string() -> SchemaType {
+    SchemaType::from_iter([Type::String, Type::Null])
+}
 
-fn name(what: &str) -> ObjectBuilder {
+fn name(description: &str, nullable: bool) -> ObjectBuilder {
     ObjectBuilder::new()
-        .schema_type(Type::String)
+        .schema_type(if nullable {
+            nullable_string()
+        } else {
+            Type::String.into()
+        })
         .pattern(Some(NAME_PATTERN))
-        .description(Some(format!("{what}: `{NAME_PATTERN}`")))
+        .description(Some(format!("{description}: `{NAME_PATTERN}`")))
         .examples(["api-per-user"])
+}
+
+/// Whether a policy's or a limit's `name` must be given.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum NameIs {
+    Required,
+    Optional,
 }
 
 /// An object holding `algorithm` and its fields, plus `extra`; no other property.
@@ -49,68 +78,251 @@ fn limit_object(algorithm: Algorithm, extra: ObjectBuilder) -> ObjectBuilder {
     o.additional_properties(Some(AdditionalProperties::FreeForm(false)))
 }
 
+/// One limit inside `limits`, of any algorithm.
+fn limit(name_is: NameIs) -> OneOfBuilder {
+    let description = match name_is {
+        NameIs::Required => "The limit's name, unique within its policy",
+        NameIs::Optional => "The limit's name; left out, it is the policy's",
+    };
+    let mut one_of = OneOfBuilder::new();
+    for a in Algorithm::ALL {
+        let mut o = ObjectBuilder::new()
+            .title(Some(format!("{} limit", a.as_str())))
+            .property("name", name(description, name_is == NameIs::Optional));
+        if name_is == NameIs::Required {
+            o = o.required("name");
+        }
+        one_of = one_of.item(limit_object(a, o));
+    }
+    one_of
+}
+
+/// `fail_mode`: the enum of [`FailMode`], or `null` for the default.
+fn fail_mode() -> RefOr<Schema> {
+    match FailMode::schema() {
+        RefOr::T(Schema::Object(mut o)) => {
+            o.schema_type = SchemaType::from_iter([Type::String, Type::Null]);
+            if let Some(values) = o.enum_values.as_mut() {
+                values.push(Value::Null);
+            }
+            o.description = Some(
+                "What the service answers for this policy while its store cannot be reached: \
+                 `open` (allow, marked `\"degraded\": true`), `closed` (503 with `Retry-After`) \
+                 or `local` (decide in this instance until the store is back, marked degraded). \
+                 `open` when left out."
+                    .into(),
+            );
+            RefOr::T(Schema::Object(o))
+        }
+        other => other,
+    }
+}
+
 /// `name`, `description` and `fail_mode`, common to both forms.
-fn policy_object(title: String) -> ObjectBuilder {
-    let fail_mode = FailMode::schema();
-    ObjectBuilder::new()
-        .title(Some(title))
-        .property("name", name("Unique policy name"))
-        .required("name")
-        .property(
-            "description",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .max_length(Some(MAX_DESCRIPTION_BYTES))
-                .description(Some("Free text for operators, at most 1,024 bytes")),
+fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
+    let o = ObjectBuilder::new().title(Some(title));
+    let o = match name_is {
+        NameIs::Required => o
+            .property("name", name("Unique policy name", false))
+            .required("name"),
+        NameIs::Optional => o.property(
+            "name",
+            name(
+                "The policy's name, as in the path; may be left out, and must equal the path's \
+                 name when given",
+                true,
+            ),
+        ),
+    };
+    o.property(
+        "description",
+        ObjectBuilder::new()
+            .schema_type(nullable_string())
+            .max_length(Some(MAX_DESCRIPTION_BYTES))
+            .description(Some(format!(
+                "Free text for operators, at most {MAX_DESCRIPTION_BYTES} bytes of UTF-8"
+            ))),
+    )
+    .property("fail_mode", fail_mode())
+}
+
+/// A policy document; see the module's documentation.
+fn policy(name_is: NameIs) -> RefOr<Schema> {
+    let mut one_of = OneOfBuilder::new().description(Some(format!(
+        "A rate-limit policy: one limit in the flat form (`algorithm` and its fields beside \
+         `name`), or one to {MAX_LIMITS} limits of any algorithms in `limits`, decided together: \
+         an acquire is allowed only if every limit admits it, and then every limit takes it. \
+         A policy of one limit always reads back in the flat form.{}",
+        match name_is {
+            NameIs::Required => "",
+            NameIs::Optional => " `name` may be left out: the path gives it.",
+        }
+    )));
+    for a in Algorithm::ALL {
+        one_of = one_of.item(limit_object(
+            a,
+            policy_object(format!("{} policy", a.as_str()), name_is),
+        ));
+    }
+    // One limit may go unnamed (it takes the policy's name); several must each have a name,
+    // distinct from the others' (which JSON Schema cannot state: the server answers 422).
+    let limits = OneOfBuilder::new()
+        .item(
+            ArrayBuilder::new()
+                .title(Some("one limit"))
+                .items(limit(NameIs::Optional))
+                .min_items(Some(1))
+                .max_items(Some(1)),
         )
-        .property("fail_mode", fail_mode)
+        .item(
+            ArrayBuilder::new()
+                .title(Some("several limits"))
+                .description(Some("Each limit named, no two alike"))
+                .items(limit(NameIs::Required))
+                .min_items(Some(2))
+                .max_items(Some(MAX_LIMITS)),
+        );
+    let limits = policy_object("policy of several limits".to_owned(), name_is)
+        .property("limits", limits)
+        .required("limits")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    one_of.item(limits).into()
 }
 
 impl PartialSchema for PolicyDoc {
     fn schema() -> RefOr<Schema> {
-        let mut one_of = OneOfBuilder::new().description(Some(
-            "A rate-limit policy: one limit in the flat form (`algorithm` and its fields beside \
-             `name`), or one to eight limits of any algorithms in `limits`, decided together: an \
-             acquire is allowed only if every limit admits it, and then every limit takes it. \
-             A policy of one limit always reads back in the flat form.",
-        ));
-        for a in Algorithm::ALL {
-            one_of = one_of.item(limit_object(
-                a,
-                policy_object(format!("{} policy", a.as_str())),
-            ));
-        }
-        let mut limit = OneOfBuilder::new();
-        for a in Algorithm::ALL {
-            limit = limit.item(limit_object(
-                a,
-                ObjectBuilder::new()
-                    .title(Some(format!("{} limit", a.as_str())))
-                    .property(
-                        "name",
-                        name(
-                            "The limit's name, unique within its policy; required when there \
-                              are several",
-                        ),
-                    ),
-            ));
-        }
-        let limits = policy_object("policy of several limits".to_owned())
-            .property(
-                "limits",
-                ArrayBuilder::new()
-                    .items(limit)
-                    .min_items(Some(1))
-                    .max_items(Some(MAX_LIMITS)),
-            )
-            .required("limits")
-            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-        one_of.item(limits).into()
+        policy(NameIs::Required)
     }
 }
 
 impl ToSchema for PolicyDoc {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("PolicyDoc")
+    }
+}
+
+/// The body of `PUT /v1/policies/{name}`: a [`PolicyDoc`] whose `name` may be left out. A type
+/// for the spec only; the handler reads the body with [`crate::policy::parse_policy`].
+pub struct PolicyReplacement;
+
+impl PartialSchema for PolicyReplacement {
+    fn schema() -> RefOr<Schema> {
+        policy(NameIs::Optional)
+    }
+}
+
+impl ToSchema for PolicyReplacement {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("PolicyReplacement")
+    }
+}
+
+/// An acquire's `policy`: a policy name.
+pub fn policy_field() -> Object {
+    name("Name of an existing policy", false).build()
+}
+
+/// An acquire's `cost`: at least 1, and never above the largest quota any algorithm allows
+/// (the policy's own quota is checked by the server: 422 above it).
+pub fn cost_field() -> Object {
+    let largest = Algorithm::ALL
+        .iter()
+        .flat_map(|a| a.fields().iter().filter(|f| f.name == a.quota_field()))
+        .map(|f| f.max)
+        .max()
+        .unwrap_or(1);
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+        .minimum(Some(1))
+        .maximum(Some(largest))
+        .description(Some(
+            "Units to take, all or nothing: at least 1 and at most the quota of every limit of \
+             the policy (its `limit`, `capacity` or `burst`); 422 above it. 1 when left out.",
+        ))
+        .examples([1])
+        .build()
+}
+
+/// `If-Match` as [`crate::api::policies`] reads it: `*`, or one quoted opaque ETag (RFC 9110
+/// `etagc`, ASCII, no `,`). Two alternatives rather than one pattern, so that Schemathesis's
+/// coverage phase, which cannot draw a header from a pattern, still finds `*`.
+fn if_match() -> AnyOfBuilder {
+    AnyOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some(["*"])),
+        )
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some("^\"[!#-+\\--~]+\"$"))
+                .examples(["\"8c3f0a51d2e94b7a.42\""]),
+        )
+}
+
+fn header(name: &str, description: &str, schema: impl Into<RefOr<Schema>>) -> Parameter {
+    ParameterBuilder::new()
+        .name(name)
+        .parameter_in(ParameterIn::Header)
+        .required(Required::False)
+        .description(Some(description))
+        .schema(Some(schema))
+        .build()
+}
+
+/// `If-None-Match`: only `*` (create only if absent).
+fn if_none_match() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(["*"]))
+}
+
+/// `{name}` of `/v1/policies/{name}`, as the handlers take it.
+impl IntoParams for PolicyPath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("name")
+            .parameter_in(ParameterIn::Path)
+            .required(Required::True)
+            .description(Some("The policy's name"))
+            .schema(Some(name("A policy name", false)))
+            .build()]
+    }
+}
+
+/// The preconditions of `PUT /v1/policies/{name}`.
+pub struct ReplaceHeaders;
+
+impl IntoParams for ReplaceHeaders {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![
+            header(
+                "If-Match",
+                "Write only if the policy is at this version: its `ETag`, quoted as the header \
+                 shows it, or `*` for any version. With `If-None-Match: *` as well, the two never both \
+                 hold: 412",
+                if_match(),
+            ),
+            header(
+                "If-None-Match",
+                "`*`: write only if the policy does not exist",
+                if_none_match(),
+            ),
+        ]
+    }
+}
+
+/// The precondition of `DELETE /v1/policies/{name}`.
+pub struct DeleteHeaders;
+
+impl IntoParams for DeleteHeaders {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![header(
+            "If-Match",
+            "Delete only if the policy is at this version: its `ETag`, quoted as the header shows \
+             it, or `*` for any version",
+            if_match(),
+        )]
     }
 }

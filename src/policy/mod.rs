@@ -16,7 +16,7 @@ use crate::limiter::ScriptArgs;
 pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS};
 
 pub use input::{parse_policy, ValidationError};
-pub use name::{LimitKey, PolicyName};
+pub use name::{LimitKey, PolicyName, NAME_PATTERN};
 
 /// Longest `description`, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 1_024;

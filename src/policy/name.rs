@@ -7,7 +7,10 @@ use std::sync::Arc;
 pub const MAX_KEY_BYTES: usize = 256;
 const MAX_NAME_BYTES: usize = 64;
 
-/// A policy name matching `^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`: safe in URLs, in Redis keys
+/// What [`PolicyName::check`] accepts, as the OpenAPI schema states it.
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$";
+
+/// A policy name matching [`NAME_PATTERN`]: safe in URLs, in Redis keys
 /// (no `{`, `}` or `:`) and inside the quoted strings of the `RateLimit` headers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyName(Arc<str>);

@@ -429,9 +429,32 @@ async fn conditional_writes_let_admins_not_overwrite_each_other() {
         assert_eq!(r.status(), 412, "If-None-Match: * on an existing policy");
         let r = conditional(&app, "cond", "If-Match", &created, None).await;
         assert_eq!(r.status(), 412, "a stale ETag deletes nothing");
-        let r = conditional(&app, "cond", "If-Match", "not-quoted", Some(4)).await;
-        let (status, _, body) = problem_type(r).await;
-        assert_eq!((status, body["field"].as_str()), (400, Some("if-match")));
+        for malformed in ["not-quoted", "\"a b\"", "\"\"", "W/\"weak\""] {
+            let r = conditional(&app, "cond", "If-Match", malformed, Some(4)).await;
+            let (status, _, body) = problem_type(r).await;
+            assert_eq!(
+                (status, body["field"].as_str()),
+                (400, Some("if-match")),
+                "{malformed}"
+            );
+        }
+        // Both at once never hold (RFC 9110 evaluates one, then the other): 412, nothing
+        // written, whether the policy exists or not.
+        for name in ["cond", "cond-absent"] {
+            let r = app
+                .client
+                .put(app.url(&format!("/v1/policies/{name}")))
+                .json(&window(name, 9))
+                .header("If-Match", etag(&winner))
+                .header("If-None-Match", "*")
+                .send()
+                .await
+                .expect("sent");
+            assert_eq!(r.status(), 412, "{name}");
+            let now = r.headers().get("etag").map(|_| etag(&r));
+            assert_eq!(now, (name == "cond").then(|| etag(&winner)), "{name}");
+        }
+        assert_eq!(app.get("/v1/policies/cond-absent").await.status(), 404);
         let r = conditional(&app, "cond", "If-Match", &etag(&winner), None).await;
         assert_eq!(r.status(), 204);
     }

@@ -1,0 +1,74 @@
+"""Schemathesis hooks for fuzz/schemathesis.sh (loaded through SCHEMATHESIS_HOOKS).
+
+The API's spec states in prose a few rules JSON Schema cannot express, and the server answers
+422 (or 400) when a request breaks them. Left alone, schema-valid ("positive") cases that break
+them by chance would fail `positive_data_acceptance` although the server is right. So positive
+cases are brought within these rules, and only these; negative cases are never touched, so
+`negative_data_rejection` still sees every violation Schemathesis generates.
+
+- A PUT body's `name`, when given, equals the path's name.
+- The limits of a policy have distinct names.
+- An acquire's `key` is at most 256 bytes of UTF-8 and a policy's `description` at most 1,024
+  (the schema's `maxLength` counts characters).
+- The policies fuzz/schemathesis.sh creates for acquire to hit (FUZZ_FIXED_POLICIES) are not
+  replaced or deleted: their quotas are the largest there is, so that any cost the schema allows
+  fits them (a cost above the policy's own quota is a 422 the schema cannot foresee).
+"""
+
+import json
+import os
+
+import schemathesis
+
+KEY_BYTES = 256
+DESCRIPTION_BYTES = 1024
+FIXED = frozenset(os.environ.get("FUZZ_FIXED_POLICIES", "").split())
+
+
+def _utf8_prefix(text, limit):
+    return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
+
+
+def _distinct_names(limits):
+    seen = set()
+    for i, limit in enumerate(limits):
+        if not isinstance(limit, dict) or not isinstance(limit.get("name"), str):
+            continue
+        name = limit["name"]
+        n = i
+        while name in seen:
+            # Still a valid name: a valid one, cut to leave room, plus `-<n>`.
+            name = f"{limit['name'][:60]}-{n}"
+            n += 1
+        limit["name"] = name
+        seen.add(name)
+
+
+@schemathesis.hook
+def before_call(context, case, kwargs):
+    """Every case of every phase, as it is about to be sent (after the stateful phase's links
+    have filled it in); Schemathesis revalidates what is changed here."""
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive:
+        return
+    method = case.operation.method.upper()
+    path = case.operation.path
+    body = case.body if isinstance(case.body, dict) else None
+
+    if path == "/v1/policies/{name}" and method in ("PUT", "DELETE"):
+        params = case.path_parameters
+        if params and params.get("name") in FIXED:
+            params["name"] = f"{params['name'][:60]}-w"
+        if method == "PUT" and params and body is not None and isinstance(body.get("name"), str):
+            body["name"] = params["name"]
+
+    if path.startswith("/v1/policies") and body is not None:
+        if isinstance(body.get("limits"), list):
+            # Generated limits may be one object twice (an example's are): copy them first.
+            body["limits"] = json.loads(json.dumps(body["limits"]))
+            _distinct_names(body["limits"])
+        if isinstance(body.get("description"), str):
+            body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
+
+    if path == "/v1/acquire" and body is not None and isinstance(body.get("key"), str):
+        body["key"] = _utf8_prefix(body["key"], KEY_BYTES)
