@@ -5,12 +5,14 @@
 //!   one place errors become `application/problem+json`.
 //! - [`service`]: acquires with fail modes, the policy cache following the store's change log,
 //!   policy reads and writes, readiness.
-//! - [`policy`]: what a policy is and its validation.
+//! - [`policy`]: what a policy is (one to eight limits on the same subjects) and its
+//!   validation, the one reader of policy documents.
 //! - [`store`]: where state lives: embedded in-process, or Redis, one server or a Cluster (one Lua
-//!   script per decision), with the circuit breaker in front of it.
+//!   script per decision, composed from the parts of a policy's limits), with the circuit breaker
+//!   in front of it.
 //! - [`limiter`]: the decision of each algorithm as a pure function of (state, params, cost,
-//!   now), and the registry that names each algorithm once; the Lua scripts in `lua/` mirror
-//!   them.
+//!   now), the decision over several limits at once, and the registry that names each algorithm
+//!   once (its fields, its Lua part); the Lua parts in `lua/` mirror the functions.
 //! - [`config`], [`startup`], [`telemetry`], [`metrics`]: settings, assembling the application,
 //!   logging, Prometheus metrics.
 #![forbid(unsafe_code)]
