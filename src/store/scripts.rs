@@ -33,6 +33,11 @@ pub const DECISION_FLAGS: &str = "#!lua";
 
 const COMMON: &str = include_str!("../../lua/common.lua");
 
+/// How a part reads a state kept in one string. In a script of several limits, every part that
+/// reads its state this way has it read for it, all at once, by one `MGET` at the start: one
+/// Redis call instead of one per limit.
+const GET_STATE: &str = "local raw = redis.call('GET', key)";
+
 /// The two lines that split an algorithm's part into its level, take and keep sections.
 const TAKE: &str = "\n--- take\n";
 const KEEP: &str = "\n--- keep\n";
@@ -68,6 +73,18 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
         s.push_str(", 0, 0, 0, 0");
     }
     s.push_str("}\n");
+    // Parts that read one string, when there are several: one MGET for all of them.
+    let strings: Vec<usize> = (0..algorithms.len())
+        .filter(|&i| sections(algorithms[i]).0.contains(GET_STATE))
+        .collect();
+    let prefetch = strings.len() > 1;
+    if prefetch {
+        s.push_str("local raws = redis.call('MGET'");
+        for i in &strings {
+            let _ = write!(s, ", KEYS[{}]", i + 1);
+        }
+        s.push_str(")\n");
+    }
     // Each part's parameters start after the cost, the time and the parameters before it.
     let mut offset = 2;
     for (i, a) in algorithms.iter().enumerate() {
@@ -79,7 +96,12 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
             n = i + 1,
             name = a.as_str()
         );
-        s.push_str(level);
+        match strings.iter().position(|&j| j == i) {
+            Some(n) if prefetch => {
+                s.push_str(&level.replacen(GET_STATE, &format!("local raw = raws[{}]", n + 1), 1))
+            }
+            _ => s.push_str(level),
+        }
         s.push_str("\nif not admits then\n  allowed = false\nend\n");
         offset += a.fields().len();
     }
@@ -236,6 +258,22 @@ mod tests {
             assert_eq!(lua.matches(KEEP).count(), 1, "{}", a.as_str());
             let (level, _, _) = sections(a);
             assert!(level.contains("local admits ="), "{}", a.as_str());
+        }
+    }
+
+    #[test]
+    fn states_kept_in_strings_are_read_by_one_mget_when_there_are_several() {
+        let script = compose(&[
+            Algorithm::TokenBucket,
+            Algorithm::SlidingWindowLog,
+            Algorithm::FixedWindow,
+        ]);
+        assert!(script.contains("local raws = redis.call('MGET', KEYS[1], KEYS[3])"));
+        assert!(script.contains("local raw = raws[1]") && script.contains("local raw = raws[2]"));
+        assert!(!script.contains(GET_STATE));
+        for a in Algorithm::ALL {
+            let one = compose(&[a]);
+            assert!(!one.contains("MGET"), "{}", a.as_str());
         }
     }
 
