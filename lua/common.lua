@@ -20,9 +20,10 @@
 --   `out_remaining` and `out_reset` (`out_retry` stays 0).
 -- - keep: runs otherwise; writes nothing, and sets `out_remaining`, `out_reset` and, when the
 --   limit does not admit, `out_retry`: the subject as it stands.
--- A part that reads its state, one string, with exactly `local raw = redis.call('GET', key)`
--- has that line replaced, in a script of several such parts, by `local raw = raws[n]`, all of
--- them read by one `MGET` before the first part: one call to Redis instead of one per limit.
+-- A part that reads its state, one string, into `raw` with a plain GET of `key` (the exact line
+-- is GET_STATE in src/store/scripts.rs) has that line replaced, in a script of several such
+-- parts, by `local raw = raws[n]`, all of them read by one MGET before the first part: one call
+-- to Redis instead of one per limit.
 --
 -- The parts nest, each inside the one before (`do ... end`), so that every level runs before
 -- any take or keep, each part's locals stay its own, and the script stays straight-line code:
