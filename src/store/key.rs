@@ -14,7 +14,8 @@
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
 
-use crate::policy::Algorithm;
+use crate::limiter::MAX_LIMITS;
+use crate::policy::{Algorithm, LimitKey, Policy};
 
 /// Writes the state key of one subject's limit to `buf` (cleared first), reusing its
 /// allocation. `limit` is `None` for a limit named after its policy.
@@ -55,6 +56,24 @@ pub fn state_key(
         buf.push(':');
     }
     buf.push_str(alg);
+}
+
+/// The state keys of every limit of `policy` for the subject `key`, in policy order: the first
+/// `n` of the array, with `n` the number of limits (at most [`MAX_LIMITS`]).
+pub fn state_keys(prefix: &str, policy: &Policy, key: &LimitKey) -> ([String; MAX_LIMITS], usize) {
+    let mut names: [String; MAX_LIMITS] = Default::default();
+    let params = policy.params();
+    for (i, (name, p)) in names.iter_mut().zip(params).enumerate() {
+        state_key(
+            name,
+            prefix,
+            policy.name.as_str(),
+            key.as_str(),
+            policy.state_name(i),
+            p.algorithm(),
+        );
+    }
+    (names, params.len().min(MAX_LIMITS))
 }
 
 fn needs_escape(b: u8) -> bool {

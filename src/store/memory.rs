@@ -98,18 +98,7 @@ impl MemoryStore {
         now: u64,
     ) -> Result<Verdict, StoreError> {
         let params = policy.params();
-        let n = params.len().min(MAX_LIMITS);
-        let mut names: [String; MAX_LIMITS] = Default::default();
-        for (i, (name, p)) in names.iter_mut().zip(params).enumerate() {
-            key::state_key(
-                name,
-                &self.prefix,
-                policy.name.as_str(),
-                key.as_str(),
-                policy.state_name(i),
-                p.algorithm(),
-            );
-        }
+        let (mut names, n) = key::state_keys(&self.prefix, policy, key);
         let names = &mut names[..n];
         // All of a subject's limits are in one shard, decided under its one lock.
         let shard_lock = self.shard(policy.name.as_str(), key.as_str());

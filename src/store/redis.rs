@@ -16,7 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
 };
-use crate::limiter::{Decision, Verdict, MAX_LIMITS};
+use crate::limiter::{Decision, Verdict};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
@@ -461,18 +461,7 @@ impl Store for RedisStore {
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
         let params = policy.params();
-        let n = params.len().min(MAX_LIMITS);
-        let mut names: [String; MAX_LIMITS] = Default::default();
-        for (i, (name, p)) in names.iter_mut().zip(params).enumerate() {
-            key::state_key(
-                name,
-                &self.prefix,
-                policy.name.as_str(),
-                key.as_str(),
-                policy.state_name(i),
-                p.algorithm(),
-            );
-        }
+        let (names, n) = key::state_keys(&self.prefix, policy, key);
         let script = self.scripts.decision(params);
         let reply: Vec<u64> = self
             .with_conn(async |conn| {
