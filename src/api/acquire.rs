@@ -10,7 +10,7 @@ use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
 use super::schema;
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
-use crate::service::{Acquired, RateLimiter};
+use crate::service::{Acquired, DecidedBy, RateLimiter};
 
 /// Ask for `cost` units of `policy` for the subject `key`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -41,7 +41,7 @@ pub struct AcquireRequest {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "allowed": true, "policy": "api-per-user", "key": "user-42", "limit": 20, "remaining": 19,
-    "reset_after_ms": 100, "retry_after_ms": 0, "degraded": false
+    "reset_after_ms": 100, "retry_after_ms": 0, "degraded": false, "decided_by": "redis"
 }))]
 pub struct AcquireResponse {
     /// Whether the units were granted.
@@ -68,9 +68,14 @@ pub struct AcquireResponse {
     #[schema(example = 0)]
     pub retry_after_ms: u64,
     /// True when the store could not be reached and the policy's fail mode (`open` or `local`)
-    /// decided instead; an `open` answer was not counted.
+    /// decided instead; an `open` answer was not counted. `decided_by` says which.
     #[schema(example = false)]
     pub degraded: bool,
+    /// Who decided: `redis` or `embedded` (the store: a real decision), `fail_open` (the store
+    /// could not be asked and the fail mode allowed without counting: not a real allow) or
+    /// `fail_local` (this instance decided alone, limits per instance). Also in `Decided-By`.
+    #[schema(example = "redis")]
+    pub decided_by: DecidedBy,
     /// Policies of several limits only: each limit, in policy order. When the acquire was
     /// denied, nothing was taken from any limit.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -119,6 +124,7 @@ pub struct LimitState {
             ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
             ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`"),
             ("Retry-After" = u64, description = "On a denial: seconds until the request would be allowed"),
+            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
             ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
         )),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
@@ -188,6 +194,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     value.push_str(num.format(a.etag.version));
     value.push('"');
     push_header(&mut response, "policy-etag", &value);
+    push_header(&mut response, "decided-by", a.decided_by.as_str());
 
     // A degraded answer counted nothing, so there is no remaining quota to report.
     if !a.degraded {
@@ -248,6 +255,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         reset_after_ms: d.reset_after_us.div_ceil(1_000),
         retry_after_ms: d.retry_after_us.div_ceil(1_000),
         degraded: a.degraded,
+        decided_by: a.decided_by,
         limits,
         violated,
     })

@@ -59,6 +59,40 @@ pub enum ServiceError {
     Store(#[from] StoreError),
 }
 
+/// Who decided an acquire: the answer's `decided_by`. Only [`DecidedBy::Redis`] and
+/// [`DecidedBy::Embedded`] are decisions of the policy's shared (or only) store; the others are the
+/// fail mode's answers while that store could not be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DecidedBy {
+    /// Redis (one server or a Cluster) decided: limits shared by every instance.
+    Redis,
+    /// The embedded store of this instance decided (the service runs without Redis).
+    Embedded,
+    /// `fail_mode: open`: the store could not be asked, and the request was allowed without
+    /// counting anything. Not a real allow.
+    FailOpen,
+    /// `fail_mode: local`: the store could not be asked, and this instance decided with its own
+    /// in-process store (limits per instance).
+    FailLocal,
+}
+
+impl DecidedBy {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DecidedBy::Redis => "redis",
+            DecidedBy::Embedded => "embedded",
+            DecidedBy::FailOpen => "fail_open",
+            DecidedBy::FailLocal => "fail_local",
+        }
+    }
+
+    /// Whether the store could not be asked (the answer's `degraded`).
+    pub const fn is_degraded(self) -> bool {
+        matches!(self, DecidedBy::FailOpen | DecidedBy::FailLocal)
+    }
+}
+
 /// One answered acquire.
 #[derive(Debug, Clone)]
 pub struct Acquired {
@@ -69,6 +103,7 @@ pub struct Acquired {
     pub verdict: Verdict,
     /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
     pub degraded: bool,
+    pub decided_by: DecidedBy,
 }
 
 /// A policy's decision counters, registered once.
@@ -161,11 +196,19 @@ impl RateLimiter {
             }
         }
         let result = match self.store.acquire(&policy, key, cost, now_us).await {
-            Ok(verdict) => Ok((verdict, false)),
+            Ok(verdict) => Ok((
+                verdict,
+                if self.store.is_shared() {
+                    DecidedBy::Redis
+                } else {
+                    DecidedBy::Embedded
+                },
+            )),
             Err(e) => self.by_fail_mode(&policy, key, cost, now_us, e),
         };
         self.acquire_seconds.record(started.elapsed().as_secs_f64());
-        let (verdict, degraded) = result?;
+        let (verdict, decided_by) = result?;
+        let degraded = decided_by.is_degraded();
         let counters = self.counters(&policy);
         match (degraded, verdict.allowed) {
             (true, _) => counters.degraded.increment(1),
@@ -177,10 +220,11 @@ impl RateLimiter {
             etag,
             verdict,
             degraded,
+            decided_by,
         })
     }
 
-    /// The answer when the store failed: `(decision, degraded)` or the error, by fail mode.
+    /// The answer when the store failed: the verdict and who gave it, or the error, by fail mode.
     fn by_fail_mode(
         &self,
         policy: &Policy,
@@ -188,7 +232,7 @@ impl RateLimiter {
         cost: u64,
         now_us: Option<u64>,
         error: StoreError,
-    ) -> Result<(Verdict, bool), ServiceError> {
+    ) -> Result<(Verdict, DecidedBy), ServiceError> {
         if !error.class().answered_by_fail_mode() {
             return Err(error.into());
         }
@@ -201,7 +245,7 @@ impl RateLimiter {
             let now = now_us.unwrap_or_else(system_now_us);
             // A full local store (`StoreError::Full`) allows, as `open` does, below.
             if let Ok(verdict) = local.acquire_at(policy, key, cost, now) {
-                return Ok((verdict, true));
+                return Ok((verdict, DecidedBy::FailLocal));
             }
         }
         match policy.fail_mode {
@@ -219,7 +263,7 @@ impl RateLimiter {
                         retry_after_us: 0,
                     });
                 }
-                Ok((verdict, true))
+                Ok((verdict, DecidedBy::FailOpen))
             }
         }
     }

@@ -82,11 +82,15 @@ async fn a_full_embedded_store_answers_new_subjects_by_fail_mode() {
             .expect("decided")
             .degraded
     );
+    let decided = s.acquire("open", &key("a"), 1, now).await.expect("decided");
+    assert_eq!(decided.decided_by, DecidedBy::Embedded);
     let open = s
         .acquire("open", &key("b"), 1, now)
         .await
         .expect("answered");
     assert!(open.degraded && open.verdict.allowed, "{open:?}");
+    // Allowed without counting: never to be mistaken for the store's own allow.
+    assert_eq!(open.decided_by, DecidedBy::FailOpen);
     assert!(matches!(
         s.acquire("closed", &key("c"), 1, now).await,
         Err(ServiceError::Store(StoreError::Full(_)))

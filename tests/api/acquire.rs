@@ -75,6 +75,12 @@ async fn decisions_carry_the_ratelimit_headers(backend: Backend) {
         .expect("t is a number");
     assert!((1..=3600).contains(&t), "{rl}");
     assert_eq!(header(&r, "retry-after"), None);
+    // Who decided: the store, named.
+    let store = match backend {
+        Backend::Embedded => "embedded",
+        Backend::Redis | Backend::Cluster => "redis",
+    };
+    assert_eq!(header(&r, "decided-by").as_deref(), Some(store));
     assert_eq!(
         header(&r, "content-type").as_deref(),
         Some("application/json")

@@ -116,6 +116,16 @@ fn check_answers(samples: &[Sample]) {
             s.body
         );
         let degraded = s.body["degraded"] == true;
+        // Who decided, in every path: Redis, or the policy's own fail mode while it was down.
+        if s.status == 200 {
+            let by = match (degraded, s.policy) {
+                (false, _) => "redis",
+                (true, "open") => "fail_open",
+                (true, "local") => "fail_local",
+                (true, other) => panic!("{other} answered degraded: {}", s.body),
+            };
+            assert_eq!(s.body["decided_by"], by, "{}: {}", s.policy, s.body);
+        }
         match s.policy {
             "open" => {
                 assert_eq!(s.status, 200, "{}", s.body);
