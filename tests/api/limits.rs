@@ -314,6 +314,7 @@ async fn answers_give_every_limit_in_policy_order_and_the_binding_one_on_top(bac
             "reset_after_ms",
             "retry_after_ms",
             "degraded",
+            "decided_by",
             "limits"
         ]),
         "no `violated` when allowed: {d}"
