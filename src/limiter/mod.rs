@@ -1,7 +1,8 @@
 //! The decision logic of every algorithm, as pure functions.
 //!
-//! Each algorithm module exposes `acquire(state, params, cost, now_us) -> Outcome`: no I/O, no
-//! clock reads, no allocation beyond the state it owns. The embedded store runs these functions
+//! Each algorithm module implements [`Rule`] (its fields, its pure `decide`, its script's
+//! parameters): no I/O, no clock reads, no allocation beyond the state it owns; [`decide_all`]
+//! decides a policy's limits together. The embedded store runs these functions
 //! directly; the Lua scripts in `lua/` implement the same arithmetic on Redis, and the property
 //! tests hold the two to identical answers on the same inputs.
 //!
@@ -10,7 +11,7 @@
 //!   as the stored time, so a clock step back never refunds quota or reopens a window;
 //! - a denied request changes no counter (the sliding log may drop entries that have left the
 //!   window, which does not change what is allowed);
-//! - callers guarantee `1 <= cost <= limit` (the API rejects larger costs before they get here);
+//! - callers guarantee `1 <= cost <= quota` of every limit (the API rejects larger costs first);
 //! - durations are measured from the caller's `now`, so a clock that stepped back gets waits that
 //!   are long enough on its own clock.
 

@@ -2,8 +2,8 @@
 //! or a Cluster; `connection` holds the ways of reaching it).
 //!
 //! Both implement [`Store`] and give the same answers: the embedded store runs the pure
-//! functions of `limiter` under a lock, Redis runs the Lua script of the same name (`lua/`) in
-//! one atomic call. [`AnyStore`] picks one at start-up. Nothing here knows about HTTP.
+//! functions of `limiter` under a lock, Redis runs one Lua script per decision, composed from
+//! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call. [`AnyStore`] picks one at start-up. Nothing here knows about HTTP.
 
 pub mod breaker;
 pub mod connection;

@@ -16,7 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
 };
-use crate::limiter::{Decision, Verdict};
+use crate::limiter::{Decision, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
@@ -413,15 +413,29 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
 
 /// A decision script's reply (see `lua/common.lua`): `{allowed, then per limit: admits,
 /// remaining, reset_after_us, retry_after_us}`.
-fn verdict(reply: &[u64], limits: usize) -> Result<Verdict, StoreError> {
-    if reply.len() != 1 + 4 * limits {
-        return Err(StoreError::corrupt(format!(
-            "a decision script answered {} numbers for {limits} limits",
-            reply.len()
-        )));
+/// Read straight from the reply, without collecting it into a second vector on the acquire path.
+fn verdict(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
+    let items = match reply {
+        Value::Array(items) if items.len() == 1 + 4 * limits => items,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "a decision script answered {other:?} for {limits} limits"
+            )))
+        }
+    };
+    let mut numbers = [0u64; 1 + 4 * MAX_LIMITS];
+    for (n, item) in numbers.iter_mut().zip(items) {
+        *n = match item {
+            Value::Int(i) => u64::try_from(*i).unwrap_or(0),
+            other => {
+                return Err(StoreError::corrupt(format!(
+                    "a decision script answered {other:?} where a number belongs"
+                )))
+            }
+        };
     }
     let mut verdict = Verdict::default();
-    for d in reply[1..].chunks_exact(4) {
+    for d in numbers[1..1 + 4 * limits].chunks_exact(4) {
         verdict.push(Decision {
             allowed: d[0] == 1,
             remaining: d[1],
@@ -430,7 +444,7 @@ fn verdict(reply: &[u64], limits: usize) -> Result<Verdict, StoreError> {
         });
     }
     // The script's own verdict; it equals every limit admitting.
-    verdict.allowed = reply[0] == 1;
+    verdict.allowed = numbers[0] == 1;
     Ok(verdict)
 }
 
@@ -463,7 +477,7 @@ impl Store for RedisStore {
         let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
         let script = self.scripts.decision(params);
-        let reply: Vec<u64> = self
+        let reply: Value = self
             .with_conn(async |conn| {
                 let mut call = script.prepare_invoke();
                 for name in &names[..n] {
