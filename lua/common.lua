@@ -1,45 +1,65 @@
 -- common.lua: the head of every decision script, which src/store/scripts.rs puts together from
 -- this file, the helpers some algorithms need (lua/muldiv.lua), and one part per limit of the
--- policy, in policy order, each part being lua/<algorithm>.lua.
+-- policy, in policy order, each part being lua/<algorithm>.lua. There is one script per
+-- operation (acquire, peek, report, refund) and combination of algorithms.
 --
 -- KEYS[i]      the state key of the policy's i-th limit
--- ARGV[1]      cost (1 <= cost <= every limit's quota)
+-- ARGV[1]      cost: the units to take (acquire, peek: 1 <= cost <= every limit's quota;
+--              report: 1 <= cost <= 10^9), or to give back (refund)
 -- ARGV[2]      the current time in µs, or empty for Redis TIME (explicit times are for tests)
 -- ARGV[3...]   each limit's parameters in policy order: the i-th limit's start at ARGV[a + 1],
 --              where `a` is 2 plus the number of parameters of the limits before it; its file
 --              names them
--- Reply        {allowed (0|1), then for each limit in policy order: admits (0|1), remaining,
---              reset_after_us, retry_after_us}
--- Flags        `#!lua`: refused whole, with OOM, while Redis is over maxmemory
+-- ARGV[m + i]  refund only, after every parameter: the i-th limit's mark from a ticket (see
+--              src/limiter/mod.rs, Rule::refund), or empty for a refund without a ticket; the
+--              part reads it as `mark` (a number, or nil)
+-- Reply        {allowed (0|1), then for each limit in policy order: units, remaining,
+--              reset_after_us, retry_after_us; then now}. `units` is whether the limit admits
+--              (0|1) for an acquire or a peek, the units recorded for a report, the units given
+--              back for a refund. `now` is the decision's time in µs.
+-- Flags        `#!lua`: refused whole, with OOM, while Redis is over maxmemory; a peek's script
+--              is `#!lua flags=no-writes` and is called with EVALSHA_RO
 --
--- One limit's part has three sections, split by the lines `--- take` and `--- keep`:
+-- One limit's part has five sections, split by the lines `--- take`, `--- keep`, `--- report`
+-- and `--- refund`:
 -- - the level: reads the limit's state from `key` (KEYS[i]) and its parameters from ARGV[a + n],
 --   works out where the subject stands at `now`, and sets `admits` (whether `cost` fits). It
---   writes nothing that changes an answer.
--- - take: runs when every limit admits; takes `cost`, writes the state with its expiry, and sets
---   `out_remaining` and `out_reset` (`out_retry` stays 0).
--- - keep: runs otherwise; writes nothing, and sets `out_remaining`, `out_reset` and, when the
---   limit does not admit, `out_retry`: the subject as it stands.
+--   writes nothing at all, so that a peek is a read-only script.
+-- - take (acquire, when every limit admits): takes `cost`, writes the state with its expiry,
+--   and sets `out_remaining` and `out_reset` (`out_retry` stays 0).
+-- - keep (acquire otherwise, and peek): writes nothing, and sets `out_remaining`, `out_reset`
+--   and, when the limit does not admit, `out_retry`: the subject as it stands.
+-- - report: takes `cost` whether it fits or not, but never past twice the quota of usage, writes
+--   the state with its expiry, and sets `out_units` (units recorded), `out_remaining` (never
+--   negative), `out_reset` and `out_retry` (the time until one unit is available; 0 when
+--   `out_remaining` >= 1).
+-- - refund: gives back at most `cost` units (within `mark` when it is set), never above the full
+--   quota and never to a subject without state; writes without moving the expiry (SET ...
+--   KEEPTTL); sets `out_units` (units given back), and `out_remaining`, `out_reset` and
+--   `out_retry` as report does.
 -- A part that reads its state, one string, into `raw` with a plain GET of `key` (the exact line
 -- is GET_STATE in src/store/scripts.rs) has that line replaced, in a script of several such
 -- parts, by `local raw = raws[n]`, all of them read by one MGET before the first part: one call
 -- to Redis instead of one per limit.
 --
 -- The parts nest, each inside the one before (`do ... end`), so that every level runs before
--- any take or keep, each part's locals stay its own, and the script stays straight-line code:
+-- any take or keep, each part's locals stay its own, and the script stays straight-line code.
+-- An acquire's script:
 --
---   local allowed, reply = true, {1, 0, 0, 0, 0, ...}
+--   local allowed, reply = true, {1, 0, 0, 0, 0, ..., now}
 --   do local key, a = KEYS[1], 2           -- limit 1
 --     <level 1>; if not admits then allowed = false end
 --     do local key, a = KEYS[2], 2 + n1    -- limit 2
 --       <level 2>; if not admits then allowed = false end
---       local out_remaining, out_reset, out_retry = 0, 0, 0
+--       local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0
 --       if allowed then <take 2> else <keep 2> end
 --       reply[6], reply[7], reply[8], reply[9] = ...
 --     end
 --     ... the same for limit 1, whose locals are in scope again
 --   end
 --   return reply
+--
+-- A peek's runs <keep i> alone, a report's <report i>, a refund's <refund i>.
 --
 -- Lua numbers are doubles: integers are exact only below 2^53 (9007199254740992). Times are
 -- microseconds (about 1.7e15 today), so every value stays exact as long as products are formed

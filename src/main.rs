@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use anyhow::bail;
 use ratelimiter::config::Settings;
-use ratelimiter::limiter::MAX_LIMITS;
+use ratelimiter::limiter::{Op, MAX_LIMITS};
 use ratelimiter::policy::Algorithm;
 use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
 use ratelimiter::telemetry;
 
-const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script ALGORITHM[,ALGORITHM...]
+const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...]
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
@@ -35,15 +35,20 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     .next()
                     .and_then(|n| n.into_string().ok())
                     .unwrap_or_default();
-                // One algorithm, or several separated by commas: a policy's limits in order.
+                // An operation (acquire when not named), then one algorithm, or several
+                // separated by commas: a policy's limits in order.
+                let (op, list) = match name.split_once(':') {
+                    Some((op, list)) => (Op::ALL.into_iter().find(|o| o.as_str() == op), list),
+                    None => (Some(Op::Acquire), name.as_str()),
+                };
                 let algorithms: Option<Vec<Algorithm>> =
-                    name.split(',').map(Algorithm::parse).collect();
-                match algorithms {
-                    Some(a) if (1..=MAX_LIMITS).contains(&a.len()) => {
-                        print!("{}", scripts::compose(&a))
+                    list.split(',').map(Algorithm::parse).collect();
+                match (op, algorithms) {
+                    (Some(op), Some(a)) if (1..=MAX_LIMITS).contains(&a.len()) => {
+                        print!("{}", scripts::compose(&a, op))
                     }
                     _ => bail!(
-                        "--print-script takes algorithm names separated by commas (at most {MAX_LIMITS}), not {name:?}"
+                        "--print-script takes [<operation>:]<algorithms>: acquire, peek, report or refund, then algorithm names separated by commas (at most {MAX_LIMITS}), not {name:?}"
                     ),
                 }
                 std::process::exit(0);

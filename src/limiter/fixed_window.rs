@@ -79,6 +79,26 @@ pub fn decide(
     }
 }
 
+/// PLACEHOLDER (issue 11, being written): records nothing.
+pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+    let mut o = decide(state, p, 1.min(cost), now_us, false);
+    o.decision.allowed = true;
+    (o, 0)
+}
+
+/// PLACEHOLDER (issue 11, being written): gives back nothing.
+pub fn refund(
+    state: Option<State>,
+    p: &Params,
+    _units: u64,
+    now_us: u64,
+    _mark: Option<u64>,
+) -> (Outcome<State>, u64) {
+    let mut o = decide(state, p, 1, now_us, false);
+    o.decision.allowed = true;
+    (o, 0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,14 @@
 //!   as the stored time, so a clock step back never refunds quota or reopens a window;
 //! - a denied request changes no counter (the sliding log may drop entries that have left the
 //!   window, which does not change what is allowed);
-//! - callers guarantee `1 <= cost <= quota` of every limit (the API rejects larger costs first);
+//! - callers guarantee `1 <= cost <= quota` of every limit for an acquire or a peek (the API
+//!   rejects larger costs first); a report or a refund may name up to [`MAX_UNITS`];
+//! - a subject's usage never passes twice its quota: a report records at most what brings it
+//!   there ([`Rule::report`]), so debt is bounded by one quota and its repayment by the time to
+//!   earn one quota back;
+//! - a refund never creates state, never raises a subject above its full quota, and never
+//!   moves an expiry; with a ticket's mark ([`Rule::refund`]) it gives back only units the
+//!   ticket's take still holds;
 //! - durations are measured from the caller's `now`, so a clock that stepped back gets waits that
 //!   are long enough on its own clock.
 
@@ -50,6 +57,29 @@ pub trait Rule: Copy {
         now_us: u64,
         take: bool,
     ) -> Outcome<Self::State>;
+    /// Takes `cost` units whether or not they fit (a report of what was used): the subject may
+    /// go into debt, its usage reaching at most twice its quota; units past that are not
+    /// recorded. Returns the outcome and the units recorded. The decision is allowed and
+    /// describes the subject afterwards, for one unit: `remaining` (0 while in debt),
+    /// `reset_after_us`, and `retry_after_us`, the time until one unit is available again (0
+    /// when `remaining` is at least 1). Units recorded make state with its expiry, as a take
+    /// does; none recorded (a subject at its bound) change nothing.
+    fn report(&self, state: Option<Self::State>, cost: u64, now_us: u64)
+        -> (Outcome<Self::State>, u64);
+    /// Gives back at most `units` units (a refund): never above the full quota, never to a
+    /// subject without state (`state` `None` stays `None`), and never moving the expiry (the
+    /// outcome's `ttl_us` is `None`). With `mark`, the [`Verdict::marks`] value of the take the
+    /// units came from (`now_us + reset_after_us` of its decision), only units that take still
+    /// holds are given back: those in the window it counted in, the log entry it made, or the
+    /// part of its cost that time has not yet refilled. Returns the outcome, whose decision
+    /// describes the subject afterwards as [`Rule::report`]'s does, and the units given back.
+    fn refund(
+        &self,
+        state: Option<Self::State>,
+        units: u64,
+        now_us: u64,
+        mark: Option<u64>,
+    ) -> (Outcome<Self::State>, u64);
     /// The script's parameters (`ARGV[a + 1]` onwards, see `lua/common.lua`).
     fn script_args(&self) -> ScriptArgs;
     /// The most units one subject can be granted at once.
@@ -93,7 +123,8 @@ impl ScriptArgs {
     }
 }
 
-/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`: the
+/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`,
+/// `report` and `refund`: the
 /// three window algorithms take the same fields. `$max_limit` bounds `limit`.
 macro_rules! window_rule {
     ($name:literal, $max_limit:expr) => {
@@ -134,6 +165,20 @@ macro_rules! window_rule {
                 take: bool,
             ) -> Outcome<State> {
                 decide(state, self, cost, now_us, take)
+            }
+
+            fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+                report(state, self, cost, now_us)
+            }
+
+            fn refund(
+                &self,
+                state: Option<State>,
+                units: u64,
+                now_us: u64,
+                mark: Option<u64>,
+            ) -> (Outcome<State>, u64) {
+                refund(state, self, units, now_us, mark)
             }
 
             fn script_args(&self) -> super::ScriptArgs {
@@ -271,6 +316,36 @@ macro_rules! algorithms {
                 }
             }
 
+            /// Reports with the algorithm's pure function ([`Rule::report`]). State of another
+            /// algorithm counts as none.
+            pub fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+                match self {
+                    $(Params::$variant(p) => {
+                        let state = match state {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let (o, units) = Rule::report(p, state, cost, now_us);
+                        (o.map_state(State::$variant), units)
+                    }),+
+                }
+            }
+
+            /// Refunds with the algorithm's pure function ([`Rule::refund`]). State of another
+            /// algorithm counts as none.
+            pub fn refund(&self, state: Option<State>, units: u64, now_us: u64, mark: Option<u64>) -> (Outcome<State>, u64) {
+                match self {
+                    $(Params::$variant(p) => {
+                        let state = match state {
+                            Some(State::$variant(s)) => Some(s),
+                            _ => None,
+                        };
+                        let (o, units) = Rule::refund(p, state, units, now_us, mark);
+                        (o.map_state(State::$variant), units)
+                    }),+
+                }
+            }
+
             /// Decides with the algorithm's pure function ([`Rule::decide`]). State of another
             /// algorithm counts as none.
             pub fn decide(&self, state: Option<State>, cost: u64, now_us: u64, take: bool) -> Outcome<State> {
@@ -280,12 +355,7 @@ macro_rules! algorithms {
                             Some(State::$variant(s)) => Some(s),
                             _ => None,
                         };
-                        let o = Rule::decide(p, state, cost, now_us, take);
-                        Outcome {
-                            decision: o.decision,
-                            state: o.state.map(State::$variant),
-                            ttl_us: o.ttl_us,
-                        }
+                        Rule::decide(p, state, cost, now_us, take).map_state(State::$variant)
                     }),+
                 }
             }
@@ -304,6 +374,39 @@ algorithms! {
 /// The most limits one policy holds.
 pub const MAX_LIMITS: usize = 8;
 
+/// What a decision does to a subject's limits. Each is one atomic step over all of a policy's
+/// limits, on every store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Takes `cost` from every limit if every limit admits it; otherwise takes nothing.
+    Acquire,
+    /// Answers as `Acquire` would now, and writes nothing.
+    Peek,
+    /// Takes `cost` from every limit whether or not it fits ([`Rule::report`]).
+    Report,
+    /// Gives up to `cost` units back to every limit ([`Rule::refund`]).
+    Refund,
+}
+
+impl Op {
+    pub const ALL: [Op; 4] = [Op::Acquire, Op::Peek, Op::Report, Op::Refund];
+
+    /// The operation's name, as in its endpoint `/v1/<name>` and in metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Peek => "peek",
+            Op::Report => "report",
+            Op::Refund => "refund",
+        }
+    }
+
+    /// Whether it may create state for a subject that has none.
+    pub const fn creates_state(self) -> bool {
+        matches!(self, Op::Acquire | Op::Report)
+    }
+}
+
 /// Decides one acquire over all of a policy's limits at once: allowed only if every limit admits
 /// `cost`, and then every limit takes it; if any denies, none takes anything. `states[i]` is
 /// limit `i`'s state, replaced by what to keep, and `ttls[i]` is set as [`Outcome::ttl_us`].
@@ -315,41 +418,86 @@ pub fn decide_all(
     cost: u64,
     now_us: u64,
 ) -> Verdict {
-    let mut verdict = Verdict::default();
-    // One limit needs no second look.
-    let take = params.len() == 1;
-    for (i, p) in params.iter().enumerate() {
-        let o = p.decide(states[i].take(), cost, now_us, take);
-        states[i] = o.state;
-        ttls[i] = o.ttl_us;
-        verdict.push(o.decision);
-    }
-    if !take && verdict.allowed {
-        verdict = Verdict::default();
-        for (i, p) in params.iter().enumerate() {
-            let o = p.decide(states[i].take(), cost, now_us, true);
-            states[i] = o.state;
-            ttls[i] = o.ttl_us;
-            verdict.push(o.decision);
+    decide_op(params, states, ttls, Op::Acquire, cost, now_us, &[])
+}
+
+/// Decides one operation over all of a policy's limits at once, as [`decide_all`] does for an
+/// acquire. A peek decides as an acquire would and keeps every state as it was; a report takes
+/// from every limit ([`Rule::report`]); a refund gives back to every limit ([`Rule::refund`]),
+/// limit `i` within `marks[i]` when `marks` holds one per limit (a ticket's), or as it stands
+/// when `marks` is empty.
+pub fn decide_op(
+    params: &[Params],
+    states: &mut [Option<State>],
+    ttls: &mut [Option<u64>],
+    op: Op,
+    cost: u64,
+    now_us: u64,
+    marks: &[u64],
+) -> Verdict {
+    let mut verdict = Verdict::at(now_us);
+    match op {
+        Op::Acquire | Op::Peek => {
+            // One limit needs no second look; a peek never takes.
+            let take = op == Op::Acquire && params.len() == 1;
+            for (i, p) in params.iter().enumerate() {
+                let o = p.decide(states[i].take(), cost, now_us, take);
+                states[i] = o.state;
+                ttls[i] = o.ttl_us;
+                verdict.push(o.decision);
+            }
+            if op == Op::Acquire && !take && verdict.allowed {
+                verdict = Verdict::at(now_us);
+                for (i, p) in params.iter().enumerate() {
+                    let o = p.decide(states[i].take(), cost, now_us, true);
+                    states[i] = o.state;
+                    ttls[i] = o.ttl_us;
+                    verdict.push(o.decision);
+                }
+            }
+        }
+        Op::Report | Op::Refund => {
+            for (i, p) in params.iter().enumerate() {
+                let (o, units) = if op == Op::Report {
+                    p.report(states[i].take(), cost, now_us)
+                } else {
+                    let mark = (marks.len() == params.len()).then(|| marks[i]);
+                    p.refund(states[i].take(), cost, now_us, mark)
+                };
+                states[i] = o.state;
+                ttls[i] = o.ttl_us;
+                verdict.push_units(o.decision, units);
+            }
         }
     }
     verdict
 }
 
-/// The answer to one acquire over a policy's limits: whether it was allowed, and each limit's
+/// The answer to one operation over a policy's limits: whether it was allowed, and each limit's
 /// decision in policy order. A limit's `allowed` says whether it admitted the cost; when the
 /// acquire was denied, nothing was taken from any limit, so each describes its limit as it
-/// stands.
+/// stands. A report or a refund is always allowed, and says per limit how many units it recorded
+/// or gave back ([`Verdict::units`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Verdict {
     pub allowed: bool,
+    /// The time of the decision (µs): Redis's clock, or the embedded store's.
+    pub at_us: u64,
     len: usize,
     limits: [Decision; MAX_LIMITS],
+    units: [u64; MAX_LIMITS],
 }
 
 impl Default for Verdict {
-    /// Allowed, with no limits yet.
+    /// Allowed, with no limits yet, at time 0.
     fn default() -> Self {
+        Self::at(0)
+    }
+}
+
+impl Verdict {
+    /// Allowed, with no limits yet, decided at `at_us`.
+    pub const fn at(at_us: u64) -> Self {
         const NONE: Decision = Decision {
             allowed: true,
             remaining: 0,
@@ -358,13 +506,13 @@ impl Default for Verdict {
         };
         Self {
             allowed: true,
+            at_us,
             len: 0,
             limits: [NONE; MAX_LIMITS],
+            units: [0; MAX_LIMITS],
         }
     }
-}
 
-impl Verdict {
     /// The verdict of a one-limit policy.
     pub fn single(decision: Decision) -> Self {
         let mut v = Self::default();
@@ -375,8 +523,14 @@ impl Verdict {
     /// Adds the next limit's decision: the verdict is allowed while every limit admits. More
     /// than [`MAX_LIMITS`] are ignored.
     pub fn push(&mut self, decision: Decision) {
+        self.push_units(decision, 0);
+    }
+
+    /// Adds the next limit's decision and the units it recorded or gave back.
+    pub fn push_units(&mut self, decision: Decision, units: u64) {
         if self.len < MAX_LIMITS {
             self.limits[self.len] = decision;
+            self.units[self.len] = units;
             self.len += 1;
             self.allowed &= decision.allowed;
         }
@@ -385,6 +539,20 @@ impl Verdict {
     /// Each limit's decision, in policy order.
     pub fn limits(&self) -> &[Decision] {
         &self.limits[..self.len]
+    }
+
+    /// Per limit, in policy order: the units a report recorded or a refund gave back (0 for an
+    /// acquire or a peek).
+    pub fn units(&self) -> &[u64] {
+        &self.units[..self.len]
+    }
+
+    /// Per limit, the mark of what an allowed acquire or a report took: `at_us +
+    /// reset_after_us`, the time its units stop counting (see [`Rule::refund`]).
+    pub fn marks(&self) -> impl Iterator<Item = u64> + '_ {
+        self.limits()
+            .iter()
+            .map(|d| self.at_us.saturating_add(d.reset_after_us))
     }
 
     /// The index of the limit that decided: on a denial, the denying limit with the longest
@@ -452,6 +620,17 @@ pub struct Outcome<S> {
     /// `Some(ttl)`: the state was written and may be dropped `ttl` µs from now, when it no longer
     /// changes any answer. `None`: keep the previous expiry (nothing was consumed).
     pub ttl_us: Option<u64>,
+}
+
+impl<S> Outcome<S> {
+    /// The same outcome with its state converted.
+    pub fn map_state<T>(self, f: impl FnOnce(S) -> T) -> Outcome<T> {
+        Outcome {
+            decision: self.decision,
+            state: self.state.map(f),
+            ttl_us: self.ttl_us,
+        }
+    }
 }
 
 /// `target - now`, or zero when `target` has passed.

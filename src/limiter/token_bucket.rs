@@ -85,6 +85,25 @@ impl super::Rule for Params {
         decide(state, self, cost, now_us, take)
     }
 
+    // PLACEHOLDER (issue 11, being written): records and gives back nothing.
+    fn report(&self, state: Option<State>, _cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+        let mut o = decide(state, self, 1, now_us, false);
+        o.decision.allowed = true;
+        (o, 0)
+    }
+
+    fn refund(
+        &self,
+        state: Option<State>,
+        _units: u64,
+        now_us: u64,
+        _mark: Option<u64>,
+    ) -> (Outcome<State>, u64) {
+        let mut o = decide(state, self, 1, now_us, false);
+        o.decision.allowed = true;
+        (o, 0)
+    }
+
     fn script_args(&self) -> super::ScriptArgs {
         super::ScriptArgs::new(&[self.capacity, self.refill_tokens, self.refill_period_us])
     }

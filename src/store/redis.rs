@@ -16,7 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
 };
-use crate::limiter::{Decision, Verdict, MAX_LIMITS};
+use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
@@ -416,14 +416,14 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
 /// Read straight from the reply, without collecting it into a second vector on the acquire path.
 fn verdict(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
     let items = match reply {
-        Value::Array(items) if items.len() == 1 + 4 * limits => items,
+        Value::Array(items) if items.len() == 2 + 4 * limits => items,
         other => {
             return Err(StoreError::corrupt(format!(
                 "a decision script answered {other:?} for {limits} limits"
             )))
         }
     };
-    let mut numbers = [0u64; 1 + 4 * MAX_LIMITS];
+    let mut numbers = [0u64; 2 + 4 * MAX_LIMITS];
     for (n, item) in numbers.iter_mut().zip(items) {
         *n = match item {
             Value::Int(i) => u64::try_from(*i).unwrap_or(0),
@@ -434,7 +434,7 @@ fn verdict(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
             }
         };
     }
-    let mut verdict = Verdict::default();
+    let mut verdict = Verdict::at(numbers[1 + 4 * limits]);
     for d in numbers[1..1 + 4 * limits].chunks_exact(4) {
         verdict.push(Decision {
             allowed: d[0] == 1,
@@ -476,7 +476,7 @@ impl Store for RedisStore {
     ) -> Result<Verdict, StoreError> {
         let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
-        let script = self.scripts.decision(params);
+        let script = self.scripts.decision(params, Op::Acquire);
         let reply: Value = self
             .with_conn(async |conn| {
                 let mut call = script.prepare_invoke();

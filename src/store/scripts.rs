@@ -24,12 +24,16 @@ use std::sync::{Arc, RwLock};
 
 use redis::Script;
 
-use crate::limiter::{Params, MAX_LIMITS};
+use crate::limiter::{Op, Params, MAX_LIMITS};
 use crate::policy::Algorithm;
 
-/// The first line of every decision script: flagged, with no flag that would let it write past
-/// `maxmemory` (`allow-oom`) or across slots (`allow-cross-slot-keys`).
+/// The first line of every decision script that may write: flagged, with no flag that would let
+/// it write past `maxmemory` (`allow-oom`) or across slots (`allow-cross-slot-keys`).
 pub const DECISION_FLAGS: &str = "#!lua";
+
+/// The first line of a peek's script: it writes nothing, so Redis lets it run with `EVALSHA_RO`,
+/// on a replica, and while over `maxmemory`, and refuses it if it ever tried to write.
+pub const PEEK_FLAGS: &str = "#!lua flags=no-writes";
 
 const COMMON: &str = include_str!("../../lua/common.lua");
 
@@ -38,24 +42,54 @@ const COMMON: &str = include_str!("../../lua/common.lua");
 /// Redis call instead of one per limit.
 const GET_STATE: &str = "local raw = redis.call('GET', key)";
 
-/// The two lines that split an algorithm's part into its level, take and keep sections.
-const TAKE: &str = "\n--- take\n";
-const KEEP: &str = "\n--- keep\n";
+/// The lines that split an algorithm's part into its level, take, keep, report and refund
+/// sections, in that order.
+const SPLITS: [&str; 4] = [
+    "\n--- take\n",
+    "\n--- keep\n",
+    "\n--- report\n",
+    "\n--- refund\n",
+];
 
-/// An algorithm's part, split into its level, take and keep sections.
-fn sections(algorithm: Algorithm) -> (&'static str, &'static str, &'static str) {
-    let lua = algorithm.lua();
-    let (level, rest) = lua.split_once(TAKE).unwrap_or((lua, ""));
-    let (take, keep) = rest.split_once(KEEP).unwrap_or((rest, ""));
-    (level, take, keep)
+/// An algorithm's part, split into its sections.
+struct Part {
+    level: &'static str,
+    take: &'static str,
+    keep: &'static str,
+    report: &'static str,
+    refund: &'static str,
 }
 
-/// The decision script for limits of these algorithms, in policy order (at most
+fn part(algorithm: Algorithm) -> Part {
+    let mut rest = algorithm.lua();
+    let mut sections = [""; 5];
+    for (i, split) in SPLITS.iter().enumerate() {
+        let (before, after) = rest.split_once(split).unwrap_or((rest, ""));
+        sections[i] = before;
+        rest = after;
+    }
+    sections[4] = rest;
+    let [level, take, keep, report, refund] = sections;
+    Part {
+        level,
+        take,
+        keep,
+        report,
+        refund,
+    }
+}
+
+/// The script of one operation for limits of these algorithms, in policy order (at most
 /// [`MAX_LIMITS`]), as sent to Redis.
-pub fn compose(algorithms: &[Algorithm]) -> String {
+pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
     let algorithms = &algorithms[..algorithms.len().min(MAX_LIMITS)];
+    let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     let mut s = String::with_capacity(8_192);
-    s.push_str(DECISION_FLAGS);
+    s.push_str(if op == Op::Peek {
+        PEEK_FLAGS
+    } else {
+        DECISION_FLAGS
+    });
     s.push('\n');
     s.push_str(COMMON);
     let mut helpers: Vec<&str> = Vec::new();
@@ -72,10 +106,10 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
     for _ in algorithms {
         s.push_str(", 0, 0, 0, 0");
     }
-    s.push_str("}\n");
+    s.push_str(", now}\n");
     // Parts that read one string, when there are several: one MGET for all of them.
-    let strings: Vec<usize> = (0..algorithms.len())
-        .filter(|&i| sections(algorithms[i]).0.contains(GET_STATE))
+    let strings: Vec<usize> = (0..parts.len())
+        .filter(|&i| parts[i].level.contains(GET_STATE))
         .collect();
     let prefetch = strings.len() > 1;
     if prefetch {
@@ -85,10 +119,11 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
         }
         s.push_str(")\n");
     }
-    // Each part's parameters start after the cost, the time and the parameters before it.
+    // Each part's parameters start after the cost, the time and the parameters before it; a
+    // refund's marks follow all of them, one per limit.
+    let params: usize = algorithms.iter().map(|a| a.fields().len()).sum();
     let mut offset = 2;
-    for (i, a) in algorithms.iter().enumerate() {
-        let (level, _, _) = sections(*a);
+    for (i, (a, p)) in algorithms.iter().zip(&parts).enumerate() {
         // Writing to a String cannot fail.
         let _ = write!(
             s,
@@ -96,25 +131,51 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
             n = i + 1,
             name = a.as_str()
         );
+        if op == Op::Refund {
+            let _ = writeln!(s, "local mark = tonumber(ARGV[{}])", 2 + params + i + 1);
+        }
         match strings.iter().position(|&j| j == i) {
             Some(n) if prefetch => {
-                s.push_str(&level.replacen(GET_STATE, &format!("local raw = raws[{}]", n + 1), 1))
+                s.push_str(&p.level.replacen(GET_STATE, &format!("local raw = raws[{}]", n + 1), 1))
             }
-            _ => s.push_str(level),
+            _ => s.push_str(p.level),
         }
         s.push_str("\nif not admits then\n  allowed = false\nend\n");
         offset += a.fields().len();
     }
-    for (i, a) in algorithms.iter().enumerate().rev() {
-        let (_, take, keep) = sections(*a);
-        s.push_str("local out_remaining, out_reset, out_retry = 0, 0, 0\nif allowed then\n");
-        s.push_str(take);
-        s.push_str("\nelse\n");
-        s.push_str(keep);
+    for (i, p) in parts.iter().enumerate().rev() {
+        s.push_str(
+            "local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0\n",
+        );
+        let first = match op {
+            Op::Acquire => {
+                s.push_str("if allowed then\n");
+                s.push_str(p.take);
+                s.push_str("\nelse\n");
+                s.push_str(p.keep);
+                s.push_str("\nend\n");
+                "admits and 1 or 0"
+            }
+            Op::Peek => {
+                s.push_str(p.keep);
+                s.push('\n');
+                "admits and 1 or 0"
+            }
+            Op::Report => {
+                s.push_str(p.report);
+                s.push('\n');
+                "out_units"
+            }
+            Op::Refund => {
+                s.push_str(p.refund);
+                s.push('\n');
+                "out_units"
+            }
+        };
         let at = 4 * i + 2;
         let _ = write!(
             s,
-            "\nend\nreply[{}], reply[{}], reply[{}], reply[{}] = admits and 1 or 0, out_remaining, out_reset, out_retry\nend -- limit {}\n",
+            "reply[{}], reply[{}], reply[{}], reply[{}] = {first}, out_remaining, out_reset, out_retry\nend -- limit {}\n",
             at,
             at + 1,
             at + 2,
@@ -122,7 +183,11 @@ pub fn compose(algorithms: &[Algorithm]) -> String {
             i + 1
         );
     }
-    s.push_str("if not allowed then\n  reply[1] = 0\nend\nreturn reply\n");
+    // A report or a refund is always allowed; an acquire or a peek when every limit admits.
+    if matches!(op, Op::Acquire | Op::Peek) {
+        s.push_str("if not allowed then\n  reply[1] = 0\nend\n");
+    }
+    s.push_str("return reply\n");
     s
 }
 
@@ -133,24 +198,24 @@ const POLICY_READ: &str = include_str!("../../lua/policy_read.lua");
 /// The source of every script loaded at start-up: the one-limit decision scripts and the
 /// policy scripts. (Decision scripts of several limits are loaded on first use.)
 pub fn sources() -> impl Iterator<Item = String> {
-    Algorithm::ALL
+    Op::ALL
         .into_iter()
-        .map(|a| compose(&[a]))
+        .flat_map(|op| Algorithm::ALL.into_iter().map(move |a| compose(&[a], op)))
         .chain([POLICY_WRITE.to_owned(), POLICY_READ.to_owned()])
 }
 
-/// A combination of algorithms as one number: each algorithm's index plus one, three bits each,
-/// in policy order.
-fn combination(limits: &[Params]) -> u32 {
+/// An operation and a combination of algorithms as one number: each algorithm's index plus one,
+/// three bits each, in policy order, after the operation's index.
+fn combination(limits: &[Params], op: Op) -> u32 {
     limits
         .iter()
-        .fold(0, |code, p| code << 3 | (p.algorithm() as u32 + 1))
+        .fold(op as u32, |code, p| code << 3 | (p.algorithm() as u32 + 1))
 }
 
 /// Every script, with its SHA computed once.
 pub struct Scripts {
-    /// One-limit decision scripts, by algorithm.
-    singles: [Script; Algorithm::ALL.len()],
+    /// One-limit decision scripts, by operation and algorithm.
+    singles: [[Script; Algorithm::ALL.len()]; Op::ALL.len()],
     /// Decision scripts of several limits, composed on first use.
     composed: RwLock<HashMap<u32, Arc<Script>>>,
     pub policy_write: Script,
@@ -177,19 +242,19 @@ impl std::ops::Deref for DecisionScript<'_> {
 impl Scripts {
     pub fn new() -> Self {
         Self {
-            singles: Algorithm::ALL.map(|a| Script::new(&compose(&[a]))),
+            singles: Op::ALL.map(|op| Algorithm::ALL.map(|a| Script::new(&compose(&[a], op)))),
             composed: RwLock::default(),
             policy_write: Script::new(POLICY_WRITE),
             policy_read: Script::new(POLICY_READ),
         }
     }
 
-    /// The decision script for a policy's limits.
-    pub fn decision(&self, limits: &[Params]) -> DecisionScript<'_> {
+    /// The script of one operation on a policy's limits.
+    pub fn decision(&self, limits: &[Params], op: Op) -> DecisionScript<'_> {
         if let [one] = limits {
-            return DecisionScript::Single(&self.singles[one.algorithm() as usize]);
+            return DecisionScript::Single(&self.singles[op as usize][one.algorithm() as usize]);
         }
-        let code = combination(limits);
+        let code = combination(limits, op);
         if let Some(s) = self
             .composed
             .read()
@@ -199,7 +264,7 @@ impl Scripts {
             return DecisionScript::Composed(s.clone());
         }
         let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
-        let script = Arc::new(Script::new(&compose(&algorithms)));
+        let script = Arc::new(Script::new(&compose(&algorithms, op)));
         self.composed
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -229,15 +294,19 @@ mod tests {
     #[test]
     fn every_decision_script_is_flagged_so_that_redis_refuses_it_whole_when_out_of_memory() {
         for a in Algorithm::ALL {
-            let script = compose(&[a, Algorithm::FixedWindow]);
-            let first = script.lines().next().unwrap_or_default();
-            // Exactly `#!lua`: no `flags=` that could hold `allow-oom`.
-            assert_eq!(first, DECISION_FLAGS, "{}", a.as_str());
+            for op in [Op::Acquire, Op::Report, Op::Refund] {
+                let script = compose(&[a, Algorithm::FixedWindow], op);
+                let first = script.lines().next().unwrap_or_default();
+                // Exactly `#!lua`: no `flags=` that could hold `allow-oom`.
+                assert_eq!(first, DECISION_FLAGS, "{} {op:?}", a.as_str());
+            }
+            let peek = compose(&[a, Algorithm::FixedWindow], Op::Peek);
+            assert_eq!(peek.lines().next(), Some(PEEK_FLAGS));
         }
     }
 
     #[test]
-    fn every_part_opens_with_its_keys_and_argv_and_has_its_three_sections() {
+    fn every_part_opens_with_its_keys_and_argv_and_has_its_five_sections() {
         for part in ["KEYS[i]", "ARGV[1]", "ARGV[2]", "Reply"] {
             assert!(COMMON.contains(part), "common.lua lacks {part}");
         }
@@ -254,32 +323,44 @@ mod tests {
                 let arg = format!("ARGV[a + {}]", n + 1);
                 assert!(header.contains(&arg), "{} lacks {arg}", a.as_str());
             }
-            assert_eq!(lua.matches(TAKE).count(), 1, "{}", a.as_str());
-            assert_eq!(lua.matches(KEEP).count(), 1, "{}", a.as_str());
-            let (level, _, _) = sections(a);
-            assert!(level.contains("local admits ="), "{}", a.as_str());
+            for split in SPLITS {
+                assert_eq!(lua.matches(split).count(), 1, "{} {split}", a.as_str());
+            }
+            let p = part(a);
+            assert!(p.level.contains("local admits ="), "{}", a.as_str());
+            for (name, section) in [
+                ("take", p.take),
+                ("keep", p.keep),
+                ("report", p.report),
+                ("refund", p.refund),
+            ] {
+                assert!(!section.trim().is_empty(), "{} {name}", a.as_str());
+            }
         }
     }
 
     #[test]
     fn states_kept_in_strings_are_read_by_one_mget_when_there_are_several() {
-        let script = compose(&[
-            Algorithm::TokenBucket,
-            Algorithm::SlidingWindowLog,
-            Algorithm::FixedWindow,
-        ]);
+        let script = compose(
+            &[
+                Algorithm::TokenBucket,
+                Algorithm::SlidingWindowLog,
+                Algorithm::FixedWindow,
+            ],
+            Op::Acquire,
+        );
         assert!(script.contains("local raws = redis.call('MGET', KEYS[1], KEYS[3])"));
         assert!(script.contains("local raw = raws[1]") && script.contains("local raw = raws[2]"));
         assert!(!script.contains(GET_STATE));
         for a in Algorithm::ALL {
-            let one = compose(&[a]);
+            let one = compose(&[a], Op::Acquire);
             assert!(!one.contains("redis.call('MGET'"), "{}", a.as_str());
         }
     }
 
     #[test]
     fn a_helper_is_included_once() {
-        let script = compose(&[Algorithm::TokenBucket, Algorithm::Gcra]);
+        let script = compose(&[Algorithm::TokenBucket, Algorithm::Gcra], Op::Acquire);
         assert_eq!(script.matches("local function muldiv").count(), 1);
     }
 
@@ -288,10 +369,12 @@ mod tests {
         let scripts = Scripts::new();
         for a in Algorithm::ALL {
             let params = a.params(&[1, 1, 1]);
-            assert_eq!(
-                scripts.decision(&[params]).get_hash(),
-                Script::new(&compose(&[a])).get_hash()
-            );
+            for op in Op::ALL {
+                assert_eq!(
+                    scripts.decision(&[params], op).get_hash(),
+                    Script::new(&compose(&[a], op)).get_hash()
+                );
+            }
         }
     }
 }

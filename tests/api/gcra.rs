@@ -4,14 +4,14 @@
 //! favour, and the classic flaws that apply to GCRA are absent.
 //!
 //! The script is the one the service sends for a one-limit GCRA policy
-//! (`scripts::compose(&[Algorithm::Gcra])`); redis_rate's keeps its own arguments and reply.
+//! (`scripts::compose(&[Algorithm::Gcra], Op::Acquire)`); redis_rate's keeps its own arguments and reply.
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::gcra::{
     self, Params, MAX_BURST, MAX_PERIOD_MS, MAX_RATE, MIN_BURST, MIN_PERIOD_MS, MIN_RATE,
 };
-use ratelimiter::limiter::{Algorithm, Decision, Rule};
+use ratelimiter::limiter::{Algorithm, Decision, Op, Rule};
 use ratelimiter::store::scripts;
 
 use crate::helpers::TestRedis;
@@ -22,10 +22,10 @@ const REDIS_RATE: &str = include_str!("classic/redis_rate_gcra.lua");
 const T0: u64 = 1_764_460_800_123_457;
 
 /// Our script's reply for one limit: allowed, then the limit's admits, remaining,
-/// reset_after_us and retry_after_us.
-type Reply = (u8, u8, u64, u64, u64);
+/// reset_after_us and retry_after_us, and the decision's time.
+type Reply = (u8, u8, u64, u64, u64, u64);
 
-fn decision((allowed, _admits, remaining, reset_after_us, retry_after_us): Reply) -> Decision {
+fn decision((allowed, _admits, remaining, reset_after_us, retry_after_us, _now): Reply) -> Decision {
     Decision {
         allowed: allowed == 1,
         remaining,
@@ -68,7 +68,7 @@ impl Lab {
                 .expect("SCRIPT LOAD")
         };
         let (ours, theirs) = (
-            load(&scripts::compose(&[Algorithm::Gcra])),
+            load(&scripts::compose(&[Algorithm::Gcra], Op::Acquire)),
             load(REDIS_RATE),
         );
         Self {

@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{decide_all, sliding_window_log, Decision, State, Verdict};
+use ratelimiter::limiter::{decide_all, sliding_window_log, Decision, Op, State, Verdict};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
@@ -148,7 +148,7 @@ impl Subject<'_> {
                 let mut pipe = redis::pipe();
                 pipe.atomic()
                     .cmd("EVAL")
-                    .arg(scripts::compose(&[params.algorithm()]))
+                    .arg(scripts::compose(&[params.algorithm()], Op::Acquire))
                     .arg(1)
                     .arg(&self.redis_key)
                     .arg(cost);
@@ -160,9 +160,10 @@ impl Subject<'_> {
                     .cmd("PERSIST")
                     .arg(&self.redis_key)
                     .ignore();
-                let ((allowed, _admits, remaining, reset_after_us, retry_after_us),): ((
+                let ((allowed, _admits, remaining, reset_after_us, retry_after_us, _now),): ((
                     u8,
                     u8,
+                    u64,
                     u64,
                     u64,
                     u64,
@@ -637,6 +638,7 @@ fn as_reply(v: &Verdict) -> Vec<u64> {
             d.retry_after_us,
         ]);
     }
+    reply.push(v.at_us);
     reply
 }
 
@@ -691,7 +693,7 @@ fn composed_scripts_decide_exactly_as_decide_all() {
         let (policy, keys) = composite(&mut lab, &specs);
         let params = policy.params();
         let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
-        let sha = load(&mut lab.conn, &scripts::compose(&algorithms));
+        let sha = load(&mut lab.conn, &scripts::compose(&algorithms, Op::Acquire));
         let quota = params.iter().map(Params::quota).min().unwrap_or(1);
         let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
         let mut ttls = vec![None; params.len()];
@@ -809,7 +811,7 @@ fn eight_limits_of_any_one_algorithm_fit_in_one_script() {
         let specs = vec![window(5, 60_000, a); 8];
         let (policy, keys) = composite(&mut lab, &specs);
         let params = policy.params();
-        let sha = load(&mut lab.conn, &scripts::compose(&[a; 8]));
+        let sha = load(&mut lab.conn, &scripts::compose(&[a; 8], Op::Acquire));
         let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
         let mut ttls = vec![None; params.len()];
         for (now, cost) in [(T0, 3), (T0 + 1, 3), (T0 + 2, 2)] {
@@ -824,7 +826,7 @@ fn eight_limits_of_any_one_algorithm_fit_in_one_script() {
 #[test]
 fn a_one_limit_script_is_its_part_as_straight_line_code() {
     for a in Algorithm::ALL {
-        let script = scripts::compose(&[a]);
+        let script = scripts::compose(&[a], Op::Acquire);
         let name = a.as_str();
         assert_eq!(script.matches("do -- limit ").count(), 1, "{name}");
         assert_eq!(script.matches("end -- limit ").count(), 1, "{name}");
@@ -946,7 +948,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let conn = &mut lab.conn;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(scripts::compose(&[Algorithm::SlidingWindowLog]))
+        .arg(scripts::compose(&[Algorithm::SlidingWindowLog], Op::Acquire))
         .query(conn)
         .expect("SCRIPT LOAD");
 
@@ -976,7 +978,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             .arg(params.limit)
             .arg(params.window_us);
     }
-    let replies: Vec<(u8, u8, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
+    let replies: Vec<(u8, u8, u64, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
 
     let mut state = None;
     let mut longest = 0;
@@ -997,6 +999,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             d.remaining,
             d.reset_after_us,
             d.retry_after_us,
+            now,
         );
         assert_eq!(reply, expected, "request {i} at {now} cost {cost}");
     }
