@@ -64,8 +64,12 @@ pub trait Rule: Copy {
     /// `reset_after_us`, and `retry_after_us`, the time until one unit is available again (0
     /// when `remaining` is at least 1). Units recorded make state with its expiry, as a take
     /// does; none recorded (a subject at its bound) change nothing.
-    fn report(&self, state: Option<Self::State>, cost: u64, now_us: u64)
-        -> (Outcome<Self::State>, u64);
+    fn report(
+        &self,
+        state: Option<Self::State>,
+        cost: u64,
+        now_us: u64,
+    ) -> (Outcome<Self::State>, u64);
     /// Gives back at most `units` units (a refund): never above the full quota, never to a
     /// subject without state (`state` `None` stays `None`), and never moving the expiry (the
     /// outcome's `ttl_us` is `None`). With `mark`, the [`Verdict::marks`] value of the take the
@@ -167,7 +171,12 @@ macro_rules! window_rule {
                 decide(state, self, cost, now_us, take)
             }
 
-            fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+            fn report(
+                &self,
+                state: Option<State>,
+                cost: u64,
+                now_us: u64,
+            ) -> (Outcome<State>, u64) {
                 report(state, self, cost, now_us)
             }
 
