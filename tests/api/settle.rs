@@ -292,11 +292,12 @@ fn every_operation_decides_exactly_as_decide_op() {
                 (Op::Refund, 0 | 1) if !tickets.is_empty() => {
                     tickets[(step.marks / 4) as usize % tickets.len()].clone()
                 }
-                // Marks no take made: near now, either side.
+                // Marks no take made: near now, either side, and long ago.
                 (Op::Refund, 2) => params
                     .iter()
                     .map(|_| now.saturating_add_signed((step.marks >> 8) as i64 % 10_000_000))
                     .collect(),
+                (Op::Refund, 3) if step.marks & 4 == 0 => vec![0; params.len()],
                 _ => Vec::new(),
             };
             let expected = decide_op(params, &mut states, &mut ttls, op, cost, now, &marks);
