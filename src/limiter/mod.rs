@@ -127,6 +127,15 @@ impl ScriptArgs {
     }
 }
 
+impl IntoIterator for ScriptArgs {
+    type Item = u64;
+    type IntoIter = std::iter::Take<std::array::IntoIter<u64, 4>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.args.into_iter().take(self.len)
+    }
+}
+
 /// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`,
 /// `report` and `refund`: the
 /// three window algorithms take the same fields. `$max_limit` bounds `limit`.
