@@ -575,14 +575,18 @@ impl Verdict {
 
     /// The index of the limit that decided: on a denial, the denying limit with the longest
     /// `retry_after_us` (the time until the same request is allowed); when allowed, the limit
-    /// with the fewest units remaining. The first such in policy order.
+    /// with the fewest units remaining, and of those the longest `retry_after_us` (a limit in
+    /// debt after a report). The first such in policy order.
     pub fn binding(&self) -> usize {
         let limits = self.limits();
         let mut best = 0;
         for (i, d) in limits.iter().enumerate().skip(1) {
             let b = &limits[best];
             let better = if self.allowed {
+                // A report or a refund leaves limits with waits while allowed: of those with the
+                // fewest units, the longest wait binds.
                 d.remaining < b.remaining
+                    || (d.remaining == b.remaining && d.retry_after_us > b.retry_after_us)
             } else {
                 !d.allowed && (b.allowed || d.retry_after_us > b.retry_after_us)
             };

@@ -411,11 +411,10 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
     Ok((generation.map(Arc::from), version, floor, entries))
 }
 
-/// A decision script's reply (see `lua/common.lua`): `{allowed, then per limit: admits,
-/// remaining, reset_after_us, retry_after_us}`.
+/// A decision script's reply (see `lua/common.lua`: `{allowed, then per limit: units,
+/// remaining, reset_after_us, retry_after_us; then now}`) as a verdict: for a report or a refund
+/// each limit's units are those it recorded or gave back, and the limit counts as admitting.
 /// Read straight from the reply, without collecting it into a second vector on the acquire path.
-/// A decision script's reply (see `lua/common.lua`) as a verdict: for a report or a refund each
-/// limit's first number is the units it recorded or gave back, and the limit admitted.
 fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
     let items = match reply {
         Value::Array(items) if items.len() == 2 + 4 * limits => items,
