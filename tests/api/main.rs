@@ -21,3 +21,4 @@ mod policies;
 mod policy_sync;
 mod scripts;
 mod settle;
+mod settling;
