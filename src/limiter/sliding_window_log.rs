@@ -5,13 +5,33 @@
 //! and a running total of units (so the units in the window are read from the two ends, and a
 //! request costs Redis the same whatever its cost); here consecutive requests with the same time
 //! share one entry, which keeps the embedded store small. Both give identical decisions.
+//!
+//! Time never runs backwards past the newest entry: a request at a `now` before it is logged at
+//! the newest entry's time, and the window is measured from there.
+//!
+//! **Debt** ([`report`]): a report logs its units at `now` whether they fit or not, as long as
+//! the units in the window stay at most `2 * limit`; units past that are not logged. A subject
+//! in debt is denied until enough of its entries have left the window to bring it back under
+//! `limit`: time pays the debt back exactly, entry by entry. As every entry (and every Redis
+//! member) holds at least one unit, a log holds at most `2 * limit` of them.
+//!
+//! **Refund** ([`refund`]): gives units back by shrinking the entries they were logged in, so
+//! that they stop counting at once, not when the entries leave the window. With a ticket's mark
+//! (the take's time plus `window_us`) only the entry of that time, while it is still in the
+//! window, gives anything: on Redis the newest member of that time first, then earlier ones of
+//! the same time (takes in the same microsecond cannot be told apart). Without a mark the newest
+//! entries give first. Only units in the window are given, so the log never goes below empty.
+//! The expiry never moves: when the newest entry is given back whole, the state may outlive the
+//! log's last entry, which changes no answer. On Redis, members after the refunded one have
+//! their running totals rewritten: O(members after it), at most `2 * limit`.
 
 use std::collections::VecDeque;
 
 use super::{until, Decision, Outcome};
 
-/// The largest `limit` accepted. It bounds the log: every entry holds at least one unit, so a log
-/// has at most `limit` entries, and at most that many leave the window in one call.
+/// The largest `limit` accepted. It bounds the log: every entry holds at least one unit and a
+/// report stops at `2 * limit` units in the window, so a log has at most `2 * limit` entries, and
+/// at most that many leave the window in one call.
 pub const MAX_LIMIT: u64 = 10_000;
 
 /// Validated parameters, in microseconds.
@@ -45,22 +65,12 @@ pub fn decide(
     take: bool,
 ) -> Outcome<State> {
     let mut log = state.unwrap_or_default();
-    // Time never runs backwards past the newest entry.
-    let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
-    if let Some(horizon) = t.checked_sub(p.window_us) {
-        while log.entries.front().is_some_and(|&(ts, _)| ts <= horizon) {
-            log.entries.pop_front();
-        }
-    }
-    let count: u64 = log.entries.iter().map(|&(_, n)| n).sum();
+    let t = trim(&mut log, p, now_us);
+    let count = units_in(&log);
 
     let admits = count + cost <= p.limit;
     if admits && take {
-        match log.entries.back_mut() {
-            Some((ts, n)) if *ts == t => *n += cost,
-            _ => log.entries.push_back((t, cost)),
-        }
-        let reset = until(t + p.window_us, now_us);
+        let reset = log_at(&mut log, p, t, cost, now_us);
         Outcome {
             decision: Decision {
                 allowed: true,
@@ -72,7 +82,8 @@ pub fn decide(
             ttl_us: Some(reset),
         }
     } else {
-        // The request fits once the oldest `count + cost - limit` units have left the window.
+        // The request fits once the oldest `count + cost - limit` units have left the window
+        // (more than `limit` of them when the subject is in debt).
         let mut must_leave = (count + cost).saturating_sub(p.limit);
         let mut leaves_at = t;
         for &(ts, n) in &log.entries {
@@ -106,24 +117,101 @@ pub fn decide(
     }
 }
 
-/// PLACEHOLDER (issue 11, being written): records nothing.
+/// Logs `cost` units whether they fit or not, as long as the units in the window stay at most
+/// `2 * limit` (see the module docs): returns the outcome and the units logged. Nothing logged
+/// (a subject at its bound) changes nothing.
 pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-    let mut o = decide(state, p, 1.min(cost), now_us, false);
-    o.decision.allowed = true;
-    (o, 0)
+    let mut log = state.unwrap_or_default();
+    let t = trim(&mut log, p, now_us);
+    let recorded = cost.min((2 * p.limit).saturating_sub(units_in(&log)));
+    if recorded == 0 {
+        return (after(Some(log), p, now_us), 0);
+    }
+    let reset = log_at(&mut log, p, t, recorded, now_us);
+    let mut o = after(Some(log), p, now_us);
+    o.ttl_us = Some(reset);
+    (o, recorded)
 }
 
-/// PLACEHOLDER (issue 11, being written): gives back nothing.
+/// Gives back at most `units` units of the log's entries in the window: with `mark`, those of
+/// the entry at `mark - window_us`; without, the newest first (see the module docs). Returns
+/// the outcome, which never creates state nor moves the expiry, and the units given back.
 pub fn refund(
     state: Option<State>,
     p: &Params,
-    _units: u64,
+    units: u64,
     now_us: u64,
-    _mark: Option<u64>,
+    mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
+    let Some(mut log) = state else {
+        return (after(None, p, now_us), 0);
+    };
+    trim(&mut log, p, now_us);
+    // Only entries in the window are left, so whatever is given was in use.
+    let mut left = units;
+    match mark {
+        Some(mark) => {
+            let at = mark
+                .checked_sub(p.window_us)
+                .and_then(|time| log.entries.binary_search_by_key(&time, |&(ts, _)| ts).ok());
+            if let Some(i) = at {
+                let n = &mut log.entries[i].1;
+                let g = left.min(*n);
+                *n -= g;
+                left -= g;
+                if *n == 0 {
+                    log.entries.remove(i);
+                }
+            }
+        }
+        None => {
+            while let Some((_, n)) = log.entries.back_mut() {
+                let g = left.min(*n);
+                *n -= g;
+                left -= g;
+                if *n > 0 {
+                    break;
+                }
+                log.entries.pop_back();
+            }
+        }
+    }
+    (after(Some(log), p, now_us), units - left)
+}
+
+/// Drops the entries that have left the window and returns the time the window ends at: `now`,
+/// or the newest entry's time when the clock stepped back before it.
+fn trim(log: &mut State, p: &Params, now_us: u64) -> u64 {
+    let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
+    if let Some(horizon) = t.checked_sub(p.window_us) {
+        while log.entries.front().is_some_and(|&(ts, _)| ts <= horizon) {
+            log.entries.pop_front();
+        }
+    }
+    t
+}
+
+/// The units in the log.
+fn units_in(log: &State) -> u64 {
+    log.entries.iter().map(|&(_, n)| n).sum()
+}
+
+/// Logs `n` units at `t`, the window's end from [`trim`], and returns the time until they leave
+/// the window, which is also the time until the whole log has.
+fn log_at(log: &mut State, p: &Params, t: u64, n: u64, now_us: u64) -> u64 {
+    match log.entries.back_mut() {
+        Some((ts, units)) if *ts == t => *units += n,
+        _ => log.entries.push_back((t, n)),
+    }
+    until(t + p.window_us, now_us)
+}
+
+/// A report's or a refund's answer: the subject as it stands, for one unit, allowed; the state
+/// written with no new expiry.
+fn after(state: Option<State>, p: &Params, now_us: u64) -> Outcome<State> {
     let mut o = decide(state, p, 1, now_us, false);
     o.decision.allowed = true;
-    (o, 0)
+    o
 }
 
 #[cfg(test)]
