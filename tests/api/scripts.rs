@@ -948,7 +948,10 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let conn = &mut lab.conn;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(scripts::compose(&[Algorithm::SlidingWindowLog], Op::Acquire))
+        .arg(scripts::compose(
+            &[Algorithm::SlidingWindowLog],
+            Op::Acquire,
+        ))
         .query(conn)
         .expect("SCRIPT LOAD");
 
