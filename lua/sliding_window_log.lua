@@ -22,11 +22,11 @@
 -- Refund: gives back units of members in the window by lowering their costs (a member whose cost
 -- reaches 0 is removed). With a mark (a ticket's: the take's time plus window_us), only members
 -- of time mark - window_us give, the newest of them first; without one, the newest members.
--- Totals must stay running totals, so every member after the one that gave has its total
--- lowered by the units given, that is rewritten: O(members after it), at most 2 * limit; a
--- refund without a mark gives from the newest members, which have none after them. The members
--- that stay are rewritten before the newest of them is removed, so that the key, and its expiry,
--- never disappear meanwhile; the expiry is never moved.
+-- Totals must stay running totals, so every member after those that gave is rewritten with its
+-- total lowered by the units given: O(members after them), at most 2 * limit, in one ZADD per
+-- 2,000; a refund without a mark gives from the newest members, which have none after them. The
+-- members that stay are written anew before the newest of them is removed, so that the key, and
+-- its expiry, never disappear meanwhile; the expiry is never moved.
 --
 -- Per call, on a log of n <= 2 * limit members: an allowed request runs 4 commands (ZRANGE
 -- newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty log), and 2 more (ZRANGE BYSCORE for the
@@ -34,11 +34,16 @@
 -- fit runs at most 4 and then binary-searches by rank for the member whose departure frees enough,
 -- at most ceil(log2(n)) + 1 more ZRANGEs (16 at 20,000); each command is O(log n). The
 -- exceptions are ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window, each of
--- them inserted, and paid for, by an earlier request; and a refund's rewrite above.
+-- them inserted, and paid for, by an earlier request; and a refund's rewrite above. A report
+-- runs the level, ZADD and PEXPIRE, and the search when it leaves nothing available; a refund
+-- the level, one ZRANGE for the members that give (and one for those after them, with a mark),
+-- ZREMRANGEBYRANK, ZADD, ZREM, and the search when nothing is available after it.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
--- Time never runs backwards past the newest member. Keep writes nothing.
+-- Time never runs backwards past the newest member. Keep writes nothing; members that have left
+-- the window but are still stored count again if the clock steps back before the next write, as
+-- in the Rust model, which drops entries only where this script writes.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
@@ -222,9 +227,9 @@ if out_units > 0 then
   else
     redis.call('ZREMRANGEBYRANK', key, -touched, -1)
   end
-  -- In slices, as Lua's unpack takes a few thousand values at most.
-  for i = 1, #adds, 1000 do
-    redis.call('ZADD', key, unpack(adds, i, math.min(i + 999, #adds)))
+  -- In slices of 2,000 members, as Lua's unpack takes fewer than 8,000 values: at most 10 ZADDs.
+  for i = 1, #adds, 4000 do
+    redis.call('ZADD', key, unpack(adds, i, math.min(i + 3999, #adds)))
   end
   if last_old then
     redis.call('ZREM', key, last_old)
