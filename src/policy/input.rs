@@ -6,7 +6,9 @@
 
 use serde_json::{Map, Number, Value};
 
-use super::{Algorithm, FailMode, Limit, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_LIMITS};
+use super::{
+    Algorithm, FailMode, Limit, Mode, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+};
 use crate::limiter::{Field, ScriptArgs};
 
 /// Why client input was refused.
@@ -90,7 +92,7 @@ impl ValidationError {
 }
 
 /// Fields of a policy besides its limit's (flat form) or its `limits`.
-const POLICY_FIELDS: [&str; 3] = ["name", "description", "fail_mode"];
+const POLICY_FIELDS: [&str; 4] = ["name", "description", "fail_mode", "mode"];
 
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
 /// or the `limits` form (`{"name", "limits": [{"name", "algorithm", <fields>…}…]}`). `path_name`,
@@ -156,7 +158,19 @@ pub fn parse_policy(
         }
     };
 
-    Ok(Policy::new(name, limits, description, fail_mode))
+    let mode = match optional_str(doc, "mode")? {
+        None => Mode::default(),
+        Some("enforce") => Mode::Enforce,
+        Some("shadow") => Mode::Shadow,
+        Some(other) => {
+            return Err(ValidationError::invalid(
+                "mode",
+                format!("`{other}` is not one of enforce, shadow"),
+            ))
+        }
+    };
+
+    Ok(Policy::new(name, limits, description, fail_mode).with_mode(mode))
 }
 
 /// The `limits` form: 1 to [`MAX_LIMITS`] limits with unique names. A single limit's name may be

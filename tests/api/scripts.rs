@@ -948,7 +948,10 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let conn = &mut lab.conn;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(scripts::compose(&[Algorithm::SlidingWindowLog], Op::Acquire))
+        .arg(scripts::compose(
+            &[Algorithm::SlidingWindowLog],
+            Op::Acquire,
+        ))
         .query(conn)
         .expect("SCRIPT LOAD");
 
@@ -1013,7 +1016,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let entries = state.as_ref().map_or(0, |s| s.entries.len());
     assert!(entries > 3_000, "{entries} entries");
     reset_stats(conn);
-    let reply: (u8, u8, u64, u64, u64) = redis::cmd("EVALSHA")
+    let reply: (u8, u8, u64, u64, u64, u64) = redis::cmd("EVALSHA")
         .arg(&sha)
         .arg(1)
         .arg(&key)
@@ -1026,7 +1029,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let d = sliding_window_log::acquire(state, &params, params.limit, now).decision;
     assert_eq!(
         reply,
-        (0, 0, d.remaining, d.reset_after_us, d.retry_after_us),
+        (0, 0, d.remaining, d.reset_after_us, d.retry_after_us, now),
         "the last denial"
     );
     let commands = script_commands(conn);
