@@ -68,7 +68,11 @@ pub struct RefundRequest {
     /// where they were taken (their window, log entries, or the part of a bucket's or GCRA's
     /// level that time has not yet refilled), and does nothing once that is gone. Without it,
     /// the refund applies to the subject's current state.
-    #[schema(example = "1.2000.5d2c1a0b.1764460860000000", min_length = 1, max_length = 256)]
+    #[schema(
+        example = "1.2000.5d2c1a0b.1764460860000000",
+        min_length = 1,
+        max_length = 256
+    )]
     #[serde(default)]
     pub ticket: Option<String>,
 }
@@ -364,7 +368,14 @@ pub async fn refund(
         }
     }
     let refunded = limiter
-        .decide(Op::Refund, &req.policy, &key, cost, req.ticket.as_deref(), None)
+        .decide(
+            Op::Refund,
+            &req.policy,
+            &key,
+            cost,
+            req.ticket.as_deref(),
+            None,
+        )
         .await?;
     Ok(respond(refunded, key))
 }
@@ -421,7 +432,9 @@ fn subject_and_cost(req: &AcquireRequest) -> Result<(LimitKey, u64), ApiError> {
 fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
     let cost = parse_cost(n)?;
     if cost > MAX_UNITS {
-        return Err(ValidationError::invalid("cost", format!("must be at most {MAX_UNITS}")).into());
+        return Err(
+            ValidationError::invalid("cost", format!("must be at most {MAX_UNITS}")).into(),
+        );
     }
     Ok(cost)
 }

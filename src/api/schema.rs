@@ -25,7 +25,8 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use super::policies::PolicyPath;
 use crate::policy::{
-    Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
+    Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, MAX_UNITS,
+    NAME_PATTERN,
 };
 
 /// A string, or `null` for "left out".

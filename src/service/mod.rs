@@ -27,8 +27,8 @@ use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
 use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
-pub use ticket::Ticket;
 pub use policies::PolicySync;
+pub use ticket::Ticket;
 
 /// Why a service call did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -276,7 +276,11 @@ impl RateLimiter {
             marks = ticket.marks_for(&policy);
         }
         let marks = &marks.0[..marks.1];
-        let result = match self.store.decide(&policy, key, op, cost, marks, now_us).await {
+        let result = match self
+            .store
+            .decide(&policy, key, op, cost, marks, now_us)
+            .await
+        {
             Ok(verdict) => Ok((
                 verdict,
                 if self.store.is_shared() {
@@ -292,8 +296,8 @@ impl RateLimiter {
         }
         let (verdict, decided_by) = result?;
         let degraded = decided_by.is_degraded();
-        let shadow = matches!(op, Op::Acquire | Op::Peek)
-            && (self.shadow || policy.mode == Mode::Shadow);
+        let shadow =
+            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
         let counters = self.counters(&policy);
         match op {
             Op::Acquire => {
@@ -312,11 +316,15 @@ impl RateLimiter {
             Op::Peek => counters.peeks.increment(1),
             Op::Report => {
                 counters.reports.increment(1);
-                counters.reported_units.increment(verdict.units().iter().copied().max().unwrap_or(0));
+                counters
+                    .reported_units
+                    .increment(verdict.units().iter().copied().max().unwrap_or(0));
             }
             Op::Refund => {
                 counters.refunds.increment(1);
-                counters.refunded_units.increment(verdict.units().iter().copied().min().unwrap_or(0));
+                counters
+                    .refunded_units
+                    .increment(verdict.units().iter().copied().min().unwrap_or(0));
             }
         }
         // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.

@@ -137,7 +137,13 @@ mod tests {
 
     fn policy(name: &str) -> Policy {
         let name = PolicyName::parse(name).expect("valid");
-        Policy::single(name, Algorithm::FixedWindow, &[5, 1_000], None, FailMode::Open)
+        Policy::single(
+            name,
+            Algorithm::FixedWindow,
+            &[5, 1_000],
+            None,
+            FailMode::Open,
+        )
     }
 
     fn key(k: &str) -> LimitKey {
@@ -160,7 +166,10 @@ mod tests {
         let p = policy("p");
         let t = Ticket::issue(&p, &key("k"), 2, &verdict());
         let text = t.to_string();
-        assert!(text.starts_with("1.2.") && text.ends_with(".1000250"), "{text}");
+        assert!(
+            text.starts_with("1.2.") && text.ends_with(".1000250"),
+            "{text}"
+        );
         let back = Ticket::parse(&text).expect("parses");
         assert_eq!(back, t);
         assert!(back.is_for(&p, &key("k")));

@@ -511,16 +511,16 @@ impl Store for RedisStore {
         // ARGV as lua/common.lua lays it out; `None` is an empty argument.
         let argv = || {
             let now = std::iter::once(now_us);
-            let params = params[..n]
-                .iter()
-                .flat_map(|p| p.script_args())
-                .map(Some);
+            let params = params[..n].iter().flat_map(|p| p.script_args()).map(Some);
             // A refund's marks: one per limit, or all empty (no ticket).
             let marks = (op == Op::Refund)
                 .then(|| (0..n).map(|i| marks.get(i).copied().filter(|_| marks.len() == n)))
                 .into_iter()
                 .flatten();
-            std::iter::once(Some(cost)).chain(now).chain(params).chain(marks)
+            std::iter::once(Some(cost))
+                .chain(now)
+                .chain(params)
+                .chain(marks)
         };
         let reply: Value = self
             .with_conn(async |conn| {

@@ -834,14 +834,12 @@ fn a_one_limit_script_is_its_part_as_straight_line_code() {
             script.contains(&format!("do -- limit 1: {name}\n")),
             "{name}"
         );
-        // The part's three sections of an acquire, verbatim and in order (its report and refund
-        // sections, when it has them, belong to other scripts).
+        // The acquire's sections of the part, verbatim and in order (report and refund, after
+        // keep, have scripts of their own).
         let lua = a.lua();
         let (level, rest) = lua.split_once("\n--- take\n").expect("take");
-        let (take, keep) = rest.split_once("\n--- keep\n").expect("keep");
-        let keep = keep
-            .split_once("\n--- report\n")
-            .map_or(keep, |(keep, _)| keep);
+        let (take, rest) = rest.split_once("\n--- keep\n").expect("keep");
+        let keep = rest.split_once("\n--- report\n").map_or(rest, |(k, _)| k);
         let mut at = 0;
         for section in [level, take, keep] {
             let found = script[at..]
