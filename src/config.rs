@@ -290,6 +290,10 @@ pub struct LimitsSettings {
     /// answered by the policy's fail mode (`open` and `local` allow it, degraded; `closed`
     /// answers 503), while subjects with state keep deciding exactly.
     pub max_embedded_subjects: u64,
+    /// Puts every policy in shadow mode, whatever its own `mode`: acquires are decided and
+    /// counted exactly, and answered as allowed with what enforcement would have answered. For
+    /// rolling the service itself out in front of traffic. Off by default.
+    pub shadow: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -361,6 +365,7 @@ impl Settings {
             .set_default("redis.breaker_cooldown_ms", 1_000)?
             .set_default("limits.max_policies", 50_000)?
             .set_default("limits.max_embedded_subjects", 1_000_000)?
+            .set_default("limits.shadow", false)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));

@@ -10,7 +10,8 @@ use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
 use ratelimiter::telemetry;
 
-const USAGE: &str = "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...]
+const USAGE: &str =
+    "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...]
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without

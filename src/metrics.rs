@@ -10,6 +10,15 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Decisions, labelled `policy` and `outcome` (`allowed`, `denied`, `degraded`).
 pub const DECISIONS: &str = "ratelimiter_decisions_total";
+/// Peeks, reports, refunds and resets, labelled `policy` and `operation`.
+pub const OPERATIONS: &str = "ratelimiter_operations_total";
+/// Units recorded by reports and given back by refunds, labelled `policy` and `operation`.
+pub const OPERATION_UNITS: &str = "ratelimiter_operation_units_total";
+/// Acquires that a policy in shadow mode answered as allowed and enforcement would have
+/// denied, labelled `policy`.
+pub const SHADOW_DENIED: &str = "ratelimiter_shadow_denied_total";
+/// The units those acquires asked for, labelled `policy`.
+pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.
@@ -96,5 +105,21 @@ fn describe() {
     describe_counter!(
         EMBEDDED_STORE_FULL,
         "New subjects refused state because the embedded store was full"
+    );
+    describe_counter!(
+        OPERATIONS,
+        "Peeks, reports, refunds and resets by policy and operation"
+    );
+    describe_counter!(
+        OPERATION_UNITS,
+        "Units recorded by reports and given back by refunds, by policy and operation"
+    );
+    describe_counter!(
+        SHADOW_DENIED,
+        "Acquires a shadow-mode policy allowed that enforcement would have denied"
+    );
+    describe_counter!(
+        SHADOW_DENIED_UNITS,
+        "Units asked by acquires a shadow-mode policy allowed that enforcement would have denied"
     );
 }

@@ -1,6 +1,7 @@
-//! Bearer-token access control: `auth.admin_tokens` guard the policy API, `auth.client_tokens`
-//! guard `POST /v1/acquire`, `auth.metrics_tokens` guard `GET /metrics`. An empty list leaves
-//! that part of the API open.
+//! Bearer-token access control: `auth.admin_tokens` guard the policy API and `POST /v1/reset`,
+//! `auth.client_tokens` guard the decisions (`POST /v1/acquire`, `/v1/peek`, `/v1/report`,
+//! `/v1/refund`, and `/v1/reset` when no admin token is set), `auth.metrics_tokens` guard `GET
+//! /metrics`. An empty list leaves that part of the API open.
 //!
 //! Tokens are kept and compared as SHA-256 digests with `subtle`, so neither a token's bytes nor
 //! its length can be found by timing answers.
@@ -130,6 +131,29 @@ impl FromRequest for Client {
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         ready(check(req, |t| &t.client).map(|()| Client))
+    }
+}
+
+/// The tokens `POST /v1/reset` accepts: admin tokens when any is set, else client tokens.
+fn reset_tokens(t: &Tokens) -> &[TokenDigest] {
+    if t.admin.is_empty() {
+        &t.client
+    } else {
+        &t.admin
+    }
+}
+
+/// Present in `POST /v1/reset`'s arguments: the request carries an admin token when
+/// `auth.admin_tokens` is set, otherwise a client token when `auth.client_tokens` is (or none is
+/// needed). Resetting a subject unblocks it: it is never open while acquires are guarded.
+pub struct ResetAccess;
+
+impl FromRequest for ResetAccess {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(check(req, reset_tokens).map(|()| ResetAccess))
     }
 }
 

@@ -11,21 +11,24 @@ use utoipa::{Modify, OpenApi};
         title = "ratelimiter",
         description = "A rate-limit service any program calls over HTTP/JSON. Create policies with \
             the `/v1/policies` API, then ask `POST /v1/acquire` before each unit of work: the answer \
-            is allowed or denied, atomically, with how much is left and when to retry. Errors are \
-            RFC 9457 `application/problem+json` documents naming the field at fault.",
+            is allowed or denied, atomically, with how much is left and when to retry. `POST \
+            /v1/peek` looks without spending; `POST /v1/report` and `POST /v1/refund` settle costs \
+            known only afterwards (reserve with acquire, then report the extra or refund the \
+            surplus with the acquire's ticket); `POST /v1/reset` starts a subject afresh. Errors \
+            are RFC 9457 `application/problem+json` documents naming the field at fault.",
         license(name = "MIT OR Apache-2.0")
     ),
     modifiers(&BearerAuth),
     tags(
-        (name = "acquire", description = "Decisions: ask whether a subject may spend units now"),
+        (name = "decisions", description = "Decisions: acquire units, peek, report and refund them, reset a subject"),
         (name = "policies", description = "Create, read, replace and delete policies at run time"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]
 pub struct ApiDoc;
 
-/// The `bearer` scheme: tokens from `auth.admin_tokens` (policies) or `auth.client_tokens`
-/// (acquire), required only when those settings are set.
+/// The `bearer` scheme: tokens from `auth.admin_tokens` (policies, reset) or
+/// `auth.client_tokens` (decisions), required only when those settings are set.
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -33,7 +36,8 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         let mut scheme = Http::new(HttpAuthScheme::Bearer);
         scheme.description = Some(
-            "Needed for the policy API when `auth.admin_tokens` is set, and for acquire when \
+            "Needed for the policy API and reset when `auth.admin_tokens` is set, and for \
+             acquire, peek, report and refund (and reset, when no admin token is set) when \
              `auth.client_tokens` is set."
                 .into(),
         );

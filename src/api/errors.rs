@@ -172,6 +172,7 @@ impl ApiError {
                     Some("name"),
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
+                ServiceError::BadTicket(_) => invalid_field(Some("ticket")),
                 ServiceError::TooManyPolicies(_) => (
                     S::CONFLICT,
                     "urn:ratelimiter:problem:too-many-policies",

@@ -3,9 +3,9 @@
 //! a store or build a Redis key. Around every request: its log span (`span`) and the guard that
 //! keeps a body from holding a connection (`guard`).
 
-pub mod acquire;
 pub mod auth;
 pub mod body;
+pub mod decisions;
 pub mod docs;
 pub mod errors;
 pub mod guard;
@@ -44,7 +44,11 @@ where
 {
     app.into_utoipa_app()
         .openapi(docs::ApiDoc::openapi())
-        .service(acquire::acquire)
+        .service(decisions::acquire)
+        .service(decisions::peek)
+        .service(decisions::report)
+        .service(decisions::refund)
+        .service(decisions::reset)
         .service(policies::list)
         .service(policies::create)
         .service(policies::read)
@@ -58,7 +62,7 @@ where
 /// The methods a known path takes, for the `Allow` header of a 405.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
-        "/v1/acquire" => Some("POST"),
+        "/v1/acquire" | "/v1/peek" | "/v1/report" | "/v1/refund" | "/v1/reset" => Some("POST"),
         "/v1/policies" => Some("GET, POST"),
         "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Some("GET"),
         _ => path

@@ -25,7 +25,8 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 
 use super::policies::PolicyPath;
 use crate::policy::{
-    Algorithm, FailMode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, NAME_PATTERN,
+    Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, MAX_UNITS,
+    NAME_PATTERN,
 };
 
 /// A string, or `null` for "left out".
@@ -118,7 +119,25 @@ fn fail_mode() -> RefOr<Schema> {
     }
 }
 
-/// `name`, `description` and `fail_mode`, common to both forms.
+/// `mode`: the enum of [`Mode`], or `null` for the default.
+fn mode() -> RefOr<Schema> {
+    match Mode::schema() {
+        RefOr::T(Schema::Object(mut o)) => {
+            o.schema_type = SchemaType::from_iter([Type::String, Type::Null]);
+            if let Some(values) = o.enum_values.as_mut() {
+                values.push(Value::Null);
+            }
+            o.description = Some(
+                "`enforce` (denials are denials) or `shadow`: every acquire is decided and                  counted exactly as in `enforce`, a would-be denial taking nothing, but answered                  as allowed with `\"shadow\": true` and what enforcement would have answered                  (`would_allow`, `retry_after_ms`, `violated`). `enforce` when left out, unless                  the service runs with `limits.shadow` set, which puts every policy in shadow                  mode."
+                    .into(),
+            );
+            RefOr::T(Schema::Object(o))
+        }
+        other => other,
+    }
+}
+
+/// `name`, `description`, `fail_mode` and `mode`, common to both forms.
 fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     let o = ObjectBuilder::new().title(Some(title));
     let o = match name_is {
@@ -144,6 +163,7 @@ fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
             ))),
     )
     .property("fail_mode", fail_mode())
+    .property("mode", mode())
 }
 
 /// A policy document; see the module's documentation.
@@ -240,6 +260,35 @@ pub fn cost_field() -> Object {
              the policy (its `limit`, `capacity` or `burst`); 422 above it. 1 when left out.",
         ))
         .examples([1])
+        .build()
+}
+
+/// A report's `cost`: units used, 1 to [`MAX_UNITS`], required.
+pub fn report_cost_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Integer))
+        .minimum(Some(1))
+        .maximum(Some(MAX_UNITS))
+        .description(Some(
+            "Units used, taken whether or not they fit: at least 1 and at most 10^9, and may \
+             exceed the policy's quota. A subject's usage is bounded at twice its quota; units \
+             past that are not recorded.",
+        ))
+        .examples([1800])
+        .build()
+}
+
+/// A refund's `cost`: units to give back, 1 to [`MAX_UNITS`], required.
+pub fn refund_cost_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Integer))
+        .minimum(Some(1))
+        .maximum(Some(MAX_UNITS))
+        .description(Some(
+            "Units to give back: at least 1 and at most 10^9. Fewer are given back when the \
+             subject has fewer in use, or the ticket took fewer or has expired.",
+        ))
+        .examples([700])
         .build()
 }
 

@@ -64,8 +64,12 @@ pub trait Rule: Copy {
     /// `reset_after_us`, and `retry_after_us`, the time until one unit is available again (0
     /// when `remaining` is at least 1). Units recorded make state with its expiry, as a take
     /// does; none recorded (a subject at its bound) change nothing.
-    fn report(&self, state: Option<Self::State>, cost: u64, now_us: u64)
-        -> (Outcome<Self::State>, u64);
+    fn report(
+        &self,
+        state: Option<Self::State>,
+        cost: u64,
+        now_us: u64,
+    ) -> (Outcome<Self::State>, u64);
     /// Gives back at most `units` units (a refund): never above the full quota, never to a
     /// subject without state (`state` `None` stays `None`), and never moving the expiry (the
     /// outcome's `ttl_us` is `None`). With `mark`, the [`Verdict::marks`] value of the take the
@@ -123,6 +127,15 @@ impl ScriptArgs {
     }
 }
 
+impl IntoIterator for ScriptArgs {
+    type Item = u64;
+    type IntoIter = std::iter::Take<std::array::IntoIter<u64, 4>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.args.into_iter().take(self.len)
+    }
+}
+
 /// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`,
 /// `report` and `refund`: the
 /// three window algorithms take the same fields. `$max_limit` bounds `limit`.
@@ -167,7 +180,12 @@ macro_rules! window_rule {
                 decide(state, self, cost, now_us, take)
             }
 
-            fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+            fn report(
+                &self,
+                state: Option<State>,
+                cost: u64,
+                now_us: u64,
+            ) -> (Outcome<State>, u64) {
                 report(state, self, cost, now_us)
             }
 
@@ -557,14 +575,18 @@ impl Verdict {
 
     /// The index of the limit that decided: on a denial, the denying limit with the longest
     /// `retry_after_us` (the time until the same request is allowed); when allowed, the limit
-    /// with the fewest units remaining. The first such in policy order.
+    /// with the fewest units remaining, and of those the longest `retry_after_us` (a limit in
+    /// debt after a report). The first such in policy order.
     pub fn binding(&self) -> usize {
         let limits = self.limits();
         let mut best = 0;
         for (i, d) in limits.iter().enumerate().skip(1) {
             let b = &limits[best];
             let better = if self.allowed {
+                // A report or a refund leaves limits with waits while allowed: of those with the
+                // fewest units, the longest wait binds.
                 d.remaining < b.remaining
+                    || (d.remaining == b.remaining && d.retry_after_us > b.retry_after_us)
             } else {
                 !d.allowed && (b.allowed || d.retry_after_us > b.retry_after_us)
             };

@@ -45,6 +45,28 @@ impl FailMode {
     }
 }
 
+/// Whether a policy's denials are enforced, or only reported (`mode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Denials are answered as denials.
+    #[default]
+    Enforce,
+    /// Every acquire is decided and counted exactly as in `enforce` (a would-be denial takes
+    /// nothing), but answered as allowed, with `"shadow": true` and what enforcement would have
+    /// answered: for rolling a limit out by watching what it would deny.
+    Shadow,
+}
+
+impl Mode {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Mode::Enforce => "enforce",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
 /// One limit of a policy: an algorithm and its parameters, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limit {
@@ -95,6 +117,7 @@ pub struct Policy {
     pub limits: Vec<Limit>,
     pub description: Option<String>,
     pub fail_mode: FailMode,
+    pub mode: Mode,
     /// Each limit's parameters, in order, as the stores take them.
     params: Box<[Params]>,
 }
@@ -113,7 +136,14 @@ impl Policy {
             limits,
             description,
             fail_mode,
+            mode: Mode::Enforce,
         }
+    }
+
+    /// The same policy in `mode`.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
     }
 
     /// A policy of one limit, from values already checked against `algorithm`'s fields.
@@ -197,6 +227,7 @@ impl Serialize for PolicyDoc {
             map.serialize_entry("description", d)?;
         }
         map.serialize_entry("fail_mode", &p.fail_mode)?;
+        map.serialize_entry("mode", &p.mode)?;
         map.end()
     }
 }

@@ -9,6 +9,7 @@
 pub mod cache;
 pub mod policies;
 pub mod readiness;
+pub mod ticket;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -17,9 +18,9 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::config::LimitsSettings;
-use crate::limiter::{Decision, Verdict};
+use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
 use crate::metrics as m;
-use crate::policy::{FailMode, LimitKey, Policy};
+use crate::policy::{FailMode, LimitKey, Mode, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
 use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
@@ -27,6 +28,7 @@ use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
 pub use policies::PolicySync;
+pub use ticket::Ticket;
 
 /// Why a service call did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +56,11 @@ pub enum ServiceError {
         field: &'static str,
         limit: Option<String>,
     },
-    /// The store failed on a policy whose fail mode is `closed`, or on a policy write.
+    /// A refund's `ticket` that this service did not issue, or issued for another subject.
+    #[error("`ticket` {0}")]
+    BadTicket(&'static str),
+    /// The store failed on a policy whose fail mode is `closed`, or on a policy write or a
+    /// reset.
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -93,33 +99,74 @@ impl DecidedBy {
     }
 }
 
-/// One answered acquire.
+/// One answered acquire, peek, report or refund.
 #[derive(Debug, Clone)]
 pub struct Acquired {
+    pub op: Op,
     pub policy: Arc<Policy>,
     /// The version of the policy this instance decided with.
     pub etag: Etag,
-    /// Each limit's decision, and whether the acquire was allowed.
+    /// Each limit's decision, and whether the acquire was allowed: in shadow mode, what
+    /// enforcement decided (the answer is allowed all the same).
     pub verdict: Verdict,
     /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
     pub degraded: bool,
     pub decided_by: DecidedBy,
+    /// The policy is in shadow mode (its own `mode`, or `limits.shadow`), and this is an
+    /// acquire or a peek: the answer is allowed whatever `verdict` says.
+    pub shadow: bool,
+    /// What an allowed acquire or a report took, for a refund; `None` when nothing was taken.
+    pub ticket: Option<Ticket>,
 }
 
-/// A policy's decision counters, registered once.
+impl Acquired {
+    /// Whether the answer allows: the verdict, or always in shadow mode.
+    pub fn allowed(&self) -> bool {
+        self.shadow || self.verdict.allowed
+    }
+
+    /// Units a refund gave back to every limit (the fewest over the limits); 0 for the other
+    /// operations.
+    pub fn refunded(&self) -> u64 {
+        match self.op {
+            Op::Refund => self.verdict.units().iter().copied().min().unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+/// A policy's counters, registered once.
 struct DecisionCounters {
     allowed: Counter,
     denied: Counter,
     degraded: Counter,
+    shadow_denied: Counter,
+    shadow_denied_units: Counter,
+    peeks: Counter,
+    reports: Counter,
+    refunds: Counter,
+    resets: Counter,
+    reported_units: Counter,
+    refunded_units: Counter,
 }
 
 impl DecisionCounters {
     fn new(policy: &str) -> Self {
         let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
+        let op = |op: &'static str| metrics::counter!(m::OPERATIONS, "policy" => policy.to_owned(), "operation" => op);
+        let units = |op: &'static str| metrics::counter!(m::OPERATION_UNITS, "policy" => policy.to_owned(), "operation" => op);
         Self {
             allowed: counter("allowed"),
             denied: counter("denied"),
             degraded: counter("degraded"),
+            shadow_denied: metrics::counter!(m::SHADOW_DENIED, "policy" => policy.to_owned()),
+            shadow_denied_units: metrics::counter!(m::SHADOW_DENIED_UNITS, "policy" => policy.to_owned()),
+            peeks: op("peek"),
+            reports: op("report"),
+            refunds: op("refund"),
+            resets: op("reset"),
+            reported_units: units("report"),
+            refunded_units: units("refund"),
         }
     }
 }
@@ -132,6 +179,8 @@ pub struct RateLimiter {
     local: Option<MemoryStore>,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
     acquire_seconds: Histogram,
+    /// `limits.shadow`: every policy in shadow mode.
+    shadow: bool,
 }
 
 impl RateLimiter {
@@ -158,6 +207,7 @@ impl RateLimiter {
             local,
             counters: RwLock::default(),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
+            shadow: limits.shadow,
         }
     }
 
@@ -182,9 +232,28 @@ impl RateLimiter {
         cost: u64,
         now_us: Option<u64>,
     ) -> Result<Acquired, ServiceError> {
+        self.decide(Op::Acquire, name, key, cost, None, now_us)
+            .await
+    }
+
+    /// Decides one operation for the policy named `name` (already checked with
+    /// [`crate::policy::PolicyName::check`]): an acquire or a peek of `cost` units (at most the
+    /// quota of every limit), a report of `cost` units, or a refund of `cost` units (at most the
+    /// ticket's units, within its windows, when `ticket` is given). `now_us` drives time
+    /// explicitly (tests only).
+    pub async fn decide(
+        &self,
+        op: Op,
+        name: &str,
+        key: &LimitKey,
+        cost: u64,
+        ticket: Option<&str>,
+        now_us: Option<u64>,
+    ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let (policy, etag) = self.policy(name).await?;
-        if let Some(tightest) = policy.tightest() {
+        let mut cost = cost;
+        if let (Op::Acquire | Op::Peek, Some(tightest)) = (op, policy.tightest()) {
             let quota = tightest.params.quota();
             if cost > quota {
                 return Err(ServiceError::CostAboveQuota {
@@ -195,7 +264,23 @@ impl RateLimiter {
                 });
             }
         }
-        let result = match self.store.acquire(&policy, key, cost, now_us).await {
+        let mut marks = ([0; MAX_LIMITS], 0);
+        if let Some(text) = ticket {
+            let ticket = Ticket::parse(text).map_err(ServiceError::BadTicket)?;
+            if !ticket.is_for(&policy, key) {
+                return Err(ServiceError::BadTicket(
+                    "was issued for another policy or key",
+                ));
+            }
+            cost = cost.min(ticket.units);
+            marks = ticket.marks_for(&policy);
+        }
+        let marks = &marks.0[..marks.1];
+        let result = match self
+            .store
+            .decide(&policy, key, op, cost, marks, now_us)
+            .await
+        {
             Ok(verdict) => Ok((
                 verdict,
                 if self.store.is_shared() {
@@ -204,32 +289,87 @@ impl RateLimiter {
                     DecidedBy::Embedded
                 },
             )),
-            Err(e) => self.by_fail_mode(&policy, key, cost, now_us, e),
+            Err(e) => self.by_fail_mode(&policy, key, op, cost, marks, now_us, e),
         };
-        self.acquire_seconds.record(started.elapsed().as_secs_f64());
+        if op == Op::Acquire {
+            self.acquire_seconds.record(started.elapsed().as_secs_f64());
+        }
         let (verdict, decided_by) = result?;
         let degraded = decided_by.is_degraded();
+        let shadow =
+            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
         let counters = self.counters(&policy);
-        match (degraded, verdict.allowed) {
-            (true, _) => counters.degraded.increment(1),
-            (false, true) => counters.allowed.increment(1),
-            (false, false) => counters.denied.increment(1),
+        match op {
+            Op::Acquire => {
+                match (degraded, verdict.allowed) {
+                    (true, _) => counters.degraded.increment(1),
+                    (false, true) => counters.allowed.increment(1),
+                    (false, false) if shadow => {
+                        // Answered as allowed: counted as such, and as a would-be denial.
+                        counters.allowed.increment(1);
+                        counters.shadow_denied.increment(1);
+                        counters.shadow_denied_units.increment(cost);
+                    }
+                    (false, false) => counters.denied.increment(1),
+                }
+            }
+            Op::Peek => counters.peeks.increment(1),
+            Op::Report => {
+                counters.reports.increment(1);
+                counters
+                    .reported_units
+                    .increment(verdict.units().iter().copied().max().unwrap_or(0));
+            }
+            Op::Refund => {
+                counters.refunds.increment(1);
+                counters
+                    .refunded_units
+                    .increment(verdict.units().iter().copied().min().unwrap_or(0));
+            }
         }
+        // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.
+        // A fail-open answer took nothing.
+        let taken = match op {
+            Op::Acquire if verdict.allowed => cost,
+            Op::Report => verdict.units().iter().copied().max().unwrap_or(0),
+            _ => 0,
+        };
+        let ticket = (taken > 0 && decided_by != DecidedBy::FailOpen)
+            .then(|| Ticket::issue(&policy, key, taken, &verdict));
         Ok(Acquired {
+            op,
             policy,
             etag,
             verdict,
             degraded,
             decided_by,
+            shadow,
+            ticket,
         })
     }
 
+    /// Deletes the subject `key`'s state for every limit of the policy named `name`. Not a
+    /// decision: a failing store is an error whatever the fail mode (`local` also clears this
+    /// instance's own state, so that the reset holds for what it decides meanwhile).
+    pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
+        let (policy, _) = self.policy(name).await?;
+        if let Some(local) = &self.local {
+            local.clear(&policy, key);
+        }
+        self.store.reset(&policy, key).await?;
+        self.counters(&policy).resets.increment(1);
+        Ok(())
+    }
+
     /// The answer when the store failed: the verdict and who gave it, or the error, by fail mode.
+    #[allow(clippy::too_many_arguments)]
     fn by_fail_mode(
         &self,
         policy: &Policy,
         key: &LimitKey,
+        op: Op,
         cost: u64,
+        marks: &[u64],
         now_us: Option<u64>,
         error: StoreError,
     ) -> Result<(Verdict, DecidedBy), ServiceError> {
@@ -244,7 +384,7 @@ impl RateLimiter {
         if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
             let now = now_us.unwrap_or_else(system_now_us);
             // A full local store (`StoreError::Full`) allows, as `open` does, below.
-            if let Ok(verdict) = local.acquire_at(policy, key, cost, now) {
+            if let Ok(verdict) = local.decide_at(policy, key, op, cost, marks, now) {
                 return Ok((verdict, DecidedBy::FailLocal));
             }
         }
@@ -252,13 +392,18 @@ impl RateLimiter {
             // Whether a decision that got no answer was counted does not matter to the client:
             // it was not granted. `outcome-unknown` is for writes that must be read back.
             FailMode::Closed => Err(error.outcome_known().into()),
-            // `local` on the embedded store (full, the only way it fails) allows, as `open`.
+            // `local` on the embedded store (full, the only way it fails) allows, as `open`. A
+            // report recorded nothing and a refund gave nothing back (units 0).
             FailMode::Open | FailMode::Local => {
-                let mut verdict = Verdict::default();
+                let mut verdict = Verdict::at(now_us.unwrap_or_else(system_now_us));
                 for p in policy.params() {
+                    let remaining = match op {
+                        Op::Acquire | Op::Peek => p.quota().saturating_sub(cost),
+                        Op::Report | Op::Refund => p.quota(),
+                    };
                     verdict.push(Decision {
                         allowed: true,
-                        remaining: p.quota().saturating_sub(cost),
+                        remaining,
                         reset_after_us: 0,
                         retry_after_us: 0,
                     });

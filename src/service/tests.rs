@@ -13,6 +13,7 @@ fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
     LimitsSettings {
         max_policies,
         max_embedded_subjects,
+        shadow: false,
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
 use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
-use crate::limiter::{decide_all, State, Verdict, MAX_LIMITS};
+use crate::limiter::{decide_op, Op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
@@ -97,30 +97,52 @@ impl MemoryStore {
         cost: u64,
         now: u64,
     ) -> Result<Verdict, StoreError> {
+        self.decide_at(policy, key, Op::Acquire, cost, &[], now)
+    }
+
+    /// Decides one operation over all of the policy's limits at an explicit time, under one
+    /// lock ([`decide_op`]; `marks` are a refund's ticket's, or empty). Only an acquire or a
+    /// report may need new entries, and fail with [`StoreError::Full`] as
+    /// [`MemoryStore::acquire_at`] does.
+    pub fn decide_at(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        op: Op,
+        cost: u64,
+        marks: &[u64],
+        now: u64,
+    ) -> Result<Verdict, StoreError> {
         let params = policy.params();
         let (mut names, n) = key::state_keys(&self.prefix, policy, key);
         let names = &mut names[..n];
         // All of a subject's limits are in one shard, decided under its one lock.
         let shard_lock = self.shard(policy.name.as_str(), key.as_str());
         let mut shard = lock(shard_lock);
-        // Limits with an entry (live, or expired and not evicted yet) reuse it; the others take
-        // a slot before deciding, so that the count never passes the cap however many new
-        // subjects arrive at once.
-        if !self.reserve(&shard, names) {
-            // The sweep locks every shard: this one must be released first.
-            drop(shard);
-            self.sweep_when_full(now);
-            shard = lock(shard_lock);
-            if !self.reserve(&shard, names) {
-                return Err(self.refuse());
-            }
+        // Limits with an entry (live, or expired and not evicted yet) reuse it; for an operation
+        // that may create state, the others take a slot before deciding, so that the count never
+        // passes the cap however many new subjects arrive at once.
+        let mut reserved = 0;
+        if op.creates_state() {
+            reserved = match self.reserve(&shard, names) {
+                Some(r) => r,
+                None => {
+                    // The sweep locks every shard: this one must be released first.
+                    drop(shard);
+                    self.sweep_when_full(now);
+                    shard = lock(shard_lock);
+                    self.reserve(&shard, names).ok_or_else(|| self.refuse())?
+                }
+            };
         }
-        // Taken out and put back: the pure functions own the state while they decide. From here
-        // each of these limits holds exactly one counted slot.
+        // Taken out and put back: the pure functions own the state while they decide. Each
+        // entry taken out, and each reserved slot, is one counted subject until put back.
         let mut states: [Option<State>; MAX_LIMITS] = Default::default();
         let mut expires = [0; MAX_LIMITS];
+        let mut taken_out = 0;
         for (i, name) in names.iter().enumerate() {
             if let Some(slot) = shard.remove(name) {
+                taken_out += 1;
                 if slot.expires_at_us > now {
                     states[i] = Some(slot.state);
                     expires[i] = slot.expires_at_us;
@@ -128,7 +150,15 @@ impl MemoryStore {
             }
         }
         let mut ttls = [None; MAX_LIMITS];
-        let verdict = decide_all(params, &mut states[..n], &mut ttls[..n], cost, now);
+        let verdict = decide_op(
+            params,
+            &mut states[..n],
+            &mut ttls[..n],
+            op,
+            cost,
+            now,
+            marks,
+        );
         let mut kept = 0;
         for (i, name) in names.iter_mut().enumerate() {
             let Some(state) = states[i].take() else {
@@ -147,21 +177,36 @@ impl MemoryStore {
             }
         }
         self.subjects
-            .fetch_sub((n - kept) as u64, Ordering::Relaxed);
+            .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
         Ok(verdict)
     }
 
+    /// Deletes the subject's state for every limit of the policy; returns how many limits had
+    /// state.
+    pub fn clear(&self, policy: &Policy, key: &LimitKey) -> usize {
+        let (names, n) = key::state_keys(&self.prefix, policy, key);
+        let mut shard = lock(self.shard(policy.name.as_str(), key.as_str()));
+        let removed = names[..n]
+            .iter()
+            .filter(|name| shard.remove(name.as_str()).is_some())
+            .count();
+        self.subjects.fetch_sub(removed as u64, Ordering::Relaxed);
+        removed
+    }
+
     /// Takes one slot for each of `names` that has no entry in `shard`, unless the store would be
-    /// over its cap; all of them or none.
-    fn reserve(&self, shard: &HashMap<String, Slot>, names: &[String]) -> bool {
+    /// over its cap; all of them (and says how many) or none.
+    fn reserve(&self, shard: &HashMap<String, Slot>, names: &[String]) -> Option<u64> {
         let missing = names.iter().filter(|n| !shard.contains_key(*n)).count() as u64;
-        missing == 0
-            || self
-                .subjects
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                    (n + missing <= self.max_subjects).then_some(n + missing)
-                })
-                .is_ok()
+        if missing == 0 {
+            return Some(0);
+        }
+        self.subjects
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n + missing <= self.max_subjects).then_some(n + missing)
+            })
+            .ok()
+            .map(|_| missing)
     }
 
     /// Frees expired entries, unless a full store already did less than [`SWEEP_EVERY_US`] ago.
@@ -228,14 +273,22 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn acquire(
+    async fn decide(
         &self,
         policy: &Policy,
         key: &LimitKey,
+        op: Op,
         cost: u64,
+        marks: &[u64],
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
-        self.acquire_at(policy, key, cost, now_us.unwrap_or_else(system_now_us))
+        let now = now_us.unwrap_or_else(system_now_us);
+        self.decide_at(policy, key, op, cost, marks, now)
+    }
+
+    async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
+        self.clear(policy, key);
+        Ok(())
     }
 
     async fn write_policy(&self, write: PolicyWrite<'_>) -> Result<Written, StoreError> {

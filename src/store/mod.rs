@@ -17,7 +17,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::limiter::Verdict;
+use crate::limiter::{Op, Verdict};
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 pub use self::memory::MemoryStore;
@@ -412,15 +412,39 @@ pub fn new_generation() -> String {
 /// The operations every store provides.
 pub trait Store: Send + Sync {
     /// Decides one acquire over all of the policy's limits atomically: allowed only if every
-    /// limit admits `cost`, and then every limit takes it; otherwise none changes. `now_us` is for tests that drive time explicitly; `None`
-    /// uses the store's clock (Redis `TIME`, or the system clock for the embedded store).
+    /// limit admits `cost`, and then every limit takes it; otherwise none changes. `now_us` is
+    /// for tests that drive time explicitly; `None` uses the store's clock (Redis `TIME`, or the
+    /// system clock for the embedded store).
     fn acquire(
         &self,
         policy: &Policy,
         key: &LimitKey,
         cost: u64,
         now_us: Option<u64>,
+    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
+        self.decide(policy, key, Op::Acquire, cost, &[], now_us)
+    }
+
+    /// Decides one operation over all of the policy's limits atomically, as
+    /// [`crate::limiter::decide_op`] does: an acquire, a peek (which writes nothing, on Redis
+    /// with a read-only script call), a report or a refund (`marks`: its ticket's, one per
+    /// limit, or empty).
+    fn decide(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        op: Op,
+        cost: u64,
+        marks: &[u64],
+        now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
+
+    /// Deletes the subject's state for every limit of the policy, atomically.
+    fn reset(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Writes (or refuses to write) one policy, atomically with the change tracking.
     fn write_policy(
@@ -511,14 +535,20 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn acquire(
+    async fn decide(
         &self,
         policy: &Policy,
         key: &LimitKey,
+        op: Op,
         cost: u64,
+        marks: &[u64],
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
-        dispatch!(self, s => s.acquire(policy, key, cost, now_us))
+        dispatch!(self, s => s.decide(policy, key, op, cost, marks, now_us))
+    }
+
+    async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
+        dispatch!(self, s => s.reset(policy, key))
     }
 
     async fn write_policy(&self, write: PolicyWrite<'_>) -> Result<Written, StoreError> {

@@ -411,10 +411,11 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
     Ok((generation.map(Arc::from), version, floor, entries))
 }
 
-/// A decision script's reply (see `lua/common.lua`): `{allowed, then per limit: admits,
-/// remaining, reset_after_us, retry_after_us}`.
+/// A decision script's reply (see `lua/common.lua`: `{allowed, then per limit: units,
+/// remaining, reset_after_us, retry_after_us; then now}`) as a verdict: for a report or a refund
+/// each limit's units are those it recorded or gave back, and the limit counts as admitting.
 /// Read straight from the reply, without collecting it into a second vector on the acquire path.
-fn verdict(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
+fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
     let items = match reply {
         Value::Array(items) if items.len() == 2 + 4 * limits => items,
         other => {
@@ -435,17 +436,45 @@ fn verdict(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
         };
     }
     let mut verdict = Verdict::at(numbers[1 + 4 * limits]);
+    let moves = matches!(op, Op::Report | Op::Refund);
     for d in numbers[1..1 + 4 * limits].chunks_exact(4) {
-        verdict.push(Decision {
-            allowed: d[0] == 1,
+        let decision = Decision {
+            allowed: moves || d[0] == 1,
             remaining: d[1],
             reset_after_us: d[2],
             retry_after_us: d[3],
-        });
+        };
+        verdict.push_units(decision, if moves { d[0] } else { 0 });
     }
     // The script's own verdict; it equals every limit admitting.
     verdict.allowed = numbers[0] == 1;
     Ok(verdict)
+}
+
+/// Runs a prepared call of a `no-writes` script with `EVALSHA_RO`, which Redis refuses for any
+/// script that could write, loading the script first when Redis does not have it (as
+/// `invoke_async` does for `EVALSHA`).
+async fn read_only(
+    script: &redis::Script,
+    keys: &[String],
+    argv: impl Iterator<Item = Option<u64>>,
+    conn: &mut Conn,
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("EVALSHA_RO");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    for arg in argv {
+        match arg {
+            Some(v) => cmd.arg(v),
+            None => cmd.arg(""),
+        };
+    }
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
 }
 
 impl RedisStore {
@@ -467,37 +496,65 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn acquire(
+    async fn decide(
         &self,
         policy: &Policy,
         key: &LimitKey,
+        op: Op,
         cost: u64,
+        marks: &[u64],
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
         let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
-        let script = self.scripts.decision(params, Op::Acquire);
+        let script = self.scripts.decision(params, op);
+        // ARGV as lua/common.lua lays it out; `None` is an empty argument.
+        let argv = || {
+            let now = std::iter::once(now_us);
+            let params = params[..n].iter().flat_map(|p| p.script_args()).map(Some);
+            // A refund's marks: one per limit, or all empty (no ticket).
+            let marks = (op == Op::Refund)
+                .then(|| (0..n).map(|i| marks.get(i).copied().filter(|_| marks.len() == n)))
+                .into_iter()
+                .flatten();
+            std::iter::once(Some(cost))
+                .chain(now)
+                .chain(params)
+                .chain(marks)
+        };
         let reply: Value = self
             .with_conn(async |conn| {
+                if op == Op::Peek {
+                    return Ok(read_only(&script, &names[..n], argv(), conn).await?);
+                }
                 let mut call = script.prepare_invoke();
                 for name in &names[..n] {
                     call.key(name.as_str());
                 }
-                call.arg(cost);
-                // Empty means Redis's clock.
-                match now_us {
-                    Some(now) => call.arg(now),
-                    None => call.arg(""),
-                };
-                for p in &params[..n] {
-                    for arg in p.script_args().as_slice() {
-                        call.arg(*arg);
-                    }
+                for arg in argv() {
+                    match arg {
+                        Some(v) => call.arg(v),
+                        None => call.arg(""),
+                    };
                 }
                 Ok(call.invoke_async(conn).await?)
             })
             .await?;
-        verdict(&reply, n)
+        verdict(&reply, n, op)
+    }
+
+    async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
+        let (names, n) = key::state_keys(&self.prefix, policy, key);
+        // One DEL of keys that share a hash tag: atomic, and one slot on a Cluster.
+        self.with_conn(async |conn| {
+            let mut del = redis::cmd("DEL");
+            for name in &names[..n] {
+                del.arg(name.as_str());
+            }
+            let _: i64 = del.query_async(conn).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn write_policy(&self, w: PolicyWrite<'_>) -> Result<Written, StoreError> {

@@ -135,18 +135,18 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
             let _ = writeln!(s, "local mark = tonumber(ARGV[{}])", 2 + params + i + 1);
         }
         match strings.iter().position(|&j| j == i) {
-            Some(n) if prefetch => {
-                s.push_str(&p.level.replacen(GET_STATE, &format!("local raw = raws[{}]", n + 1), 1))
-            }
+            Some(n) if prefetch => s.push_str(&p.level.replacen(
+                GET_STATE,
+                &format!("local raw = raws[{}]", n + 1),
+                1,
+            )),
             _ => s.push_str(p.level),
         }
         s.push_str("\nif not admits then\n  allowed = false\nend\n");
         offset += a.fields().len();
     }
     for (i, p) in parts.iter().enumerate().rev() {
-        s.push_str(
-            "local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0\n",
-        );
+        s.push_str("local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0\n");
         let first = match op {
             Op::Acquire => {
                 s.push_str("if allowed then\n");

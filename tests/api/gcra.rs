@@ -25,7 +25,9 @@ const T0: u64 = 1_764_460_800_123_457;
 /// reset_after_us and retry_after_us, and the decision's time.
 type Reply = (u8, u8, u64, u64, u64, u64);
 
-fn decision((allowed, _admits, remaining, reset_after_us, retry_after_us, _now): Reply) -> Decision {
+fn decision(
+    (allowed, _admits, remaining, reset_after_us, retry_after_us, _now): Reply,
+) -> Decision {
     Decision {
         allowed: allowed == 1,
         remaining,

@@ -315,7 +315,8 @@ async fn answers_give_every_limit_in_policy_order_and_the_binding_one_on_top(bac
             "retry_after_ms",
             "degraded",
             "decided_by",
-            "limits"
+            "limits",
+            "ticket"
         ]),
         "no `violated` when allowed: {d}"
     );
@@ -596,18 +597,18 @@ async fn configured_policies_of_several_limits_are_read_in_both_toml_forms() {
         json!({"name": "file-tables", "limits": [
             {"name": "minute", "algorithm": "fixed_window", "limit": 50, "window_ms": 60_000},
             {"name": "day", "algorithm": "sliding_window_counter", "limit": 60, "window_ms": DAY_MS},
-        ], "description": "limits as arrays of tables", "fail_mode": "closed"})
+        ], "description": "limits as arrays of tables", "fail_mode": "closed", "mode": "enforce"})
     );
     assert_eq!(
         read("file-inline").await,
         json!({"name": "file-inline", "limits": [
             {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000},
             {"name": "daily", "algorithm": "gcra", "rate": 10_000, "period_ms": DAY_MS, "burst": 10_000},
-        ], "fail_mode": "open"})
+        ], "fail_mode": "open", "mode": "enforce"})
     );
     assert_eq!(
         read("file-one").await,
-        json!({"name": "file-one", "algorithm": "sliding_window_log", "limit": 5, "window_ms": 1000, "fail_mode": "open"})
+        json!({"name": "file-one", "algorithm": "sliding_window_log", "limit": 5, "window_ms": 1000, "fail_mode": "open", "mode": "enforce"})
     );
     clear_of_window_edges(&[60_000, DAY_MS]).await;
     let (d, _) = decide(&app, "file-tables", "k", 1).await;
@@ -629,7 +630,7 @@ async fn several_limits_read_back_in_the_limits_form_and_one_in_the_flat_form() 
     let several = json!({"name": "several", "limits": [
         {"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000},
         {"name": "b", "algorithm": "gcra", "rate": 1, "period_ms": 1000, "burst": 3},
-    ], "fail_mode": "local"});
+    ], "fail_mode": "local", "mode": "shadow"});
     app.create_policy(several.clone()).await;
     let got: Value = app
         .get("/v1/policies/several")
@@ -639,7 +640,7 @@ async fn several_limits_read_back_in_the_limits_form_and_one_in_the_flat_form() 
         .expect("JSON");
     assert_eq!(got, several);
 
-    let flat = json!({"algorithm": "token_bucket", "capacity": 4, "refill_tokens": 1, "refill_period_ms": 500, "fail_mode": "open"});
+    let flat = json!({"algorithm": "token_bucket", "capacity": 4, "refill_tokens": 1, "refill_period_ms": 500, "fail_mode": "open", "mode": "enforce"});
     for (name, limit) in [
         (
             "one-named",

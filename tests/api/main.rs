@@ -20,3 +20,4 @@ mod operations;
 mod policies;
 mod policy_sync;
 mod scripts;
+mod settle;

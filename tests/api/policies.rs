@@ -124,6 +124,7 @@ async fn every_algorithm_round_trips(backend: Backend) {
     let app = spawn_app(backend).await;
     for mut policy in policies_of_every_algorithm("rt", 7) {
         policy["fail_mode"] = json!("closed");
+        policy["mode"] = json!("shadow");
         policy["description"] = json!("round trip ✓");
         app.create_policy(policy.clone()).await;
         let path = format!("/v1/policies/{}", policy["name"].as_str().expect("name"));

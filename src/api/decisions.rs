@@ -1,0 +1,566 @@
+//! The decision endpoints: `POST /v1/acquire`, `/v1/peek`, `/v1/report` and `/v1/refund`, each
+//! answered as JSON and as the IETF `RateLimit` headers, and `POST /v1/reset`.
+
+use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::{post, web, HttpResponse};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::auth::{Client, ResetAccess};
+use super::body::JsonBody;
+use super::errors::{ApiError, Problem};
+use super::schema;
+use crate::limiter::{Op, MAX_UNITS};
+use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
+use crate::service::ticket::MAX_TICKET_BYTES;
+use crate::service::{Acquired, DecidedBy, RateLimiter};
+
+/// Ask for `cost` units of `policy` for the subject `key`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"policy": "api-per-user", "key": "user-42", "cost": 1}))]
+pub struct AcquireRequest {
+    /// Name of an existing policy.
+    #[schema(schema_with = schema::policy_field)]
+    pub policy: String,
+    /// The subject being limited (a user id, an IP address, an API key…): any non-empty UTF-8
+    /// string of at most 256 bytes.
+    #[schema(example = "user-42", min_length = 1, max_length = 256)]
+    pub key: String,
+    /// Units to take, all or nothing: at least 1 and at most the quota of every limit of the
+    /// policy. Defaults to 1.
+    #[schema(schema_with = schema::cost_field)]
+    #[serde(default)]
+    pub cost: Option<serde_json::Number>,
+}
+
+/// Report `cost` units used by `key` under `policy`, taken whether or not they fit.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 1800}))]
+pub struct ReportRequest {
+    /// Name of an existing policy.
+    #[schema(schema_with = schema::policy_field)]
+    pub policy: String,
+    /// The subject, as for an acquire.
+    #[schema(example = "team-7", min_length = 1, max_length = 256)]
+    pub key: String,
+    /// Units used: at least 1 and at most 10^9; may exceed the policy's quota.
+    #[schema(schema_with = schema::report_cost_field)]
+    pub cost: serde_json::Number,
+}
+
+/// Give back up to `cost` units to `key` under `policy`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 700, "ticket": "1.2000.5d2c1a0b.1764460860000000"}))]
+pub struct RefundRequest {
+    /// Name of an existing policy.
+    #[schema(schema_with = schema::policy_field)]
+    pub policy: String,
+    /// The subject, as for an acquire.
+    #[schema(example = "team-7", min_length = 1, max_length = 256)]
+    pub key: String,
+    /// Units to give back: at least 1 and at most 10^9 (and at most the ticket's units).
+    #[schema(schema_with = schema::refund_cost_field)]
+    pub cost: serde_json::Number,
+    /// The `ticket` of the acquire or report that took the units: the refund then lands only
+    /// where they were taken (their window, log entries, or the part of a bucket's or GCRA's
+    /// level that time has not yet refilled), and does nothing once that is gone. Without it,
+    /// the refund applies to the subject's current state.
+    #[schema(
+        example = "1.2000.5d2c1a0b.1764460860000000",
+        min_length = 1,
+        max_length = 256
+    )]
+    #[serde(default)]
+    pub ticket: Option<String>,
+}
+
+/// A subject of a policy whose state to delete.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"policy": "login-failures", "key": "user-42"}))]
+pub struct ResetRequest {
+    /// Name of an existing policy.
+    #[schema(schema_with = schema::policy_field)]
+    pub policy: String,
+    /// The subject, as for an acquire.
+    #[schema(example = "user-42", min_length = 1, max_length = 256)]
+    pub key: String,
+}
+
+/// The decision. A denial is an ordinary answer (200 with `"allowed": false`), not an error.
+///
+/// For a policy of several limits, the top-level `limit`, `remaining`, `reset_after_ms` and
+/// `retry_after_ms` describe the binding limit: when denied, the denying limit with the longest
+/// `retry_after_ms` (so that it is the time until the same request would be allowed); when
+/// allowed, the limit with the fewest units remaining. `limits` then gives every limit and
+/// `violated` the limits that denied.
+///
+/// A peek answers as the acquire would have; a report and a refund are always allowed, and
+/// their `retry_after_ms` is the time until one unit is available again (a subject in debt).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({
+    "allowed": true, "policy": "api-per-user", "key": "user-42", "limit": 20, "remaining": 19,
+    "reset_after_ms": 100, "retry_after_ms": 0, "degraded": false, "decided_by": "redis"
+}))]
+pub struct AcquireResponse {
+    /// Whether the units were granted.
+    #[schema(example = true)]
+    pub allowed: bool,
+    /// The policy asked, echoed.
+    #[schema(example = "api-per-user")]
+    pub policy: String,
+    /// The subject asked for, echoed unchanged.
+    #[schema(example = "user-42")]
+    pub key: String,
+    /// The policy's `limit` (a token bucket's `capacity`, GCRA's `burst`); for several limits,
+    /// the binding limit's.
+    #[schema(example = 20)]
+    pub limit: u64,
+    /// Units still available after this call; never negative.
+    #[schema(example = 19)]
+    pub remaining: u64,
+    /// Milliseconds until the subject is back to its full quota, if nothing else arrives.
+    #[schema(example = 100)]
+    pub reset_after_ms: u64,
+    /// 0 when allowed; otherwise milliseconds until the same request would be allowed, if
+    /// nothing else arrives.
+    #[schema(example = 0)]
+    pub retry_after_ms: u64,
+    /// True when the store could not be reached and the policy's fail mode (`open` or `local`)
+    /// decided instead; an `open` answer was not counted. `decided_by` says which.
+    #[schema(example = false)]
+    pub degraded: bool,
+    /// Who decided: `redis` or `embedded` (the store: a real decision), `fail_open` (the store
+    /// could not be asked and the fail mode allowed without counting: not a real allow) or
+    /// `fail_local` (this instance decided alone, limits per instance). Also in `Decided-By`.
+    #[schema(example = "redis")]
+    pub decided_by: DecidedBy,
+    /// Policies of several limits only: each limit, in policy order. When the acquire was
+    /// denied, nothing was taken from any limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Vec<LimitState>>,
+    /// Policies of several limits, on a denial only (in shadow mode: on a would-be denial):
+    /// the names of the limits that denied.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(["daily"]))]
+    pub violated: Option<Vec<String>>,
+    /// An acquire that took units, or a report: an opaque ticket for `POST /v1/refund`, which
+    /// then gives units back only where these were taken. Absent when nothing was taken
+    /// (a denial, a peek, a refund, a `fail_open` answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "1.1.5d2c1a0b.1764460800100000")]
+    pub ticket: Option<String>,
+    /// A refund only: units given back (to every limit, the fewest over the limits; each
+    /// limit's own count is in `limits`). Never more than asked, than the ticket's units, or
+    /// than the subject had in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = 700)]
+    pub refunded: Option<u64>,
+    /// Present, and true, when the policy is in shadow mode (its `mode`, or `limits.shadow`):
+    /// the answer is allowed whatever enforcement decided, and `would_allow`,
+    /// `retry_after_ms` and `violated` say what enforcement answered. A would-be denial took
+    /// nothing, exactly as an enforced denial.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub shadow: Option<bool>,
+    /// Shadow mode only: whether enforcement would have allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub would_allow: Option<bool>,
+}
+
+/// One limit of a policy of several, after an acquire.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"name": "daily", "limit": 10000, "remaining": 9990, "reset_after_ms": 3600000, "retry_after_ms": 0}))]
+pub struct LimitState {
+    /// The limit's name.
+    #[schema(example = "daily")]
+    pub name: String,
+    /// Its quota: `limit`, `capacity` or `burst`.
+    #[schema(example = 10000)]
+    pub limit: u64,
+    /// Units it still has; never negative.
+    #[schema(example = 9990)]
+    pub remaining: u64,
+    /// Milliseconds until it is back to its full quota, if nothing else arrives.
+    #[schema(example = 3600000)]
+    pub reset_after_ms: u64,
+    /// 0 when it admitted the cost; otherwise milliseconds until it would.
+    #[schema(example = 0)]
+    pub retry_after_ms: u64,
+    /// A report: units it recorded; a refund: units it gave back. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub units: Option<u64>,
+}
+
+/// Acquire units from a policy for a subject.
+///
+/// Atomically takes `cost` units for `key` under `policy`, or takes nothing: for a policy of
+/// several limits, only if every limit admits `cost`, and then from every one. Every decision
+/// carries `RateLimit-Policy` and `RateLimit` headers (IETF httpapi draft-10/-11 syntax, one
+/// list item per limit, named `"<policy>"` for a policy of one limit and `"<policy>/<limit>"`
+/// for each limit of a policy of several); a denial also carries `Retry-After` in whole
+/// seconds, from the binding limit. An allowed acquire returns a `ticket` for `POST
+/// /v1/refund`. A policy in shadow mode answers every acquire as allowed, with what enforcement
+/// decided beside it.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    request_body = AcquireRequest,
+    responses(
+        (status = 200, description = "The decision, allowed or denied", body = AcquireResponse, headers(
+            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
+            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
+            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
+            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
+            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
+        )),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a cost below 1 or above the policy's limit", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/acquire")]
+pub async fn acquire(
+    _: Client,
+    limiter: web::Data<RateLimiter>,
+    body: JsonBody<AcquireRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let JsonBody(req) = body;
+    let (key, cost) = subject_and_cost(&req)?;
+    let acquired = limiter.acquire(&req.policy, &key, cost, None).await?;
+    Ok(respond(acquired, key))
+}
+
+/// Look at a subject without spending anything.
+///
+/// Answers exactly what `POST /v1/acquire` with the same body would answer now (body and
+/// headers, `Retry-After` included), and writes nothing: no state, no expiry (on Redis, a
+/// read-only script call). A peek returns no `ticket`.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    request_body = AcquireRequest,
+    responses(
+        (status = 200, description = "What an acquire would answer now", body = AcquireResponse, headers(
+            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
+            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
+            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
+            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
+            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
+        )),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field, as for an acquire", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/peek")]
+pub async fn peek(
+    _: Client,
+    limiter: web::Data<RateLimiter>,
+    body: JsonBody<AcquireRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let JsonBody(req) = body;
+    let (key, cost) = subject_and_cost(&req)?;
+    let peeked = limiter
+        .decide(Op::Peek, &req.policy, &key, cost, None, None)
+        .await?;
+    Ok(respond(peeked, key))
+}
+
+/// Report units used, whether or not they fit.
+///
+/// Takes `cost` units from every limit of the policy unconditionally, for costs known only
+/// afterwards (tokens of an LLM response, bytes sent): the subject may go into debt, and later
+/// acquires are denied until time has paid it back, with `retry_after_ms` saying exactly when.
+/// A subject's usage is bounded at twice its quota: units past that are not recorded (each
+/// limit's `units` says how many were). Always `allowed`; `remaining` is never negative, and
+/// `retry_after_ms` is the time until one unit is available again. Returns a `ticket`.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    request_body = ReportRequest,
+    responses(
+        (status = 200, description = "The subject after the report", body = AcquireResponse, headers(
+            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
+            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
+            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
+            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
+            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
+        )),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/report")]
+pub async fn report(
+    _: Client,
+    limiter: web::Data<RateLimiter>,
+    body: JsonBody<ReportRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let JsonBody(req) = body;
+    let key = subject(&req.policy, req.key)?;
+    let cost = units(&req.cost)?;
+    let reported = limiter
+        .decide(Op::Report, &req.policy, &key, cost, None, None)
+        .await?;
+    Ok(respond(reported, key))
+}
+
+/// Give units back.
+///
+/// Gives up to `cost` units back to every limit of the policy: never above its full quota,
+/// never to a subject that has no state (nothing is created), and never moving an expiry. With
+/// the `ticket` of the acquire or report that took them, only where they were taken, and
+/// nothing once that window (or log entry, or unrefilled part of a bucket) is gone; a ticket
+/// from before a change to the number of the policy's limits gives nothing back. `refunded`
+/// says how many units were given back. Always `allowed`.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    request_body = RefundRequest,
+    responses(
+        (status = 200, description = "The subject after the refund, and how many units it got back", body = AcquireResponse, headers(
+            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
+            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
+            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
+            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
+            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
+        )),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a `ticket` this service did not issue or issued for another policy or key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/refund")]
+pub async fn refund(
+    _: Client,
+    limiter: web::Data<RateLimiter>,
+    body: JsonBody<RefundRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let JsonBody(req) = body;
+    let key = subject(&req.policy, req.key)?;
+    let cost = units(&req.cost)?;
+    if let Some(t) = &req.ticket {
+        if t.is_empty() || t.len() > MAX_TICKET_BYTES {
+            return Err(ValidationError::invalid(
+                "ticket",
+                format!("must be 1 to {MAX_TICKET_BYTES} bytes"),
+            )
+            .into());
+        }
+    }
+    let refunded = limiter
+        .decide(
+            Op::Refund,
+            &req.policy,
+            &key,
+            cost,
+            req.ticket.as_deref(),
+            None,
+        )
+        .await?;
+    Ok(respond(refunded, key))
+}
+
+/// Delete a subject's state.
+///
+/// Deletes the state of `key` for every limit of `policy`, atomically: the subject starts
+/// afresh, with its full quota. Every other subject and policy is untouched. Needs an admin
+/// token when `auth.admin_tokens` is set (otherwise a client token when `auth.client_tokens`
+/// is). Not a decision: a store that cannot be reached is a 503 whatever the fail mode.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    request_body = ResetRequest,
+    responses(
+        (status = 204, description = "The subject's state is gone (or there was none)"),
+        (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The request lacks an admin token (`auth.admin_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not be reached", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/reset")]
+pub async fn reset(
+    _: ResetAccess,
+    limiter: web::Data<RateLimiter>,
+    body: JsonBody<ResetRequest>,
+) -> Result<HttpResponse, ApiError> {
+    let JsonBody(req) = body;
+    let key = subject(&req.policy, req.key)?;
+    limiter.reset(&req.policy, &key).await?;
+    Ok(HttpResponse::NoContent().finish())
+}
+
+/// The checked policy name's key.
+fn subject(policy: &str, key: String) -> Result<LimitKey, ApiError> {
+    PolicyName::check(policy).map_err(|r| ValidationError::invalid("policy", r))?;
+    Ok(LimitKey::parse(key).map_err(|r| ValidationError::invalid("key", r))?)
+}
+
+/// An acquire's or a peek's subject and cost (1 when left out).
+fn subject_and_cost(req: &AcquireRequest) -> Result<(LimitKey, u64), ApiError> {
+    let key = subject(&req.policy, req.key.clone())?;
+    let cost = match &req.cost {
+        Some(n) => parse_cost(n)?,
+        None => 1,
+    };
+    Ok((key, cost))
+}
+
+/// A report's or a refund's `cost`: 1 to [`MAX_UNITS`].
+fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
+    let cost = parse_cost(n)?;
+    if cost > MAX_UNITS {
+        return Err(
+            ValidationError::invalid("cost", format!("must be at most {MAX_UNITS}")).into(),
+        );
+    }
+    Ok(cost)
+}
+
+fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
+    let policy = &a.policy;
+    let verdict = &a.verdict;
+    let d = verdict.decision();
+    let binding = verdict.binding();
+    let limit = policy.limits.get(binding).map_or(0, |l| l.params.quota());
+    let name = policy.name.as_str();
+    let composite = policy.is_composite();
+    let allowed = a.allowed();
+    let moves = matches!(a.op, Op::Report | Op::Refund);
+    let mut response = HttpResponse::Ok();
+
+    // One list item per limit: `"<policy>"`, or `"<policy>/<limit>"` for each of several
+    // (policy and limit names hold no `/`, so the two never meet).
+    let mut num = itoa::Buffer::new();
+    let mut value = String::with_capacity(name.len() + 32);
+    let item = |value: &mut String, limit: &str| {
+        value.push('"');
+        value.push_str(name);
+        if composite {
+            value.push('/');
+            value.push_str(limit);
+        }
+        value.push('"');
+    };
+    for (i, l) in policy.limits.iter().enumerate() {
+        if i > 0 {
+            value.push_str(", ");
+        }
+        item(&mut value, l.name.as_str());
+        value.push_str(";q=");
+        value.push_str(num.format(l.params.quota()));
+        value.push_str(";w=");
+        value.push_str(num.format(l.window_seconds()));
+    }
+    push_header(&mut response, "ratelimit-policy", &value);
+
+    value.clear();
+    value.push('"');
+    value.push_str(&a.etag.generation);
+    value.push('.');
+    value.push_str(num.format(a.etag.version));
+    value.push('"');
+    push_header(&mut response, "policy-etag", &value);
+    push_header(&mut response, "decided-by", a.decided_by.as_str());
+
+    // A fail-open answer counted nothing, so there is no remaining quota to report.
+    if a.decided_by != DecidedBy::FailOpen {
+        value.clear();
+        for (i, (l, ld)) in policy.limits.iter().zip(verdict.limits()).enumerate() {
+            if i > 0 {
+                value.push_str(", ");
+            }
+            item(&mut value, l.name.as_str());
+            value.push_str(";r=");
+            value.push_str(num.format(ld.remaining));
+            value.push_str(";t=");
+            value.push_str(num.format(ld.reset_after_us.div_ceil(1_000_000)));
+        }
+        push_header(&mut response, "ratelimit", &value);
+    }
+
+    if !allowed {
+        let seconds = d.retry_after_us.div_ceil(1_000_000).max(1);
+        push_header(
+            &mut response,
+            header::RETRY_AFTER.as_str(),
+            num.format(seconds),
+        );
+    }
+    let (limits, violated) = if composite {
+        let states = policy
+            .limits
+            .iter()
+            .zip(verdict.limits())
+            .zip(verdict.units())
+            .map(|((l, ld), units)| LimitState {
+                name: l.name.to_string(),
+                limit: l.params.quota(),
+                remaining: ld.remaining,
+                reset_after_ms: ld.reset_after_us.div_ceil(1_000),
+                retry_after_ms: ld.retry_after_us.div_ceil(1_000),
+                units: moves.then_some(*units),
+            })
+            .collect();
+        let violated = (!verdict.allowed).then(|| {
+            policy
+                .limits
+                .iter()
+                .zip(verdict.limits())
+                .filter(|(_, ld)| !ld.allowed)
+                .map(|(l, _)| l.name.to_string())
+                .collect()
+        });
+        (Some(states), violated)
+    } else {
+        (None, None)
+    };
+    response.json(AcquireResponse {
+        allowed,
+        policy: name.to_owned(),
+        key: key.into_string(),
+        limit,
+        remaining: d.remaining,
+        reset_after_ms: d.reset_after_us.div_ceil(1_000),
+        retry_after_ms: d.retry_after_us.div_ceil(1_000),
+        degraded: a.degraded,
+        decided_by: a.decided_by,
+        limits,
+        violated,
+        ticket: a.ticket.map(|t| t.to_string()),
+        refunded: (a.op == Op::Refund).then(|| a.refunded()),
+        shadow: a.shadow.then_some(true),
+        would_allow: a.shadow.then_some(verdict.allowed),
+    })
+}
+
+fn push_header(response: &mut actix_web::HttpResponseBuilder, name: &'static str, value: &str) {
+    // Policy names are restricted to header-safe characters and the rest are digits, so a value
+    // is always valid; should that ever change, the header is left out rather than the request
+    // failed.
+    if let Ok(v) = HeaderValue::from_str(value) {
+        response.insert_header((HeaderName::from_static(name), v));
+    }
+}
