@@ -422,7 +422,10 @@ mod tests {
             json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "mode": "dry_run"}),
         );
         assert_eq!(e.field(), Some("mode"));
-        assert_eq!(e.to_string(), "`mode` `dry_run` is not one of enforce, shadow");
+        assert_eq!(
+            e.to_string(),
+            "`mode` `dry_run` is not one of enforce, shadow"
+        );
         let e = err(
             json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "mode": true}),
         );
