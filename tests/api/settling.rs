@@ -807,7 +807,7 @@ async fn concurrent_acquires_and_refunds_keep_the_count_exact(backend: Backend) 
     let d = api.peek(&p, "hot", 1).await;
     assert_eq!(
         d.n("remaining"),
-        50 - admitted + refunded,
+        50 + refunded - admitted,
         "admitted {admitted}, refunded {refunded}: {}",
         d.body
     );
