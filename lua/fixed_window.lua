@@ -7,6 +7,13 @@
 --
 -- A time in an earlier window than the stored one (the clock stepped back) keeps counting in the
 -- stored window.
+--
+-- Debt (report): the units are added to the window's count whether they fit or not, up to a count
+-- of 2 * limit; units beyond are not recorded. The debt ends with its window, when the count
+-- starts again from zero, so acquires are denied exactly until then.
+-- Refund: units come off the current window's count, never below zero; with a ticket's `mark`
+-- (the end of the window its take counted in) only while that window is the current one. The
+-- state is rewritten with KEEPTTL: the expiry stays the window's end.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
@@ -37,5 +44,35 @@ if count > 0 then
   out_reset = wait
 end
 if not admits then
+  out_retry = wait
+end
+--- report
+-- Usage never passes twice the limit: what would go past it is not recorded.
+out_units = math.min(cost, math.max(2 * limit - count, 0))
+if out_units > 0 then
+  count = count + out_units
+  redis.call('PSETEX', key, math.ceil(wait / 1000), struct.pack('<ddd', window, count, window_us))
+end
+out_remaining = math.max(limit - count, 0)
+if count > 0 then
+  out_reset = wait
+end
+if out_remaining < 1 then
+  out_retry = wait
+end
+--- refund
+-- A marked refund gives back only within the window that ends at its mark.
+if not mark or mark == (window + 1) * window_us then
+  out_units = math.min(cost, count)
+end
+if out_units > 0 then
+  count = count - out_units
+  redis.call('SET', key, struct.pack('<ddd', window, count, window_us), 'KEEPTTL')
+end
+out_remaining = math.max(limit - count, 0)
+if count > 0 then
+  out_reset = wait
+end
+if out_remaining < 1 then
   out_retry = wait
 end

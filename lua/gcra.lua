@@ -14,6 +14,15 @@
 -- within one such span of the last decision, and keeps units below burst + interval_den: every
 -- number stays below 2^53. A time before the anchor is treated as the anchor (never refunds).
 -- The key expires when the TAT has passed.
+--
+-- Debt: a report takes min(cost, 2 * burst - busy), so the level never passes 2 * burst
+-- intervals (usage at most twice the burst) and units stay below 2 * burst + interval_den;
+-- levels up to 2 * 10^9 < 2^31 are multiplied exactly by muldiv. Time drains it like any
+-- backlog; remaining is 0 until busy is below burst again.
+-- Refund: gives back at most busy intervals (all of them put the TAT before t: at rest, never
+-- above full), and with a ticket's mark (the TAT after its take) at most the
+-- floor((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
+-- MAX_WAIT_US. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
 
 local burst = tonumber(ARGV[a + 1])
 local num = tonumber(ARGV[a + 2])
@@ -71,4 +80,45 @@ out_remaining = burst - after
 out_remaining, out_reset = math.max(burst - busy, 0), drain(busy)
 if not admits then
   out_retry = drain(busy + cost - burst)
+end
+--- report
+-- Recorded: what fits before the level reaches twice the burst (nothing when a lowered burst
+-- left a longer backlog).
+out_units = math.max(math.min(cost, 2 * burst - busy), 0)
+busy = busy + out_units
+out_reset = drain(busy)
+if out_units > 0 then
+  local periods = 0
+  if elapsed >= den then
+    periods = divmod(elapsed, den)
+  end
+  redis.call('PSETEX', key, math.ceil(out_reset / 1000),
+    struct.pack('<dddd', anchor + periods * num, units - periods * den + out_units, num, den))
+end
+out_remaining = math.max(burst - busy, 0)
+if busy >= burst then
+  out_retry = drain(busy + 1 - burst)
+end
+--- refund
+-- At most the level (none for a missing key: at rest), and with a mark only the units of its
+-- take not drained yet.
+out_units = math.min(cost, busy)
+if mark then
+  local undrained = 0
+  if mark > t then
+    undrained = muldiv(math.min(mark - t, MAX_WAIT_US), den, num)
+  end
+  out_units = math.min(out_units, undrained)
+end
+if out_units > 0 then
+  busy = busy - out_units
+  local periods = 0
+  if elapsed >= den then
+    periods = divmod(elapsed, den)
+  end
+  redis.call('SET', key, struct.pack('<dddd', anchor + periods * num, units - periods * den - out_units, num, den), 'KEEPTTL')
+end
+out_remaining, out_reset = math.max(burst - busy, 0), drain(busy)
+if busy >= burst then
+  out_retry = drain(busy + 1 - burst)
 end

@@ -10,6 +10,14 @@
 -- Admits when current + cost + ceil(previous * (window_us - elapsed) / window_us) <= limit,
 -- in exact integers. A time in a window earlier than the stored one (the clock stepped back)
 -- counts as the start of the stored window.
+--
+-- Debt (report): the units are added to `current` whether they fit or not, as long as usage
+-- (current + the weighted previous count) stays at most 2 * limit; units beyond are not recorded.
+-- The windows sliding on repay it within two windows, and keep's retry is exact for it as for any
+-- full window.
+-- Refund: units come off `current`, then `previous`, never below zero. A ticket's `mark` is the
+-- end of the window after its take's: mark == start + 2 * w gives back from `current`, mark ==
+-- start + w from `previous`, any other nothing. The state is rewritten with KEEPTTL.
 
 local limit = tonumber(ARGV[a + 1])
 local w = tonumber(ARGV[a + 2])
@@ -59,6 +67,66 @@ if not admits then
     -- In the next window, where this window's count becomes the weighted one.
     local shrink = muldiv(w, limit - cost, current)
     allowed_at = start + w + math.max(w - shrink, 0)
+  end
+  out_retry = math.max(allowed_at - now, 0)
+end
+--- report
+-- Usage never passes twice the limit: what would go past it is not recorded.
+out_units = math.min(cost, math.max(2 * limit - current - weighted, 0))
+if out_units > 0 then
+  current = current + out_units
+  redis.call('PSETEX', key, math.ceil((end_of_next - now) / 1000), struct.pack('<dddd', window, previous, current, w))
+end
+out_remaining = math.max(limit - current - weighted, 0)
+if current > 0 then
+  out_reset = end_of_next - now
+elseif previous > 0 then
+  out_reset = math.max(start + w - now, 0)
+end
+if out_remaining < 1 then
+  -- When one unit fits again: keep's arithmetic for a cost of 1.
+  local allowed_at
+  if current + 1 <= limit then
+    allowed_at = start + w - muldiv(w, limit - current - 1, previous)
+  else
+    allowed_at = start + w + math.max(w - muldiv(w, limit - 1, current), 0)
+  end
+  out_retry = math.max(allowed_at - now, 0)
+end
+--- refund
+-- A marked refund gives back only from the count of its take's window.
+local from_current, from_previous = 0, 0
+if not mark then
+  from_current = math.min(cost, current)
+  from_previous = math.min(cost - from_current, previous)
+elseif mark == end_of_next then
+  from_current = math.min(cost, current)
+elseif mark == start + w then
+  from_previous = math.min(cost, previous)
+end
+out_units = from_current + from_previous
+if out_units > 0 then
+  current, previous = current - from_current, previous - from_previous
+  redis.call('SET', key, struct.pack('<dddd', window, previous, current, w), 'KEEPTTL')
+  q, r = muldiv(w - elapsed, previous, w)
+  weighted = q
+  if r > 0 then
+    weighted = q + 1
+  end
+end
+out_remaining = math.max(limit - current - weighted, 0)
+if current > 0 then
+  out_reset = end_of_next - now
+elseif previous > 0 then
+  out_reset = math.max(start + w - now, 0)
+end
+if out_remaining < 1 then
+  -- When one unit fits again: keep's arithmetic for a cost of 1.
+  local allowed_at
+  if current + 1 <= limit then
+    allowed_at = start + w - muldiv(w, limit - current - 1, previous)
+  else
+    allowed_at = start + w + math.max(w - muldiv(w, limit - 1, current), 0)
   end
   out_retry = math.max(allowed_at - now, 0)
 end

@@ -2,27 +2,48 @@
 -- Mirrors src/limiter/sliding_window_log.rs. One limit's part of a decision script: see
 -- common.lua.
 --
--- key          the limit's log: a sorted set with one member per granted request, scored by its
+-- key          the limit's log: a sorted set with one member per logged request, scored by its
 --              time in µs; a member is "<total>:<cost>": the request's cost, and the running
---              total of units granted to this log up to and including it, zero-padded to 16
---              digits so that members of the same time sort in grant order
+--              total of units logged up to and including it, zero-padded to 16 digits so that
+--              members of the same time sort in the order they were logged
 -- ARGV[a + 1]  limit (at most 10,000)
 -- ARGV[a + 2]  window_us
 --
--- Units in the window are the newest member's total minus the total before the oldest one, so
--- one request costs Redis the same whatever its cost. Per call, on a log of n <= limit members:
--- an allowed request runs 4 commands (ZRANGE newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty
--- log), and 2 more (ZREMRANGEBYSCORE, ZRANGE) when members have left the window; one that does not
--- fit runs at most 5 and then binary-searches by rank for the member whose departure frees enough,
--- at most ceil(log2(n)) + 1 more ZRANGEs (15 at 10,000); each command is O(log n). The exception
--- is ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window: m <= limit, and each
--- of them was inserted, and paid for, by an earlier request. The log holds at most `limit`
--- members.
+-- Units in the window are the newest member's total minus the total before the oldest one in the
+-- window (its total minus its cost), so one request costs Redis the same whatever its cost.
+-- Members that have left the window stay until a section that writes (take, report, refund)
+-- removes them: the level only reads, so that a peek writes nothing.
+--
+-- Debt: a report logs its units whether they fit or not, but never past 2 * limit units in the
+-- window; units beyond are not logged. Acquires are denied until enough members have left the
+-- window, so time pays the debt back member by member. Every member holds at least one unit, so
+-- the log holds at most 2 * limit members (20,000).
+--
+-- Refund: gives back units of members in the window by lowering their costs (a member whose cost
+-- reaches 0 is removed). With a mark (a ticket's: the take's time plus window_us), only members
+-- of time mark - window_us give, the newest of them first; without one, the newest members.
+-- Totals must stay running totals, so every member after those that gave is rewritten with its
+-- total lowered by the units given: O(members after them), at most 2 * limit, in one ZADD per
+-- 2,000; a refund without a mark gives from the newest members, which have none after them. The
+-- members that stay are written anew before the newest of them is removed, so that the key, and
+-- its expiry, never disappear meanwhile; the expiry is never moved.
+--
+-- Per call, on a log of n <= 2 * limit members: an allowed request runs 4 commands (ZRANGE
+-- newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty log), and 2 more (ZRANGE BYSCORE for the
+-- oldest in the window, ZREMRANGEBYSCORE) when members have left the window; one that does not
+-- fit runs at most 4 and then binary-searches by rank for the member whose departure frees enough,
+-- at most ceil(log2(n)) + 1 more ZRANGEs (16 at 20,000); each command is O(log n). The
+-- exceptions are ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window, each of
+-- them inserted, and paid for, by an earlier request; and a refund's rewrite above. A report
+-- runs the level, ZADD and PEXPIRE, and the search when it leaves nothing available; a refund
+-- the level, one ZRANGE for the members that give (and one for those after them, with a mark),
+-- ZREMRANGEBYRANK, ZADD, ZREM, and the search when nothing is available after it.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
--- Time never runs backwards past the newest member. Keep only drops members that have left the
--- window.
+-- Time never runs backwards past the newest member. Keep writes nothing; members that have left
+-- the window but are still stored count again if the clock steps back before the next write, as
+-- in the Rust model, which drops entries only where this script writes.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
@@ -37,28 +58,35 @@ if last[1] then
   total = tonumber(string.match(last[1], '^(%d+)'))
 end
 
--- `before`: the running total just before the oldest member still in the window. Entries at or
--- before the horizon have left it; the oldest is read first, so that the removal is made only
--- when one has (an empty log needs neither).
-local count, before = 0, 0
+-- `before`: the running total just before the oldest member still in the window. Members at or
+-- before the horizon have left it (`stale`: some are still stored). The oldest member is read by
+-- rank first, so that the search by score is made only when one has left (an empty log needs
+-- neither).
+local horizon = t - window_us
+local count, before, stale = 0, 0, false
 if newest then
-  local horizon = t - window_us
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   if tonumber(oldest[2]) <= horizon then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
-    oldest = redis.call('ZRANGE', key, 0, 0)
+    stale = true
+    oldest = redis.call('ZRANGE', key, '(' .. string.format('%d', horizon), '+inf', 'BYSCORE',
+      'LIMIT', 0, 1)
   end
   if oldest[1] then
     local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
     before = tonumber(c) - tonumber(n)
     count = total - before
   else
+    -- Every member has left: the log is empty, and the next one written starts the totals anew
+    -- (after the others are removed).
     total = 0
   end
 end
 
 local admits = count + cost <= limit
 --- take
+if stale then
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+end
 total = total + cost
 redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
 out_reset = t + window_us - now
@@ -72,8 +100,158 @@ end
 if not admits then
   -- The request fits once the oldest (count + cost - limit) units have left the window: at the
   -- time of the first member whose running total reaches `target`. The newest one does (cost <=
-  -- limit), so the search starts with it as the answer.
+  -- limit), so the search starts with it as the answer. Members that have left the window but
+  -- are still stored come first, with totals below `target`: the search passes them.
   local target = before + count + cost - limit
+  local lo, hi = 0, redis.call('ZCARD', key) - 1
+  local leaves_at = nil
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
+    if tonumber(string.match(m[1], '^(%d+)')) >= target then
+      hi, leaves_at = mid, tonumber(m[2])
+    else
+      lo = mid + 1
+    end
+  end
+  if leaves_at == nil then
+    leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
+  end
+  out_retry = leaves_at + window_us - now
+end
+--- report
+-- Logs what fits under the debt bound, 2 * limit units in the window.
+out_units = math.max(math.min(cost, 2 * limit - count), 0)
+if out_units > 0 then
+  if stale then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+  end
+  total = total + out_units
+  count = count + out_units
+  newest = t
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, out_units))
+  redis.call('PEXPIRE', key, math.ceil((t + window_us - now) / 1000))
+end
+-- The subject as it stands, as keep describes it for one unit.
+out_remaining = math.max(limit - count, 0)
+if newest then
+  out_reset = math.max(newest + window_us - now, 0)
+end
+if out_remaining == 0 then
+  local target = before + count + 1 - limit
+  local lo, hi = 0, redis.call('ZCARD', key) - 1
+  local leaves_at = nil
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
+    if tonumber(string.match(m[1], '^(%d+)')) >= target then
+      hi, leaves_at = mid, tonumber(m[2])
+    else
+      lo = mid + 1
+    end
+  end
+  if leaves_at == nil then
+    leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
+  end
+  out_retry = leaves_at + window_us - now
+end
+--- refund
+-- `members`: those that may give, newest first (score after member): the newest in the window,
+-- or those of the mark's time while it is in the window. At most `want` of them are needed, as
+-- each holds at least one unit.
+local want = math.min(cost, count)
+local members = {}
+local at = nil
+if want > 0 then
+  if mark == nil then
+    members = redis.call('ZRANGE', key, '+inf', '(' .. string.format('%d', horizon), 'BYSCORE',
+      'REV', 'LIMIT', 0, want, 'WITHSCORES')
+  elseif mark - window_us > horizon and mark - window_us <= newest then
+    at = string.format('%d', mark - window_us)
+    members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'REV', 'LIMIT', 0, want, 'WITHSCORES')
+  end
+end
+-- Each gives all it holds, but the last one that gives (`partial`) may give only part: its cost
+-- and its total drop by that part, its total being the running total up to it.
+local left, touched, partial, partial_old, partial_at = want, 0, nil, nil, nil
+for i = 1, #members, 2 do
+  local c, n = string.match(members[i], '^(%d+):(%d+)$')
+  c, n = tonumber(c), tonumber(n)
+  touched = touched + 1
+  if n > left then
+    partial = string.format('%016d:%d', c - left, n - left)
+    partial_old, partial_at = members[i], members[i + 1]
+    left = 0
+  else
+    left = left - n
+  end
+  if left == 0 then
+    break
+  end
+end
+out_units = want - left
+if out_units > 0 then
+  if stale then
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+  end
+  -- The members that stay and change, with their new strings: the partial one, and every one
+  -- after the mark's time (none without a mark: the newest gave), whose totals drop by all that
+  -- was given. Those that gave are the `touched` highest ranks below these.
+  local later = {}
+  if at then
+    later = redis.call('ZRANGE', key, '(' .. at, '+inf', 'BYSCORE', 'WITHSCORES')
+  end
+  local adds = {}
+  if partial then
+    adds[1], adds[2] = partial_at, partial
+  end
+  for i = 1, #later, 2 do
+    local c, n = string.match(later[i], '^(%d+):(%d+)$')
+    adds[#adds + 1] = later[i + 1]
+    adds[#adds + 1] = string.format('%016d:%d', tonumber(c) - out_units, tonumber(n))
+  end
+  -- Every changed or emptied member is removed but the newest that stays (`last`), which goes
+  -- after the new strings are in: the key is never empty meanwhile, so it keeps its expiry. The
+  -- new totals are all below `last`'s and above those of the members left alone, so no new
+  -- string is an old one.
+  local m = #later / 2
+  local last_old = nil
+  if m > 0 then
+    last_old = later[#later - 1]
+    redis.call('ZREMRANGEBYRANK', key, -(touched + m), -2)
+  elseif partial then
+    last_old = partial_old
+    if touched > 1 then
+      redis.call('ZREMRANGEBYRANK', key, -(touched - 1), -1)
+    end
+  else
+    redis.call('ZREMRANGEBYRANK', key, -touched, -1)
+  end
+  -- In slices of 2,000 members, as Lua's unpack takes fewer than 8,000 values: at most 10 ZADDs.
+  for i = 1, #adds, 4000 do
+    redis.call('ZADD', key, unpack(adds, i, math.min(i + 3999, #adds)))
+  end
+  if last_old then
+    redis.call('ZREM', key, last_old)
+  end
+  count = count - out_units
+  if m == 0 then
+    if partial then
+      newest = tonumber(partial_at)
+    elseif count > 0 then
+      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    else
+      newest = nil
+    end
+  end
+end
+-- The subject as it stands, as keep describes it for one unit.
+out_remaining = math.max(limit - count, 0)
+if newest then
+  out_reset = math.max(newest + window_us - now, 0)
+end
+if out_remaining == 0 then
+  local target = before + count + 1 - limit
   local lo, hi = 0, redis.call('ZCARD', key) - 1
   local leaves_at = nil
   while lo < hi do

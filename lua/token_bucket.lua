@@ -1,9 +1,11 @@
 -- token_bucket.lua: a bucket of `capacity` tokens, starting full, refilled continuously at
--- `refill_tokens` per `refill_period_us`. Mirrors src/limiter/token_bucket.rs. One limit's part
--- of a decision script: see common.lua.
+-- `refill_tokens` per `refill_period_us`. Mirrors src/limiter/token_bucket.rs, whose module doc
+-- states the rules. One limit's part of a decision script: see common.lua.
 --
 -- key          the limit's state key: a string packing (tokens, fraction, updated_us,
---              refill_tokens, refill_period_us) as doubles; a missing key is a full bucket
+--              refill_tokens, refill_period_us) as doubles; a missing key is a full bucket.
+--              tokens is signed: below zero (down to -capacity) after a report put the subject
+--              in debt; keys written before debt existed hold the same layout
 -- ARGV[a + 1]  capacity
 -- ARGV[a + 2]  refill_tokens    } the rate in lowest terms (divided by their greatest common
 -- ARGV[a + 3]  refill_period_us } divisor), so that refill_tokens < 2^31 and products stay exact
@@ -12,6 +14,16 @@
 -- is elapsed * refill_tokens in those units, so nothing is lost to rounding however often the
 -- bucket is read. A time before updated_us refills nothing and removes nothing. The key expires
 -- when the bucket would be full again.
+--
+-- Debt: a report takes min(cost, capacity + tokens), so tokens never go below -capacity (usage
+-- at most twice the capacity); time repays it at the refill rate, and nothing is available
+-- (remaining 0) until tokens are back to 1. The tokens missing from full stay below
+-- 2 * 10^9 < 2^31, which muldiv multiplies exactly.
+-- Refund: gives back at most the whole tokens in use (capacity - tokens), and with a ticket's
+-- mark (the time the bucket would be full after its take) at most the
+-- floor((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
+-- at MAX_WAIT_US. Back at capacity, the fraction is dropped (never above full). Written with
+-- KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
 
 local capacity = tonumber(ARGV[a + 1])
 local rate = tonumber(ARGV[a + 2])
@@ -45,11 +57,13 @@ if tokens < capacity then
 end
 local skew = t - now
 
--- Time until the level reaches `target` whole tokens:
--- ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US.
+-- Time until the level reaches `target` whole tokens, from the caller's now:
+-- skew + ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US. (skew
+-- counts even when the level is there already, as in Rust: a refund can leave a full bucket
+-- updated after the caller's now.)
 local function wait_for(target)
   if tokens >= target then
-    return 0
+    return math.min(skew, MAX_WAIT_US)
   end
   local q, r = muldiv(period, target - tokens, rate)
   local wait
@@ -68,7 +82,42 @@ out_reset = wait_for(capacity)
 redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
 out_remaining = tokens
 --- keep
-out_remaining, out_reset = tokens, wait_for(capacity)
+out_remaining, out_reset = math.max(tokens, 0), wait_for(capacity)
 if not admits then
   out_retry = wait_for(cost)
+end
+--- report
+-- Recorded: what fits before usage reaches twice the capacity (nothing when a lowered capacity
+-- left a deeper debt).
+out_units = math.max(math.min(cost, capacity + tokens), 0)
+tokens = tokens - out_units
+out_reset = wait_for(capacity)
+if out_units > 0 then
+  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
+end
+out_remaining = math.max(tokens, 0)
+if tokens < 1 then
+  out_retry = wait_for(1)
+end
+--- refund
+-- At most the whole tokens in use (none for a missing key: a full bucket), and with a mark only
+-- those of its take that time has not refilled yet.
+out_units = math.min(cost, capacity - tokens)
+if mark then
+  local unrefilled = 0
+  if mark > t then
+    unrefilled = muldiv(math.min(mark - t, MAX_WAIT_US), rate, period)
+  end
+  out_units = math.min(out_units, unrefilled)
+end
+if out_units > 0 then
+  tokens = tokens + out_units
+  if tokens >= capacity then
+    tokens, fraction = capacity, 0
+  end
+  redis.call('SET', key, struct.pack('<ddddd', tokens, fraction, t, rate, period), 'KEEPTTL')
+end
+out_remaining, out_reset = math.max(tokens, 0), wait_for(capacity)
+if tokens < 1 then
+  out_retry = wait_for(1)
 end

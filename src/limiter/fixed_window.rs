@@ -3,6 +3,19 @@
 //! State: the window the count belongs to. A `now` in an earlier window (the clock stepped back)
 //! keeps counting in the stored window instead of opening a fresh one. A changed `window_us`
 //! starts a fresh count, since window numbers of different sizes do not compare.
+//!
+//! Debt ([`report`]): a report adds its units to the window's count whether they fit or not, so
+//! the count may pass `limit`; it never passes `2 * limit`, and units beyond that are not
+//! recorded. The debt lives as long as its window: at the window's end the count starts again
+//! from zero, so acquires are denied exactly until then, and the time to repay any debt is at
+//! most one window.
+//!
+//! Refund ([`refund`]): units are taken off the count of the window `now` falls in (the stored
+//! one after a clock step back), never below zero; a count of a window that has ended is never
+//! touched. A ticket's mark is the end of the window its take counted in (the take's `now` plus
+//! its `reset_after_us`), so with a mark units are given back only while that window is still
+//! the current one. The expiry is left alone: it is the window's end, which a refund does not
+//! move.
 
 use super::{until, Decision, Outcome};
 
@@ -39,11 +52,7 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let current = now_us / p.window_us;
-    let (window, count) = match state {
-        Some(s) if s.window_us == p.window_us && s.window >= current => (s.window, s.count),
-        _ => (current, 0),
-    };
+    let (window, count) = level(state.as_ref(), p, now_us);
     let end = (window + 1) * p.window_us;
     let admits = count + cost <= p.limit;
     if admits && take {
@@ -79,24 +88,75 @@ pub fn decide(
     }
 }
 
-/// PLACEHOLDER (issue 11, being written): records nothing.
-pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-    let mut o = decide(state, p, 1.min(cost), now_us, false);
-    o.decision.allowed = true;
-    (o, 0)
+/// The window that counts at `now_us` and its count: the stored window, unless `now_us` is in a
+/// later one or the window size changed, when a fresh window with nothing counted.
+fn level(state: Option<&State>, p: &Params, now_us: u64) -> (u64, u64) {
+    let current = now_us / p.window_us;
+    match state {
+        Some(s) if s.window_us == p.window_us && s.window >= current => (s.window, s.count),
+        _ => (current, 0),
+    }
 }
 
-/// PLACEHOLDER (issue 11, being written): gives back nothing.
+/// Records `cost` units used at `now_us` whether they fit or not, up to a count of twice the
+/// limit (see [`super::Rule::report`]). Returns the outcome and the units recorded.
+pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+    let (window, count) = level(state.as_ref(), p, now_us);
+    let units = cost.min((2 * p.limit).saturating_sub(count));
+    if units == 0 {
+        return (standing(state, p, now_us), 0);
+    }
+    let end = (window + 1) * p.window_us;
+    let mut o = standing(
+        Some(State {
+            window,
+            count: count + units,
+            window_us: p.window_us,
+        }),
+        p,
+        now_us,
+    );
+    // Kept until the window ends, as a take keeps it.
+    o.ttl_us = Some(until(end, now_us));
+    (o, units)
+}
+
+/// Gives back at most `units` units of the current window's count, never below zero; with a
+/// ticket's `mark`, only if the current window is the one that ends at `mark`, the window the
+/// ticket's take counted in (see [`super::Rule::refund`]). Returns the outcome, which keeps the
+/// expiry, and the units given back.
 pub fn refund(
     state: Option<State>,
     p: &Params,
-    _units: u64,
+    units: u64,
     now_us: u64,
-    _mark: Option<u64>,
+    mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
+    let (window, count) = level(state.as_ref(), p, now_us);
+    let end = (window + 1) * p.window_us;
+    let held = match mark {
+        // Taken in another window: that count has ended, or is not this one.
+        Some(m) if m != end => 0,
+        _ => count,
+    };
+    let given = units.min(held);
+    if given == 0 {
+        return (standing(state, p, now_us), 0);
+    }
+    let state = State {
+        window,
+        count: count - given,
+        window_us: p.window_us,
+    };
+    (standing(Some(state), p, now_us), given)
+}
+
+/// The answer of a report or a refund: the subject as it stands, for one unit, allowed. Writes
+/// nothing (`ttl_us` is `None`).
+fn standing(state: Option<State>, p: &Params, now_us: u64) -> Outcome<State> {
     let mut o = decide(state, p, 1, now_us, false);
     o.decision.allowed = true;
-    (o, 0)
+    o
 }
 
 #[cfg(test)]
@@ -166,5 +226,148 @@ mod tests {
             window_us: 3_600_000_000,
         };
         assert!(acquire(o.state, &wider, 1, 5_000_001).decision.allowed);
+    }
+
+    /// Whether `cost` units would fit at `now`, decided without taking them.
+    fn admits(state: Option<State>, cost: u64, now: u64) -> bool {
+        decide(state, &P, cost, now, false).decision.allowed
+    }
+
+    #[test]
+    fn a_report_goes_into_debt_up_to_twice_the_limit_and_the_window_end_repays_it() {
+        let (o, units) = report(None, &P, 5, 100);
+        assert_eq!(units, 5);
+        assert_eq!(o.ttl_us, Some(999_900));
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 0,
+                reset_after_us: 999_900,
+                retry_after_us: 999_900,
+            }
+        );
+        // 5 of a bound of 6: one more is recorded, the rest is not.
+        let (o, units) = report(o.state, &P, 1_000_000_000, 200);
+        assert_eq!(units, 1);
+        assert_eq!(o.state.map(|s| s.count), Some(6));
+        let a = acquire(o.state, &P, 1, 999_999);
+        assert!(!a.decision.allowed);
+        assert_eq!(
+            a.decision.retry_after_us, 1,
+            "denied exactly until the window ends"
+        );
+        assert!(admits(a.state, 3, 1_000_000));
+        let a = acquire(a.state, &P, 3, 1_000_000);
+        assert!(a.decision.allowed);
+        assert_eq!(a.decision.remaining, 0);
+    }
+
+    #[test]
+    fn a_report_at_the_bound_records_nothing_and_writes_nothing() {
+        let (o, _) = report(None, &P, 6, 0);
+        let before = o.state;
+        let (o, units) = report(o.state, &P, 1, 500_000);
+        assert_eq!(units, 0);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.state, before);
+        assert_eq!(o.decision.remaining, 0);
+        assert_eq!(o.decision.retry_after_us, 500_000);
+    }
+
+    #[test]
+    fn a_report_that_fits_answers_for_one_more_unit() {
+        let (o, units) = report(None, &P, 2, 250_000);
+        assert_eq!(units, 2);
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 1,
+                reset_after_us: 750_000,
+                retry_after_us: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn a_refund_never_creates_state() {
+        let (o, given) = refund(None, &P, 3, 10, None);
+        assert_eq!(given, 0);
+        assert_eq!(o.state, None);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.decision.remaining, 3);
+        assert_eq!(o.decision.reset_after_us, 0);
+    }
+
+    #[test]
+    fn a_refund_gives_back_at_most_the_count_and_keeps_the_expiry() {
+        let a = acquire(None, &P, 2, 100);
+        let (o, given) = refund(a.state, &P, 5, 200, None);
+        assert_eq!(given, 2, "never above the full quota");
+        assert_eq!(o.ttl_us, None, "the expiry does not move");
+        assert_eq!(o.state.map(|s| s.count), Some(0));
+        assert_eq!(o.decision.remaining, 3);
+        assert_eq!(o.decision.reset_after_us, 0);
+        let (o, given) = refund(o.state, &P, 1, 300, None);
+        assert_eq!(given, 0);
+        assert_eq!(o.state.map(|s| s.count), Some(0));
+    }
+
+    #[test]
+    fn a_refund_pays_back_debt() {
+        let (o, _) = report(None, &P, 6, 0);
+        let (o, given) = refund(o.state, &P, 2, 10, None);
+        assert_eq!(given, 2);
+        assert_eq!(o.decision.remaining, 0, "4 of 3 used: still in debt");
+        assert_eq!(o.decision.retry_after_us, 999_990);
+        let (o, given) = refund(o.state, &P, 2, 20, None);
+        assert_eq!(given, 2);
+        assert_eq!(o.decision.remaining, 1);
+        assert_eq!(o.decision.retry_after_us, 0);
+    }
+
+    #[test]
+    fn a_refund_with_a_mark_gives_back_only_in_the_window_of_its_take() {
+        let a = acquire(None, &P, 2, 1_500_000);
+        let mark = 1_500_000 + a.decision.reset_after_us;
+        assert_eq!(mark, 2_000_000);
+        // Another window's mark: nothing.
+        let (o, given) = refund(a.state, &P, 2, 1_600_000, Some(1_000_000));
+        assert_eq!(given, 0);
+        assert_eq!(o.state.map(|s| s.count), Some(2));
+        let (o, given) = refund(o.state, &P, 1, 1_600_000, Some(mark));
+        assert_eq!(given, 1);
+        assert_eq!(o.decision.remaining, 2);
+        // The window has ended: the take's units are no longer counted anywhere.
+        let (o, given) = refund(o.state, &P, 1, 2_000_000, Some(mark));
+        assert_eq!(given, 0);
+        assert_eq!(o.decision.remaining, 3);
+        // Nor does a refund without a mark touch the ended window's count.
+        let (o, given) = refund(o.state, &P, 1, 2_000_000, None);
+        assert_eq!(given, 0);
+        assert_eq!(o.state.map(|s| (s.window, s.count)), Some((1, 1)));
+    }
+
+    #[test]
+    fn retry_after_is_exact_for_every_cost_after_any_debt() {
+        for reported in 1..=8 {
+            for at in [0, 1, 499_999, 999_999] {
+                let (o, _) = report(None, &P, reported, 3_000_000 + at);
+                for cost in 1..=P.limit {
+                    let now = 3_000_000 + at;
+                    let d = decide(o.state, &P, cost, now, false).decision;
+                    let r = d.retry_after_us;
+                    assert_eq!(d.allowed, r == 0);
+                    if r > 0 {
+                        assert!(
+                            !admits(o.state, cost, now + r - 1),
+                            "{reported} {at} {cost}"
+                        );
+                        assert!(admits(o.state, cost, now + r), "{reported} {at} {cost}");
+                    }
+                }
+            }
+        }
     }
 }

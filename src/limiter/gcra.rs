@@ -27,6 +27,23 @@
 //! subject looks at least as busy as at the anchor), and costs at most what was consumed since
 //! the anchor, rather than `step / T` units as a bare GCRA would.
 //!
+//! Debt ([`super::Rule::report`]). A report takes its units whether they fit or not, so the
+//! level `busy` (intervals still to drain, rounded up) may pass `burst`, up to `2·burst`
+//! (usage of twice the capacity, the shared bound): a report records `min(cost, 2·burst −
+//! busy)`, and the TAT lies at most `2·burst·T` after `t`. Time drains it like any backlog: an
+//! acquire is denied until `busy + cost <= burst` again, `retry_after` being that exact time,
+//! and `remaining` is 0 meanwhile. The bounds above become `units < 2·burst + interval_den` and
+//! levels up to `2·burst <= 2·10^9 < 2^31`, still exact in Lua through `muldiv`. (A burst lowered
+//! by a policy change may leave an older, longer backlog; it drains as it stands, and reports
+//! record nothing until it is back within the bound.)
+//!
+//! Refund ([`super::Rule::refund`]). Gives back whole intervals, at most `busy`: giving them all
+//! puts the TAT before `t`, a subject at rest (never above full). A ticket's mark is the TAT
+//! after its take (rounded up to a µs): by `t`, all but `floor((mark − t) / T)` of that take's
+//! units have drained (none once `mark <= t`), so no more are given back (`mark − t` is capped at
+//! [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark stays exact in Lua). A
+//! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
+//!
 //! Mappings. redis-cell's `CL.THROTTLE key max_burst count period` is `burst = max_burst + 1`,
 //! `rate = count`, `period_ms = period * 1000`. go-redis/redis_rate's `Limit{Rate, Burst,
 //! Period}` is `rate`, `burst`, `period_ms` as they are. On a clock that never goes back, GCRA
@@ -36,7 +53,7 @@
 use thiserror::Error;
 
 use super::arith::{gcd, muldiv};
-use super::{Decision, Outcome, MAX_WAIT_US};
+use super::{until, Decision, Outcome, MAX_WAIT_US};
 
 /// Bounds of `rate`, units per period.
 pub const MIN_RATE: u64 = 1;
@@ -115,7 +132,8 @@ impl Params {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
     pub anchor_us: u64,
-    /// Emission intervals from the anchor to the TAT; below `burst + interval_den`.
+    /// Emission intervals from the anchor to the TAT; below `burst + interval_den`, or
+    /// `2·burst + interval_den` in debt.
     pub units: u64,
     /// The reduced interval this TAT was computed with; another interval starts afresh.
     pub interval_num: u64,
@@ -154,23 +172,18 @@ impl super::Rule for Params {
         decide(state, self, cost, now_us, take)
     }
 
-    // PLACEHOLDER (issue 11, being written): records and gives back nothing.
-    fn report(&self, state: Option<State>, _cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-        let mut o = decide(state, self, 1, now_us, false);
-        o.decision.allowed = true;
-        (o, 0)
+    fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+        report(state, self, cost, now_us)
     }
 
     fn refund(
         &self,
         state: Option<State>,
-        _units: u64,
+        units: u64,
         now_us: u64,
-        _mark: Option<u64>,
+        mark: Option<u64>,
     ) -> (Outcome<State>, u64) {
-        let mut o = decide(state, self, 1, now_us, false);
-        o.decision.allowed = true;
-        (o, 0)
+        refund(state, self, units, now_us, mark)
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -208,30 +221,12 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let (num, den) = (p.interval_num, p.interval_den);
-    let (anchor, units) = match state {
-        Some(s) if s.interval_num == num && s.interval_den == den => (s.anchor_us, s.units),
-        _ => (now_us, 0),
-    };
-    let t = now_us.max(anchor);
-    let skew = t - now_us;
-    // Intervals elapsed since the anchor: `elapsed` whole ones and `part / num` of the next.
-    let (elapsed, part) = muldiv(t - anchor, den, num);
-    // The level is `busy - part / num` intervals still to drain before the TAT: `busy` is the
-    // level rounded up. A TAT at or before `t` is a subject at rest.
-    let (anchor, units, busy, part, elapsed) = if elapsed >= units {
-        (t, 0, 0, 0, 0)
-    } else {
-        (anchor, units, units - elapsed, part, elapsed)
-    };
-    let wait = |level: u64| (skew.saturating_add(drain(level, part, num, den))).min(MAX_WAIT_US);
-
+    let level = Level::at(state, p, now_us);
+    let busy = level.busy;
     let admits = busy + cost <= p.burst;
     if admits && take {
         let after = busy + cost;
-        let reset = wait(after);
-        // Whole periods of `num` µs (`den` intervals) move into the anchor, which stays exact.
-        let periods = elapsed / den;
+        let reset = level.wait(after);
         Outcome {
             decision: Decision {
                 allowed: true,
@@ -239,12 +234,7 @@ pub fn decide(
                 reset_after_us: reset,
                 retry_after_us: 0,
             },
-            state: Some(State {
-                anchor_us: anchor + periods * num,
-                units: units - periods * den + cost,
-                interval_num: num,
-                interval_den: den,
-            }),
+            state: Some(level.state(after)),
             ttl_us: Some(reset),
         }
     } else {
@@ -252,15 +242,160 @@ pub fn decide(
             decision: Decision {
                 allowed: admits,
                 remaining: p.burst.saturating_sub(busy),
-                reset_after_us: wait(busy),
+                reset_after_us: level.wait(busy),
                 retry_after_us: if admits {
                     0
                 } else {
-                    wait(busy + cost - p.burst)
+                    level.wait(busy + cost - p.burst)
                 },
             },
             state,
             ttl_us: None,
+        }
+    }
+}
+
+/// Takes `cost` units whether or not they fit ([`super::Rule::report`]): the level may reach
+/// `2·burst` intervals, and units past that are not recorded. Returns the outcome and the units
+/// recorded.
+pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+    let level = Level::at(state, p, now_us);
+    // Room left before usage reaches twice the burst (none if a lowered burst left more).
+    let units = cost.min((2 * p.burst).saturating_sub(level.busy));
+    if units == 0 {
+        let outcome = Outcome {
+            decision: level.describe(level.busy, p.burst),
+            state,
+            ttl_us: None,
+        };
+        return (outcome, 0);
+    }
+    let after = level.busy + units;
+    let decision = level.describe(after, p.burst);
+    let outcome = Outcome {
+        decision,
+        state: Some(level.state(after)),
+        // Written as a take writes it: kept until the TAT has passed.
+        ttl_us: Some(decision.reset_after_us),
+    };
+    (outcome, units)
+}
+
+/// Gives back at most `units` units ([`super::Rule::refund`]): at most the level `busy`, never to
+/// a subject without state, and with `mark` (the TAT after the ticket's take) only the units of
+/// that take not yet drained. Keeps the expiry. Returns the outcome and the units given back.
+pub fn refund(
+    state: Option<State>,
+    p: &Params,
+    units: u64,
+    now_us: u64,
+    mark: Option<u64>,
+) -> (Outcome<State>, u64) {
+    // No state is a subject at rest: nothing is in use, so nothing is given and nothing is made.
+    let level = Level::at(state, p, now_us);
+    let mut give = units.min(level.busy);
+    if let Some(mark) = mark {
+        // Intervals of the take not drained yet. A genuine mark is at most MAX_WAIT_US after
+        // `t`; the cap keeps any other within Lua's exact integers.
+        let (undrained, _) = muldiv(until(mark, level.t).min(MAX_WAIT_US), level.den, level.num);
+        give = give.min(undrained);
+    }
+    if give == 0 {
+        let outcome = Outcome {
+            decision: level.describe(level.busy, p.burst),
+            state,
+            ttl_us: None,
+        };
+        return (outcome, 0);
+    }
+    let after = level.busy - give;
+    let outcome = Outcome {
+        decision: level.describe(after, p.burst),
+        state: Some(level.state(after)),
+        ttl_us: None,
+    };
+    (outcome, give)
+}
+
+/// Where a subject stands at `t = max(now, anchor)`: `busy - part / num` intervals still to
+/// drain before the TAT, `busy` being that level rounded up.
+#[derive(Debug, Clone, Copy)]
+struct Level {
+    anchor: u64,
+    /// Whole intervals from the anchor to `t`.
+    elapsed: u64,
+    busy: u64,
+    part: u64,
+    t: u64,
+    skew: u64,
+    num: u64,
+    den: u64,
+}
+
+impl Level {
+    /// The level of `state` at `now_us`; a TAT at or before `t` (or no state, or one kept with
+    /// another interval) is a subject at rest, anchored at `t`.
+    fn at(state: Option<State>, p: &Params, now_us: u64) -> Level {
+        let (num, den) = (p.interval_num, p.interval_den);
+        let (anchor, units) = match state {
+            Some(s) if s.interval_num == num && s.interval_den == den => (s.anchor_us, s.units),
+            _ => (now_us, 0),
+        };
+        let t = now_us.max(anchor);
+        let skew = t - now_us;
+        // Intervals elapsed since the anchor: `elapsed` whole ones and `part / num` of the next.
+        let (elapsed, part) = muldiv(t - anchor, den, num);
+        let (anchor, busy, part, elapsed) = if elapsed >= units {
+            (t, 0, 0, 0)
+        } else {
+            (anchor, units - elapsed, part, elapsed)
+        };
+        Level {
+            anchor,
+            elapsed,
+            busy,
+            part,
+            t,
+            skew,
+            num,
+            den,
+        }
+    }
+
+    /// Time from the caller's `now` until a level of `level - part / num` intervals has
+    /// drained, capped at [`MAX_WAIT_US`].
+    fn wait(&self, level: u64) -> u64 {
+        (self
+            .skew
+            .saturating_add(drain(level, self.part, self.num, self.den)))
+        .min(MAX_WAIT_US)
+    }
+
+    /// The state that keeps `after` as the level at `t` (`after - part / num` intervals).
+    fn state(&self, after: u64) -> State {
+        // Whole periods of `num` µs (`den` intervals) move into the anchor, which stays exact
+        // and within one period of `t`.
+        let periods = self.elapsed / self.den;
+        State {
+            anchor_us: self.anchor + periods * self.num,
+            units: self.elapsed % self.den + after,
+            interval_num: self.num,
+            interval_den: self.den,
+        }
+    }
+
+    /// The decision of a report or a refund that leaves the level at `after`: allowed, and for
+    /// one unit.
+    fn describe(&self, after: u64, burst: u64) -> Decision {
+        Decision {
+            allowed: true,
+            remaining: burst.saturating_sub(after),
+            reset_after_us: self.wait(after),
+            retry_after_us: if after < burst {
+                0
+            } else {
+                self.wait(after + 1 - burst)
+            },
         }
     }
 }
@@ -385,6 +520,61 @@ mod tests {
         }
 
         #[test]
+        fn on_a_forward_clock_reports_and_refunds_match_the_token_bucket_too(
+            rate in prop_oneof![1u64..=12, MIN_RATE..=MAX_RATE],
+            period_ms in prop_oneof![1u64..=20, Just(1_000u64), MIN_PERIOD_MS..=MAX_PERIOD_MS],
+            burst in prop_oneof![1u64..=12, MIN_BURST..=MAX_BURST],
+            steps in proptest::collection::vec(
+                (prop_oneof![0u64..2_000, 0u64..5_000_000, 0u64..100_000_000_000], any::<u64>()),
+                1..60,
+            ),
+        ) {
+            let p = params(rate, period_ms, burst);
+            let b = token_bucket::Params::new(burst, rate, period_ms * 1_000);
+            let (mut gs, mut bs) = (None, None);
+            let mut marks = Vec::new();
+            let mut now = T0;
+            for (dt, pick) in steps {
+                now += dt;
+                let cost = match pick % 3 {
+                    0 => burst,
+                    1 => (3 * burst).min(super::super::MAX_UNITS),
+                    _ => 1 + (pick >> 8) % burst.min(5),
+                };
+                let (g, t, units) = match (pick >> 2) % 4 {
+                    0 => {
+                        let (g, gu) = report(gs, &p, cost, now);
+                        let (t, tu) = token_bucket::report(bs, &b, cost, now);
+                        prop_assert!(gu <= 2 * burst);
+                        (g, t, (gu, tu))
+                    }
+                    1 => {
+                        let mark = marks.get((pick >> 16) as usize % marks.len().max(1)).copied();
+                        let (g, gu) = refund(gs, &p, cost, now, mark);
+                        let (t, tu) = token_bucket::refund(bs, &b, cost, now, mark);
+                        prop_assert_eq!(g.ttl_us, None);
+                        (g, t, (gu, tu))
+                    }
+                    _ => {
+                        let cost = cost.min(burst);
+                        (acquire(gs, &p, cost, now), token_bucket::acquire(bs, &b, cost, now), (0, 0))
+                    }
+                };
+                prop_assert_eq!(g.decision, t.decision, "at {} cost {} pick {}", now, cost, pick);
+                prop_assert_eq!(units.0, units.1);
+                prop_assert_eq!(g.ttl_us, t.ttl_us);
+                prop_assert!(g.decision.remaining <= burst);
+                if g.ttl_us.is_some() {
+                    marks.push(now + g.decision.reset_after_us);
+                }
+                (gs, bs) = (g.state, t.state);
+                if let Some(s) = gs {
+                    prop_assert!(s.units < 2 * burst + p.interval().1);
+                }
+            }
+        }
+
+        #[test]
         fn the_state_stays_below_two_to_the_fifty_three(
             rate in MIN_RATE..=MAX_RATE,
             period_ms in MIN_PERIOD_MS..=MAX_PERIOD_MS,
@@ -502,6 +692,155 @@ mod tests {
         assert!(!d.allowed);
         assert_eq!(d.retry_after_us, 1);
         assert_eq!(d.remaining, 1_000_000);
+    }
+
+    #[test]
+    fn a_report_goes_into_debt_that_time_repays_exactly() {
+        // 3 per second (an interval of 333,333⅓ µs), burst 4.
+        let p = params(3, 1_000, 4);
+        let taken = acquire(None, &p, 1, T0);
+        // 3 left: room for 7 more before the level is twice the burst; the rest is dropped.
+        let (o, units) = report(taken.state, &p, 20, T0);
+        assert_eq!(units, 7);
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 0,
+                // 8 intervals and 5 intervals, rounded up.
+                reset_after_us: 2_666_667,
+                retry_after_us: 1_666_667,
+            }
+        );
+        assert_eq!(o.ttl_us, Some(2_666_667));
+        for cost in [1, 4] {
+            let d = acquire(o.state, &p, cost, T0 + 3).decision;
+            assert!(!d.allowed);
+            let at = T0 + 3 + d.retry_after_us;
+            assert!(
+                !acquire(o.state, &p, cost, at - 1).decision.allowed,
+                "{cost}"
+            );
+            assert!(acquire(o.state, &p, cost, at).decision.allowed, "{cost}");
+        }
+        assert_eq!(
+            acquire(o.state, &p, 4, T0).decision.retry_after_us,
+            2_666_667
+        );
+    }
+
+    #[test]
+    fn a_report_at_the_bound_records_nothing_and_changes_nothing() {
+        let p = params(1, 1_000, 5);
+        let (o, units) = report(None, &p, super::super::MAX_UNITS, T0);
+        assert_eq!(units, 10, "twice the burst from rest");
+        let (again, units) = report(o.state, &p, 1, T0 + 999_999);
+        assert_eq!(units, 0);
+        assert_eq!((again.state, again.ttl_us), (o.state, None));
+        assert_eq!(again.decision.remaining, 0);
+        assert_eq!(again.decision.retry_after_us, 6_000_000 - 999_999);
+        // One interval later there is room for one.
+        let (later, units) = report(o.state, &p, 3, T0 + 1_000_000);
+        assert_eq!(units, 1);
+        assert_eq!(later.ttl_us, Some(10_000_000));
+    }
+
+    #[test]
+    fn a_report_that_fits_leaves_units_and_no_retry() {
+        let p = params(1, 1_000, 5);
+        let (o, units) = report(None, &p, 2, T0);
+        assert_eq!(units, 2);
+        assert_eq!(o.decision.remaining, 3);
+        assert_eq!(o.decision.retry_after_us, 0);
+        assert_eq!(o.ttl_us, Some(2_000_000));
+        assert_eq!(o.state, acquire(None, &p, 2, T0).state, "as a take of 2");
+    }
+
+    #[test]
+    fn a_refund_never_goes_past_rest_nor_creates_state_nor_moves_the_expiry() {
+        let p = params(3, 1_000, 4);
+        let (o, units) = refund(None, &p, 5, T0, None);
+        assert_eq!((units, o.state, o.ttl_us), (0, None, None));
+        assert_eq!(o.decision.remaining, 4);
+
+        let taken = acquire(None, &p, 3, T0);
+        // Half an interval later: 2.5 intervals to drain, 3 in use.
+        let (o, units) = refund(taken.state, &p, 5, T0 + 166_667, None);
+        assert_eq!(units, 3);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.decision.remaining, 4);
+        assert_eq!(o.decision.reset_after_us, 0);
+        // At rest means exactly 4: one taken now drains in one whole interval.
+        let next = acquire(o.state, &p, 1, T0 + 200_000);
+        assert_eq!(next.decision.reset_after_us, 333_334);
+        assert_eq!(next.decision.remaining, 3);
+        let (again, units) = refund(o.state, &p, 1, T0 + 200_000, None);
+        assert_eq!((units, again.state), (0, o.state));
+    }
+
+    #[test]
+    fn a_refund_in_debt_repays_part_of_it() {
+        let p = params(10, 1_000, 10);
+        let (debt, _) = report(None, &p, 20, T0);
+        let (o, units) = refund(debt.state, &p, 4, T0, None);
+        assert_eq!(units, 4);
+        assert_eq!(o.decision.remaining, 0);
+        assert_eq!(o.decision.retry_after_us, 700_000);
+        assert_eq!(o.decision.reset_after_us, 1_600_000);
+        assert_eq!(o.ttl_us, None);
+    }
+
+    #[test]
+    fn a_mark_gives_back_only_what_has_not_drained() {
+        // One per second, burst 10.
+        let p = params(1, 1_000, 10);
+        let first = acquire(None, &p, 5, T0);
+        let mark1 = T0 + first.decision.reset_after_us;
+        assert_eq!(mark1, T0 + 5_000_000);
+        // 1 in use by T0 + 4 s, 6 after the second take, at rest 6 s later.
+        let second = acquire(first.state, &p, 5, T0 + 4_000_000);
+        let mark2 = T0 + 4_000_000 + second.decision.reset_after_us;
+        assert_eq!(mark2, T0 + 10_000_000);
+        let now = T0 + 6_000_000;
+        let (o, units) = refund(second.state, &p, 5, now, Some(mark1));
+        assert_eq!((units, o.state, o.ttl_us), (0, second.state, None));
+        assert_eq!(o.decision.remaining, 6);
+        let (o, units) = refund(second.state, &p, 5, now, Some(mark2));
+        assert_eq!(units, 4);
+        assert_eq!(o.decision.remaining, 10);
+        let (_, units) = refund(second.state, &p, 5, now + 500_000, Some(mark2));
+        assert_eq!(units, 3);
+        let (_, units) = refund(second.state, &p, 5, now + 500_000, None);
+        assert_eq!(units, 4);
+    }
+
+    #[test]
+    fn debt_at_the_largest_parameters_stays_exact() {
+        // A billion per ms, burst a billion: twice over in debt is 2 ms of backlog.
+        let p = params(MAX_RATE, 1, MAX_BURST);
+        let (o, _) = report(None, &p, MAX_BURST, T0);
+        let (o, units) = report(o.state, &p, MAX_BURST, T0);
+        assert_eq!(units, MAX_BURST);
+        assert_eq!(o.decision.reset_after_us, 2_000);
+        assert_eq!(o.decision.retry_after_us, 1_001);
+        let d = acquire(o.state, &p, MAX_BURST, T0 + 1_999).decision;
+        assert_eq!(d.retry_after_us, 1);
+        assert_eq!(d.remaining, 999_000_000);
+        // One a month: the level is 2·10^9 intervals, far past the longest wait reported.
+        let p = params(1, MAX_PERIOD_MS, MAX_BURST);
+        let (o, _) = report(None, &p, MAX_BURST, T0);
+        let (o, units) = report(o.state, &p, MAX_BURST, T0 + 1);
+        assert_eq!(units, MAX_BURST);
+        assert_eq!(o.decision.retry_after_us, MAX_WAIT_US);
+        let (o, units) = refund(
+            o.state,
+            &p,
+            MAX_BURST * 2,
+            T0 + 2,
+            Some(T0 + 2 + MAX_PERIOD_MS * 1_000),
+        );
+        assert_eq!(units, 1, "one interval still to drain of that mark");
+        assert_eq!(o.decision.remaining, 0);
     }
 
     #[test]

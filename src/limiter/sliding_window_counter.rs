@@ -5,6 +5,25 @@
 //! `current + cost + prev * (window - elapsed) / window <= limit`, decided exactly in integers
 //! (the weighted term is rounded up). A `now` in a window earlier than the stored one (the clock
 //! stepped back) is treated as the start of the stored window, so old windows never come back.
+//!
+//! Usage at `now` is `current + ceil(previous * (window - elapsed) / window)`, what the limit
+//! is compared with.
+//!
+//! Debt ([`report`]): a report adds its units to the current window's count whether they fit or
+//! not, so usage may pass `limit`; it never passes `2 * limit`, and units beyond that are not
+//! recorded. Time repays the debt as the windows slide: once the window ends its count becomes
+//! the weighted previous one, whose weight falls to zero one window later, so the debt is repaid
+//! within two windows of the report, and an acquire's `retry_after_us` is the exact time its cost
+//! fits again (the same arithmetic as for any full window: a count above `limit` only makes the
+//! wait longer).
+//!
+//! Refund ([`refund`]): units are taken off the counts of the trailing windows, never below
+//! zero: without a ticket's mark off `current` first, then off `previous` (a unit given back from
+//! `previous` frees only its weighted share now, since that is all it still counts for). A mark
+//! is the end of the window after the take's (the take's `now` plus its `reset_after_us`): when
+//! the take's window is the current one its units are given back from `current`, when it is the
+//! previous one from `previous`, and once it is older nothing is given back. The expiry is left
+//! alone: the state still counts for as long as it did.
 
 use super::arith::muldiv;
 use super::{until, Decision, Outcome};
@@ -44,22 +63,13 @@ pub fn decide(
     take: bool,
 ) -> Outcome<State> {
     let w = p.window_us;
-    let now_window = now_us / w;
-    let (window, previous, current) = match state {
-        Some(s) if s.window_us == w => {
-            if now_window <= s.window {
-                (s.window, s.previous, s.current)
-            } else if now_window == s.window + 1 {
-                (now_window, s.current, 0)
-            } else {
-                (now_window, 0, 0)
-            }
-        }
-        _ => (now_window, 0, 0),
-    };
-    let start = window * w;
-    let elapsed = now_us.max(start) - start;
-    let weighted = weighted(previous, w - elapsed, w);
+    let Level {
+        window,
+        previous,
+        current,
+        start,
+        weighted,
+    } = level(state.as_ref(), p, now_us);
 
     let end_of_next = start + 2 * w;
     let admits = current + cost + weighted <= p.limit;
@@ -121,24 +131,112 @@ fn weighted(previous: u64, remaining_part: u64, window: u64) -> u64 {
     q + u64::from(r > 0)
 }
 
-/// PLACEHOLDER (issue 11, being written): records nothing.
-pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-    let mut o = decide(state, p, 1.min(cost), now_us, false);
-    o.decision.allowed = true;
-    (o, 0)
+/// Where a subject stands at a time: its windows rolled forward to that time.
+struct Level {
+    /// The current window's number (the stored one after a clock step back).
+    window: u64,
+    previous: u64,
+    current: u64,
+    /// The current window's start, in µs.
+    start: u64,
+    /// The previous window's count still inside the trailing window, rounded up.
+    weighted: u64,
 }
 
-/// PLACEHOLDER (issue 11, being written): gives back nothing.
+/// The subject's windows at `now_us`, as every operation reads them.
+fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
+    let w = p.window_us;
+    let now_window = now_us / w;
+    let (window, previous, current) = match state {
+        Some(s) if s.window_us == w => {
+            if now_window <= s.window {
+                (s.window, s.previous, s.current)
+            } else if now_window == s.window + 1 {
+                (now_window, s.current, 0)
+            } else {
+                (now_window, 0, 0)
+            }
+        }
+        _ => (now_window, 0, 0),
+    };
+    let start = window * w;
+    let elapsed = now_us.max(start) - start;
+    Level {
+        window,
+        previous,
+        current,
+        start,
+        weighted: weighted(previous, w - elapsed, w),
+    }
+}
+
+/// Records `cost` units used at `now_us` in the current window whether they fit or not, up to a
+/// usage of twice the limit (see [`super::Rule::report`]). Returns the outcome and the units
+/// recorded.
+pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+    let l = level(state.as_ref(), p, now_us);
+    let units = cost.min((2 * p.limit).saturating_sub(l.current + l.weighted));
+    if units == 0 {
+        return (standing(state, p, now_us), 0);
+    }
+    let mut o = standing(
+        Some(State {
+            window: l.window,
+            previous: l.previous,
+            current: l.current + units,
+            window_us: p.window_us,
+        }),
+        p,
+        now_us,
+    );
+    // Kept until the next window ends, as a take keeps it.
+    o.ttl_us = Some(until(l.start + 2 * p.window_us, now_us));
+    (o, units)
+}
+
+/// Gives back at most `units` units of the trailing windows' counts, never below zero: off
+/// `current`, then `previous`; with a ticket's `mark`, only off the count of the take's window,
+/// if it is one of the two (see [`super::Rule::refund`]). Returns the outcome, which keeps the
+/// expiry, and the units given back.
 pub fn refund(
     state: Option<State>,
     p: &Params,
-    _units: u64,
+    units: u64,
     now_us: u64,
-    _mark: Option<u64>,
+    mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
+    let l = level(state.as_ref(), p, now_us);
+    let w = p.window_us;
+    // A take's mark is the end of the window after its own.
+    let (from_current, from_previous) = match mark {
+        None => {
+            let c = units.min(l.current);
+            (c, (units - c).min(l.previous))
+        }
+        Some(m) if m == l.start + 2 * w => (units.min(l.current), 0),
+        Some(m) if m == l.start + w => (0, units.min(l.previous)),
+        // Taken in a window that no longer counts, or not by this limit.
+        Some(_) => (0, 0),
+    };
+    let given = from_current + from_previous;
+    if given == 0 {
+        return (standing(state, p, now_us), 0);
+    }
+    let state = State {
+        window: l.window,
+        previous: l.previous - from_previous,
+        current: l.current - from_current,
+        window_us: w,
+    };
+    (standing(Some(state), p, now_us), given)
+}
+
+/// The answer of a report or a refund: the subject as it stands, for one unit, allowed. Writes
+/// nothing (`ttl_us` is `None`).
+fn standing(state: Option<State>, p: &Params, now_us: u64) -> Outcome<State> {
     let mut o = decide(state, p, 1, now_us, false);
     o.decision.allowed = true;
-    (o, 0)
+    o
 }
 
 #[cfg(test)]
@@ -200,5 +298,155 @@ mod tests {
     fn denied_acquire_does_not_consume() {
         let d = run(&[(0, 8), (1, 3), (2, 3), (3, 2)]);
         assert!(!d[1].allowed && !d[2].allowed && d[3].allowed);
+    }
+
+    /// Whether `cost` units would fit at `now`, decided without taking them.
+    fn admits(state: Option<State>, cost: u64, now: u64) -> bool {
+        decide(state, &P, cost, now, false).decision.allowed
+    }
+
+    /// The window, previous and current counts kept, if any.
+    fn counts(o: &Outcome<State>) -> Option<(u64, u64, u64)> {
+        o.state.map(|s| (s.window, s.previous, s.current))
+    }
+
+    #[test]
+    fn a_report_goes_into_debt_up_to_twice_the_limit_and_time_repays_it_exactly() {
+        let (o, units) = report(None, &P, 25, 0);
+        assert_eq!(units, 20, "usage stops at twice the limit");
+        assert_eq!(o.ttl_us, Some(2_000));
+        // In window 1 the 20 units weigh ceil(20 * (2000 - t) / 1000); one unit fits once that
+        // is at most 9: t >= 1_550.
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 0,
+                reset_after_us: 2_000,
+                retry_after_us: 1_550,
+            }
+        );
+        let a = acquire(o.state, &P, 1, 1_549);
+        assert!(!a.decision.allowed);
+        assert_eq!(a.decision.retry_after_us, 1);
+        assert!(!admits(a.state, 1, 1_549));
+        let a = acquire(a.state, &P, 1, 1_550);
+        assert!(a.decision.allowed);
+        assert_eq!(a.decision.remaining, 0);
+        // Without the acquire, the whole limit is back once the debt's window has slid out.
+        assert!(!admits(o.state, 10, 1_999));
+        assert!(admits(o.state, 10, 2_000));
+    }
+
+    #[test]
+    fn a_report_counts_the_weighted_previous_window_towards_the_bound() {
+        let (o, _) = report(None, &P, 20, 0);
+        // At 1_250 the 20 weigh 15: 5 more reach the bound.
+        let (o, units) = report(o.state, &P, 100, 1_250);
+        assert_eq!(units, 5);
+        assert_eq!(counts(&o), Some((1, 20, 5)));
+        assert_eq!(o.ttl_us, Some(1_750));
+    }
+
+    #[test]
+    fn a_report_at_the_bound_records_nothing_and_writes_nothing() {
+        let (o, _) = report(None, &P, 20, 0);
+        let before = o.state;
+        let (o, units) = report(o.state, &P, 1, 500);
+        assert_eq!(units, 0);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.state, before);
+        assert_eq!(o.decision.retry_after_us, 1_050);
+    }
+
+    #[test]
+    fn a_refund_never_creates_state() {
+        let (o, given) = refund(None, &P, 3, 10, None);
+        assert_eq!(given, 0);
+        assert_eq!(o.state, None);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.decision.remaining, 10);
+    }
+
+    #[test]
+    fn a_refund_takes_from_current_then_previous_never_below_zero() {
+        let a = acquire(None, &P, 6, 0);
+        let a = acquire(a.state, &P, 2, 1_500);
+        // At 1_500 the 6 weigh 3: usage 5.
+        assert_eq!(a.decision.remaining, 5);
+        let (o, given) = refund(a.state, &P, 5, 1_600, None);
+        assert_eq!(given, 5, "2 from current, 3 from previous");
+        assert_eq!(counts(&o), Some((1, 3, 0)));
+        assert_eq!(o.ttl_us, None, "the expiry does not move");
+        // The 3 left weigh ceil(3 * 400 / 1000) = 2.
+        assert_eq!(o.decision.remaining, 8);
+        let (o, given) = refund(o.state, &P, 100, 1_700, None);
+        assert_eq!(given, 3, "never above the full quota");
+        assert_eq!(counts(&o), Some((1, 0, 0)));
+        assert_eq!(o.decision.remaining, 10);
+        assert_eq!(o.decision.reset_after_us, 0);
+        let (o, given) = refund(o.state, &P, 1, 1_800, None);
+        assert_eq!(given, 0);
+        assert_eq!(counts(&o), Some((1, 0, 0)));
+    }
+
+    #[test]
+    fn a_refund_with_a_mark_gives_back_from_its_take_window_only() {
+        let a = acquire(None, &P, 4, 100);
+        let mark = 100 + a.decision.reset_after_us;
+        assert_eq!(mark, 2_000, "the end of the window after the take's");
+        let a = acquire(a.state, &P, 3, 1_100);
+        let later = 1_100 + a.decision.reset_after_us;
+        // The first take's window is now the previous one.
+        let (o, given) = refund(a.state, &P, 10, 1_200, Some(mark));
+        assert_eq!(given, 4);
+        assert_eq!(counts(&o), Some((1, 0, 3)));
+        let (o, given) = refund(o.state, &P, 10, 1_200, Some(later));
+        assert_eq!(given, 3);
+        assert_eq!(counts(&o), Some((1, 0, 0)));
+        // A mark that is no window's end of this limit gives nothing.
+        let a = acquire(None, &P, 4, 100);
+        let (o, given) = refund(a.state, &P, 4, 200, Some(1_999));
+        assert_eq!(given, 0);
+        assert_eq!(counts(&o), Some((0, 0, 4)));
+        // Two windows on, the take's units no longer count anywhere.
+        let (o, given) = refund(o.state, &P, 4, 2_000, Some(2_000));
+        assert_eq!(given, 0);
+        assert_eq!(o.decision.remaining, 10);
+    }
+
+    #[test]
+    fn a_refund_pays_back_debt() {
+        let (o, _) = report(None, &P, 20, 0);
+        let (o, given) = refund(o.state, &P, 9, 10, None);
+        assert_eq!(given, 9);
+        assert_eq!(o.decision.remaining, 0, "11 of 10 used: still in debt");
+        let (o, given) = refund(o.state, &P, 2, 20, None);
+        assert_eq!(given, 2);
+        assert_eq!(o.decision.remaining, 1);
+        assert_eq!(o.decision.retry_after_us, 0);
+    }
+
+    #[test]
+    fn retry_after_is_exact_for_every_cost_after_any_debt() {
+        for first in [0, 3, 10, 17, 20] {
+            for reported in 1..=20 {
+                for at in [0, 1, 250, 999] {
+                    let (o, _) = report(None, &P, first, 5_000);
+                    let now = 6_000 + at;
+                    let (o, _) = report(o.state, &P, reported, now);
+                    for cost in 1..=P.limit {
+                        let d = decide(o.state, &P, cost, now, false).decision;
+                        let r = d.retry_after_us;
+                        assert_eq!(d.allowed, r == 0);
+                        if r > 0 {
+                            let case = (first, reported, at, cost);
+                            assert!(!admits(o.state, cost, now + r - 1), "{case:?}");
+                            assert!(admits(o.state, cost, now + r), "{case:?}");
+                        }
+                    }
+                }
+            }
+        }
     }
 }

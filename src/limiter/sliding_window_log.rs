@@ -5,13 +5,38 @@
 //! and a running total of units (so the units in the window are read from the two ends, and a
 //! request costs Redis the same whatever its cost); here consecutive requests with the same time
 //! share one entry, which keeps the embedded store small. Both give identical decisions.
+//!
+//! Time never runs backwards past the newest entry: a request at a `now` before it is logged at
+//! the newest entry's time, and the window is measured from there.
+//!
+//! Entries that have left the window are dropped only by what writes (a take, a report that
+//! logs, a refund that gives), as on Redis, where a peek or a denial must write nothing. So
+//! after the clock steps back, entries that had left the window at a later `now` count again
+//! until the next write: stricter, never looser, and the same on both stores.
+//!
+//! **Debt** ([`report`]): a report logs its units at `now` whether they fit or not, as long as
+//! the units in the window stay at most `2 * limit`; units past that are not logged. A subject
+//! in debt is denied until enough of its entries have left the window to bring it back under
+//! `limit`: time pays the debt back exactly, entry by entry. As every entry (and every Redis
+//! member) holds at least one unit, a log holds at most `2 * limit` of them.
+//!
+//! **Refund** ([`refund`]): gives units back by shrinking the entries they were logged in, so
+//! that they stop counting at once, not when the entries leave the window. With a ticket's mark
+//! (the take's time plus `window_us`) only the entry of that time, while it is still in the
+//! window, gives anything: on Redis the newest member of that time first, then earlier ones of
+//! the same time (takes in the same microsecond cannot be told apart). Without a mark the newest
+//! entries give first. Only units in the window are given, so the log never goes below empty.
+//! The expiry never moves: when the newest entry is given back whole, the state may outlive the
+//! log's last entry, which changes no answer. On Redis, members after the refunded one have
+//! their running totals rewritten: O(members after it), at most `2 * limit`.
 
 use std::collections::VecDeque;
 
 use super::{until, Decision, Outcome};
 
-/// The largest `limit` accepted. It bounds the log: every entry holds at least one unit, so a log
-/// has at most `limit` entries, and at most that many leave the window in one call.
+/// The largest `limit` accepted. It bounds the log: every entry holds at least one unit and a
+/// report stops at `2 * limit` units in the window, so a log has at most `2 * limit` entries, and
+/// at most that many leave the window in one call.
 pub const MAX_LIMIT: u64 = 10_000;
 
 /// Validated parameters, in microseconds.
@@ -37,6 +62,8 @@ pub fn acquire(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> Outc
 /// Decides whether `cost` units fit at `now_us` and, when they do and `take` is set, takes them.
 /// Otherwise nothing is taken and the decision describes the subject as it is: `allowed` says
 /// whether the units fit, and `retry_after_us` is 0 when they do (see [`super::Rule::decide`]).
+/// Entries that have left the window are dropped only when units are taken, as on Redis, where
+/// a decision that takes nothing writes nothing.
 pub fn decide(
     state: Option<State>,
     p: &Params,
@@ -45,26 +72,15 @@ pub fn decide(
     take: bool,
 ) -> Outcome<State> {
     let mut log = state.unwrap_or_default();
-    // Time never runs backwards past the newest entry.
-    let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
-    if let Some(horizon) = t.checked_sub(p.window_us) {
-        while log.entries.front().is_some_and(|&(ts, _)| ts <= horizon) {
-            log.entries.pop_front();
-        }
-    }
-    let count: u64 = log.entries.iter().map(|&(_, n)| n).sum();
+    let w = Window::of(&log, p, now_us);
 
-    let admits = count + cost <= p.limit;
+    let admits = w.count + cost <= p.limit;
     if admits && take {
-        match log.entries.back_mut() {
-            Some((ts, n)) if *ts == t => *n += cost,
-            _ => log.entries.push_back((t, cost)),
-        }
-        let reset = until(t + p.window_us, now_us);
+        let reset = log_at(&mut log, p, &w, cost, now_us);
         Outcome {
             decision: Decision {
                 allowed: true,
-                remaining: p.limit - count - cost,
+                remaining: p.limit - w.count - cost,
                 reset_after_us: reset,
                 retry_after_us: 0,
             },
@@ -72,24 +88,26 @@ pub fn decide(
             ttl_us: Some(reset),
         }
     } else {
-        // The request fits once the oldest `count + cost - limit` units have left the window.
-        let mut must_leave = (count + cost).saturating_sub(p.limit);
-        let mut leaves_at = t;
-        for &(ts, n) in &log.entries {
+        // The request fits once the oldest `count + cost - limit` units in the window have left
+        // it (more than `limit` of them when the subject is in debt).
+        let mut must_leave = (w.count + cost).saturating_sub(p.limit);
+        let mut leaves_at = w.t;
+        for &(ts, n) in log.entries.iter().skip(w.gone) {
             leaves_at = ts;
             if n >= must_leave {
                 break;
             }
             must_leave -= n;
         }
-        // An empty log is at full quota already.
+        // A log with nothing in the window is at full quota already: its newest entry has left
+        // it, so this is 0.
         let reset = log
             .entries
             .back()
             .map_or(0, |&(newest, _)| until(newest + p.window_us, now_us));
         let decision = Decision {
             allowed: admits,
-            remaining: p.limit.saturating_sub(count),
+            remaining: p.limit.saturating_sub(w.count),
             reset_after_us: reset,
             retry_after_us: if admits {
                 0
@@ -106,24 +124,125 @@ pub fn decide(
     }
 }
 
-/// PLACEHOLDER (issue 11, being written): records nothing.
+/// Logs `cost` units whether they fit or not, as long as the units in the window stay at most
+/// `2 * limit` (see the module docs): returns the outcome and the units logged. Nothing logged
+/// (a subject at its bound) changes nothing.
 pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-    let mut o = decide(state, p, 1.min(cost), now_us, false);
-    o.decision.allowed = true;
-    (o, 0)
+    let mut log = state.unwrap_or_default();
+    let w = Window::of(&log, p, now_us);
+    let recorded = cost.min((2 * p.limit).saturating_sub(w.count));
+    if recorded == 0 {
+        return (after(Some(log), p, now_us), 0);
+    }
+    let reset = log_at(&mut log, p, &w, recorded, now_us);
+    let mut o = after(Some(log), p, now_us);
+    o.ttl_us = Some(reset);
+    (o, recorded)
 }
 
-/// PLACEHOLDER (issue 11, being written): gives back nothing.
+/// Gives back at most `units` units of the log's entries in the window: with `mark`, those of
+/// the entry at `mark - window_us`; without, the newest first (see the module docs). Returns
+/// the outcome, which never creates state nor moves the expiry, and the units given back.
+/// Nothing given changes nothing.
 pub fn refund(
     state: Option<State>,
     p: &Params,
-    _units: u64,
+    units: u64,
     now_us: u64,
-    _mark: Option<u64>,
+    mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
+    let Some(mut log) = state else {
+        return (after(None, p, now_us), 0);
+    };
+    let w = Window::of(&log, p, now_us);
+    // Only entries in the window give, so whatever is given was in use. With a mark, the one
+    // entry of its time (`at`), while in the window.
+    let want = units.min(w.count);
+    let at = match mark {
+        Some(mark) => {
+            let Some(i) = mark.checked_sub(p.window_us).and_then(|time| {
+                log.entries
+                    .binary_search_by_key(&time, |&(ts, _)| ts)
+                    .ok()
+                    .filter(|&i| i >= w.gone)
+            }) else {
+                return (after(Some(log), p, now_us), 0);
+            };
+            Some(i)
+        }
+        None => None,
+    };
+    let given = at.map_or(want, |i| want.min(log.entries[i].1));
+    if given == 0 {
+        return (after(Some(log), p, now_us), 0);
+    }
+    match at {
+        Some(i) => {
+            log.entries[i].1 -= given;
+            if log.entries[i].1 == 0 {
+                log.entries.remove(i);
+            }
+        }
+        None => {
+            // The newest first; `given` is at most the units in the window, so the walk stops
+            // inside it.
+            let mut left = given;
+            while left > 0 {
+                let Some((_, n)) = log.entries.back_mut() else {
+                    break;
+                };
+                let g = left.min(*n);
+                *n -= g;
+                left -= g;
+                if *n == 0 {
+                    log.entries.pop_back();
+                }
+            }
+        }
+    }
+    // A refund that gives writes the log, and drops what has left the window as a take does.
+    log.entries.drain(..w.gone);
+    (after(Some(log), p, now_us), given)
+}
+
+/// Where a log stands at `now`: the time its window ends at (`now`, or the newest entry's time
+/// when the clock stepped back before it), how many of its oldest entries have left the window,
+/// and the units of those still in it.
+struct Window {
+    t: u64,
+    gone: usize,
+    count: u64,
+}
+
+impl Window {
+    fn of(log: &State, p: &Params, now_us: u64) -> Self {
+        let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
+        let gone = match t.checked_sub(p.window_us) {
+            Some(horizon) => log.entries.partition_point(|&(ts, _)| ts <= horizon),
+            None => 0,
+        };
+        let count = log.entries.iter().skip(gone).map(|&(_, n)| n).sum();
+        Self { t, gone, count }
+    }
+}
+
+/// Drops the entries that have left the window `w`, logs `n` units at its end, and returns the
+/// time until they leave the window, which is also the time until the whole log has.
+fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
+    log.entries.drain(..w.gone);
+    match log.entries.back_mut() {
+        Some((ts, units)) if *ts == w.t => *units += n,
+        _ => log.entries.push_back((w.t, n)),
+    }
+    until(w.t + p.window_us, now_us)
+}
+
+/// A report's or a refund's answer: the subject as it stands, for one unit, allowed; the state
+/// written with no new expiry.
+fn after(state: Option<State>, p: &Params, now_us: u64) -> Outcome<State> {
     let mut o = decide(state, p, 1, now_us, false);
     o.decision.allowed = true;
-    (o, 0)
+    o
 }
 
 #[cfg(test)]
@@ -189,5 +308,157 @@ mod tests {
     fn denied_acquire_does_not_consume() {
         let d = run(&[(0, 2), (10, 2), (20, 2), (30, 1)]);
         assert!(!d[1].allowed && !d[2].allowed && d[3].allowed);
+    }
+
+    fn entries(o: &Outcome<State>) -> Vec<(u64, u64)> {
+        o.state
+            .as_ref()
+            .map_or(Vec::new(), |s| s.entries.iter().copied().collect())
+    }
+
+    fn log(entries: &[(u64, u64)]) -> Option<State> {
+        Some(State {
+            entries: entries.iter().copied().collect(),
+        })
+    }
+
+    #[test]
+    fn a_report_goes_into_debt_that_time_repays_exactly() {
+        let (o, recorded) = report(None, &P, 5, 100);
+        assert_eq!(recorded, 5, "2 past the limit of 3");
+        assert_eq!(o.ttl_us, Some(1_000));
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 0,
+                reset_after_us: 1_000,
+                retry_after_us: 1_000,
+            }
+        );
+        // One more unit in debt, logged later: the debt is paid only when both entries leave.
+        let (o, recorded) = report(o.state, &P, 1, 600);
+        assert_eq!((recorded, o.decision.retry_after_us), (1, 500));
+        let d = decide(o.state.clone(), &P, 1, 1_099, false).decision;
+        assert!(!d.allowed && d.retry_after_us == 1);
+        // At 1,100 the 5 units leave: 1 in the window, 2 free.
+        let o = acquire(o.state, &P, 2, 1_100);
+        assert!(o.decision.allowed && o.decision.remaining == 0);
+        assert_eq!(entries(&o), [(600, 1), (1_100, 2)]);
+    }
+
+    #[test]
+    fn a_report_at_twice_the_limit_records_nothing() {
+        let (o, recorded) = report(None, &P, 1_000_000_000, 0);
+        assert_eq!(recorded, 6, "twice the limit, no more");
+        let (o, recorded) = report(o.state, &P, 1, 10);
+        assert_eq!(recorded, 0);
+        assert_eq!(o.ttl_us, None, "nothing written");
+        assert_eq!(entries(&o), [(0, 6)]);
+        assert_eq!(o.decision.retry_after_us, 1_000 - 10);
+        // The one entry leaves whole at 1,000: the bound is free again.
+        let (o, recorded) = report(o.state, &P, 9, 1_000);
+        assert_eq!((recorded, entries(&o)), (6, vec![(1_000, 6)]));
+    }
+
+    #[test]
+    fn a_denied_acquire_waits_for_the_whole_debt() {
+        // 6 units at 0 and at 500 put 3 in debt twice over: 4 must leave for one to fit.
+        let (o, _) = report(None, &P, 2, 0);
+        let (o, _) = report(o.state, &P, 4, 500);
+        let d = decide(o.state, &P, 1, 700, true).decision;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_us, 500 + 1_000 - 700);
+        assert_eq!(d.remaining, 0);
+    }
+
+    #[test]
+    fn a_refund_never_creates_state_nor_goes_above_full_nor_moves_the_expiry() {
+        let (o, given) = refund(None, &P, 3, 50, None);
+        assert_eq!((o.state, o.ttl_us, given), (None, None, 0));
+        assert_eq!(o.decision.remaining, 3);
+
+        let o = acquire(None, &P, 2, 0);
+        let (o, given) = refund(o.state, &P, 5, 10, None);
+        assert_eq!(given, 2, "only what is in use");
+        assert_eq!((o.state, o.ttl_us), (None, None));
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 3,
+                reset_after_us: 0,
+                retry_after_us: 0,
+            }
+        );
+    }
+
+    #[test]
+    fn a_refund_without_a_mark_gives_the_newest_units_first() {
+        let mut state = None;
+        for (now, cost) in [(0, 1), (100, 1), (200, 1)] {
+            state = acquire(state, &P, cost, now).state;
+        }
+        let (o, given) = refund(state, &P, 2, 300, None);
+        assert_eq!(given, 2);
+        assert_eq!(entries(&o), [(0, 1)]);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!((o.decision.remaining, o.decision.reset_after_us), (2, 700));
+        // Entries that have left the window give nothing: at 1,000 the one at 0 has left.
+        let (o, given) = refund(o.state, &P, 1, 1_000, None);
+        assert_eq!((given, o.state), (0, log(&[(0, 1)])));
+    }
+
+    #[test]
+    fn a_refund_with_a_mark_gives_only_from_its_take_while_it_is_in_the_window() {
+        let t1 = acquire(None, &P, 2, 0);
+        let mark1 = t1.decision.reset_after_us; // at 0
+        let t2 = acquire(t1.state, &P, 1, 400);
+        let mark2 = 400 + t2.decision.reset_after_us;
+        assert_eq!((mark1, mark2), (1_000, 1_400));
+
+        // The first take's units, though the second is newer; its total stays.
+        let (o, given) = refund(t2.state.clone(), &P, 3, 500, Some(mark1));
+        assert_eq!(given, 2);
+        assert_eq!(entries(&o), [(400, 1)]);
+        assert_eq!((o.decision.remaining, o.decision.reset_after_us), (2, 900));
+        // A mark no take made gives nothing and changes nothing.
+        let (o, given) = refund(t2.state.clone(), &P, 3, 500, Some(mark1 + 1));
+        assert_eq!((given, entries(&o)), (0, vec![(0, 2), (400, 1)]));
+        let (o, given) = refund(t2.state.clone(), &P, 3, 500, Some(0));
+        assert_eq!((given, entries(&o)), (0, vec![(0, 2), (400, 1)]));
+        // Once the take has left the window, its mark gives nothing, and the entry that left
+        // stays until a write removes it.
+        let (o, given) = refund(t2.state, &P, 3, 1_000, Some(mark1));
+        assert_eq!((given, entries(&o)), (0, vec![(0, 2), (400, 1)]));
+        // The second take's mark at the same time gives its one unit, and drops the first.
+        let (o, given) = refund(o.state, &P, 3, 1_000, Some(mark2));
+        assert_eq!((given, o.state), (1, None));
+    }
+
+    #[test]
+    fn a_mark_counts_the_time_a_take_was_logged_at_after_a_step_back() {
+        let o = acquire(None, &P, 1, 5_000);
+        // The clock steps back 400 µs: logged at 5,000 still, and its mark says so.
+        let o = acquire(o.state, &P, 1, 4_600);
+        let mark = 4_600 + o.decision.reset_after_us;
+        assert_eq!(mark, 6_000);
+        assert_eq!(entries(&o), [(5_000, 2)]);
+        let (o, given) = refund(o.state, &P, 5, 4_600, Some(mark));
+        assert_eq!((given, o.state), (2, None));
+    }
+
+    #[test]
+    fn what_writes_nothing_drops_nothing_so_a_step_back_sees_the_same_log_as_redis() {
+        // On Redis only writes remove members that have left the window; here too.
+        let o = acquire(None, &P, 3, 0);
+        let peek = decide(o.state, &P, 1, 1_500, false);
+        assert!(peek.decision.allowed && peek.decision.remaining == 3);
+        assert_eq!(entries(&peek), [(0, 3)]);
+        let back = decide(peek.state, &P, 1, 900, true);
+        assert!(!back.decision.allowed, "the entry is in the window at 900");
+        assert_eq!(back.decision.retry_after_us, 100);
+        let taken = acquire(back.state, &P, 1, 1_500);
+        assert_eq!(entries(&taken), [(1_500, 1)], "a take removes it");
     }
 }

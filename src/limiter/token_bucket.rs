@@ -5,10 +5,30 @@
 //! the rate reduced by its greatest common divisor. Refill is `elapsed * refill_tokens` in those
 //! units, so no tokens are lost to rounding however often the bucket is looked at (the classic
 //! float script drifts). A `now` earlier than the last update (the clock stepped back) refills
-//! nothing and never takes tokens away.
+//! nothing and never takes tokens away. All times below are measured at `t = max(now,
+//! updated)` and reported from the caller's `now` (plus `t - now`).
+//!
+//! Debt ([`super::Rule::report`]). A report takes its tokens whether they are there or not, so
+//! the whole-token level is signed: it may fall below zero, down to `-capacity` (usage of twice
+//! the capacity, the shared bound), and a report records `min(cost, capacity + tokens)`. Time
+//! repays debt at the refill rate like any other missing token: an acquire of `cost` waits for
+//! the level to climb back to `cost`, `retry_after` being that exact time, and `remaining` is 0
+//! while the level is below one token. Every product stays exact: the tokens missing from full
+//! are at most `2 * capacity <= 2 * 10^9 < 2^31`, within what `muldiv` in `lua/muldiv.lua`
+//! multiplies exactly. (A capacity lowered by a policy change may leave an older, deeper debt;
+//! it is repaid as it stands, and reports record nothing until it is back within the bound.)
+//!
+//! Refund ([`super::Rule::refund`]). Gives back whole tokens, at most the ones in use
+//! (`capacity - tokens`); a bucket brought back to `capacity` drops its fraction, so the level
+//! is never above full. A ticket's mark is the time the bucket would have been full after its
+//! take: by `t`, time has refilled all but `floor((mark - t) * refill_tokens /
+//! refill_period_us)` of the tokens that take used (none once `mark <= t`), so no more are given
+//! back. (`mark - t` is capped at [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark
+//! stays exact in Lua.) A refund rewrites the level but keeps the key's expiry: the bucket is
+//! only fuller, so it is full again before the old expiry.
 
 use super::arith::{gcd, muldiv};
-use super::{Decision, Outcome, MAX_WAIT_US};
+use super::{until, Decision, Outcome, MAX_WAIT_US};
 
 /// Validated parameters; the rate `refill_tokens / refill_period_us` is in lowest terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +53,8 @@ impl Params {
 /// What is kept per subject. A missing state is a full bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct State {
-    pub tokens: u64,
+    /// Whole tokens, from `-capacity` (in debt after a report) to `capacity`.
+    pub tokens: i64,
     /// Part of the next token, in units of `1 / refill_period_us`; always below the period.
     pub fraction: u64,
     pub updated_us: u64,
@@ -85,23 +106,18 @@ impl super::Rule for Params {
         decide(state, self, cost, now_us, take)
     }
 
-    // PLACEHOLDER (issue 11, being written): records and gives back nothing.
-    fn report(&self, state: Option<State>, _cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-        let mut o = decide(state, self, 1, now_us, false);
-        o.decision.allowed = true;
-        (o, 0)
+    fn report(&self, state: Option<State>, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+        report(state, self, cost, now_us)
     }
 
     fn refund(
         &self,
         state: Option<State>,
-        _units: u64,
+        units: u64,
         now_us: u64,
-        _mark: Option<u64>,
+        mark: Option<u64>,
     ) -> (Outcome<State>, u64) {
-        let mut o = decide(state, self, 1, now_us, false);
-        o.decision.allowed = true;
-        (o, 0)
+        refund(state, self, units, now_us, mark)
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -128,67 +144,33 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let (rate, period) = (p.refill_tokens, p.refill_period_us);
-    let (mut tokens, mut fraction, updated) = match state {
-        Some(s) if s.refill_tokens == rate && s.refill_period_us == period => {
-            if s.tokens >= p.capacity {
-                (p.capacity, 0, s.updated_us)
-            } else {
-                (s.tokens, s.fraction, s.updated_us)
-            }
-        }
-        _ => (p.capacity, 0, now_us),
-    };
-    let t = now_us.max(updated);
-    if tokens < p.capacity {
-        let (q, r) = muldiv(t - updated, rate, period);
-        let (q, r) = if r + fraction >= period {
-            (q.saturating_add(1), r + fraction - period)
-        } else {
-            (q, r + fraction)
-        };
-        if q >= p.capacity - tokens {
-            (tokens, fraction) = (p.capacity, 0);
-        } else {
-            (tokens, fraction) = (tokens + q, r);
-        }
-    }
+    let (level, t) = Level::at(state, p, now_us);
     let skew = t - now_us;
-    let level = Level {
-        tokens,
-        fraction,
-        rate,
-        period,
-    };
 
-    let admits = tokens >= cost;
+    // A level in debt (negative) admits nothing.
+    let admits = u64::try_from(level.tokens).is_ok_and(|n| n >= cost);
     if admits && take {
         let after = Level {
-            tokens: tokens - cost,
+            // `cost <= tokens <= capacity`, so it is an i64.
+            tokens: level.tokens - cost as i64,
             ..level
         };
         let reset = (skew + after.wait_for(p.capacity)).min(MAX_WAIT_US);
         Outcome {
             decision: Decision {
                 allowed: true,
-                remaining: after.tokens,
+                remaining: after.remaining(),
                 reset_after_us: reset,
                 retry_after_us: 0,
             },
-            state: Some(State {
-                tokens: after.tokens,
-                fraction,
-                updated_us: t,
-                refill_tokens: rate,
-                refill_period_us: period,
-            }),
+            state: Some(after.state(t)),
             ttl_us: Some(reset),
         }
     } else {
         Outcome {
             decision: Decision {
                 allowed: admits,
-                remaining: tokens,
+                remaining: level.remaining(),
                 reset_after_us: (skew + level.wait_for(p.capacity)).min(MAX_WAIT_US),
                 retry_after_us: if admits {
                     0
@@ -202,21 +184,187 @@ pub fn decide(
     }
 }
 
+/// Takes `cost` tokens whether or not they are there ([`super::Rule::report`]): the level may go
+/// down to `-capacity`, and tokens past that are not recorded. Returns the outcome and the
+/// tokens recorded.
+pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
+    let (level, t) = Level::at(state, p, now_us);
+    let skew = t - now_us;
+    // Room left before usage reaches twice the capacity (none if a lowered capacity left the
+    // level deeper than that).
+    let room = u64::try_from(signed(p.capacity).saturating_add(level.tokens)).unwrap_or(0);
+    let units = cost.min(room);
+    if units == 0 {
+        let outcome = Outcome {
+            decision: level.describe(p.capacity, skew),
+            state,
+            ttl_us: None,
+        };
+        return (outcome, 0);
+    }
+    let after = Level {
+        tokens: level.tokens - signed(units),
+        ..level
+    };
+    let decision = after.describe(p.capacity, skew);
+    let outcome = Outcome {
+        decision,
+        state: Some(after.state(t)),
+        // Written as a take writes it: kept until the bucket is full again.
+        ttl_us: Some(decision.reset_after_us),
+    };
+    (outcome, units)
+}
+
+/// Gives back at most `units` tokens ([`super::Rule::refund`]): never above `capacity`, never to
+/// a subject without state, and with `mark` (the time the bucket would be full after the
+/// ticket's take) only the tokens of that take that time has not refilled yet. Keeps the
+/// expiry. Returns the outcome and the tokens given back.
+pub fn refund(
+    state: Option<State>,
+    p: &Params,
+    units: u64,
+    now_us: u64,
+    mark: Option<u64>,
+) -> (Outcome<State>, u64) {
+    // No state is a full bucket: nothing is in use, so nothing is given and nothing is made.
+    let (level, t) = Level::at(state, p, now_us);
+    let skew = t - now_us;
+    // Whole tokens in use: the level is at most `capacity`.
+    let used = u64::try_from(signed(p.capacity) - level.tokens).unwrap_or(0);
+    let mut give = units.min(used);
+    if let Some(mark) = mark {
+        // What time has not refilled yet of the take's tokens. A genuine mark is at most
+        // MAX_WAIT_US after `t`; the cap keeps any other within Lua's exact integers.
+        let (unrefilled, _) = muldiv(until(mark, t).min(MAX_WAIT_US), level.rate, level.period);
+        give = give.min(unrefilled);
+    }
+    if give == 0 {
+        let outcome = Outcome {
+            decision: level.describe(p.capacity, skew),
+            state,
+            ttl_us: None,
+        };
+        return (outcome, 0);
+    }
+    let tokens = level.tokens + signed(give);
+    let after = if tokens >= signed(p.capacity) {
+        // Full: the fraction would put the level above the capacity.
+        Level {
+            tokens: signed(p.capacity),
+            fraction: 0,
+            ..level
+        }
+    } else {
+        Level { tokens, ..level }
+    };
+    let outcome = Outcome {
+        decision: after.describe(p.capacity, skew),
+        state: Some(after.state(t)),
+        ttl_us: None,
+    };
+    (outcome, give)
+}
+
+/// A count of tokens as the signed level holds it. Every count here is at most twice
+/// [`super::MAX_UNITS`] (capacities, costs, refunds: `min` with the tokens in use), far inside
+/// an i64; larger ones saturate.
+fn signed(units: u64) -> i64 {
+    i64::try_from(units).unwrap_or(i64::MAX)
+}
+
+/// The bucket at one time: `tokens + fraction / period`, with `0 <= fraction < period`.
+#[derive(Debug, Clone, Copy)]
 struct Level {
-    tokens: u64,
+    tokens: i64,
     fraction: u64,
     rate: u64,
     period: u64,
 }
 
 impl Level {
+    /// The level at `t = max(now_us, updated)`, and `t`: the stored level refilled for the time
+    /// since its update, or a full bucket for no state (or one kept with another rate).
+    fn at(state: Option<State>, p: &Params, now_us: u64) -> (Level, u64) {
+        let (rate, period) = (p.refill_tokens, p.refill_period_us);
+        let capacity = signed(p.capacity);
+        let (mut tokens, mut fraction, updated) = match state {
+            Some(s) if s.refill_tokens == rate && s.refill_period_us == period => {
+                if s.tokens >= capacity {
+                    (capacity, 0, s.updated_us)
+                } else {
+                    (s.tokens, s.fraction, s.updated_us)
+                }
+            }
+            _ => (capacity, 0, now_us),
+        };
+        let t = now_us.max(updated);
+        if tokens < capacity {
+            let (q, r) = muldiv(t - updated, rate, period);
+            let (q, r) = if r + fraction >= period {
+                (q.saturating_add(1), r + fraction - period)
+            } else {
+                (q, r + fraction)
+            };
+            // Tokens missing from full: up to twice the capacity in debt.
+            let missing = capacity.abs_diff(tokens);
+            if q >= missing {
+                (tokens, fraction) = (capacity, 0);
+            } else {
+                // `q < missing`, which fits an i64.
+                (tokens, fraction) = (tokens + q as i64, r);
+            }
+        }
+        let level = Level {
+            tokens,
+            fraction,
+            rate,
+            period,
+        };
+        (level, t)
+    }
+
+    /// Whole tokens available: 0 while in debt.
+    fn remaining(&self) -> u64 {
+        u64::try_from(self.tokens).unwrap_or(0)
+    }
+
+    /// The state that keeps this level, updated at `t`.
+    fn state(&self, t: u64) -> State {
+        State {
+            tokens: self.tokens,
+            fraction: self.fraction,
+            updated_us: t,
+            refill_tokens: self.rate,
+            refill_period_us: self.period,
+        }
+    }
+
+    /// The decision of a report or a refund that leaves this level: allowed, and for one token.
+    fn describe(&self, capacity: u64, skew: u64) -> Decision {
+        let remaining = self.remaining();
+        Decision {
+            allowed: true,
+            remaining,
+            reset_after_us: (skew + self.wait_for(capacity)).min(MAX_WAIT_US),
+            retry_after_us: if remaining >= 1 {
+                0
+            } else {
+                (skew + self.wait_for(1)).min(MAX_WAIT_US)
+            },
+        }
+    }
+
     /// Time until the level reaches `target` whole tokens: `ceil(((target - tokens) * period -
     /// fraction) / rate)`, capped at [`MAX_WAIT_US`].
     fn wait_for(&self, target: u64) -> u64 {
-        if self.tokens >= target {
-            return 0;
-        }
-        let (q, r) = muldiv(self.period, target - self.tokens, self.rate);
+        // Tokens missing: at most twice the capacity, when in debt.
+        let missing = match u64::try_from(self.tokens) {
+            Ok(n) if n >= target => return 0,
+            Ok(n) => target - n,
+            Err(_) => target + self.tokens.unsigned_abs(),
+        };
+        let (q, r) = muldiv(self.period, missing, self.rate);
         let wait = if r > self.fraction {
             q.saturating_add(1)
         } else {
@@ -289,6 +437,157 @@ mod tests {
         let d = run(&p, &[(0, 1_000_000_000), (1, 1)]);
         assert_eq!(d[1].retry_after_us, 2_678_400_000_000 - 1);
         assert_eq!(d[1].reset_after_us, MAX_WAIT_US);
+    }
+
+    const T0: u64 = 1_764_460_800_123_457;
+
+    #[test]
+    fn a_report_puts_the_bucket_in_debt_that_time_repays_exactly() {
+        // 10 per second (a token per 100 ms), capacity 10.
+        let p = Params::new(10, 10, 1_000_000);
+        let taken = acquire(None, &p, 4, T0);
+        // 6 left: room for 16 more before usage is twice the capacity; the other 9 are dropped.
+        let (o, units) = report(taken.state, &p, 25, T0);
+        assert_eq!(units, 16);
+        assert_eq!(o.state.map(|s| s.tokens), Some(-10));
+        assert_eq!(
+            o.decision,
+            Decision {
+                allowed: true,
+                remaining: 0,
+                reset_after_us: 2_000_000,
+                retry_after_us: 1_100_000,
+            }
+        );
+        assert_eq!(o.ttl_us, Some(2_000_000));
+        // Denied until the debt of 10 and one token have come back, to the µs.
+        let before = acquire(o.state, &p, 1, T0 + 1_099_999);
+        assert!(!before.decision.allowed);
+        assert_eq!(before.decision.retry_after_us, 1);
+        assert_eq!(before.decision.remaining, 0);
+        let at = acquire(o.state, &p, 1, T0 + 1_100_000);
+        assert!(at.decision.allowed);
+        // A full capacity waits for the whole debt and 10 tokens.
+        let all = acquire(o.state, &p, 10, T0 + 1_100_000).decision;
+        assert!(!all.allowed);
+        assert_eq!(all.retry_after_us, 900_000);
+        assert!(acquire(o.state, &p, 10, T0 + 2_000_000).decision.allowed);
+    }
+
+    #[test]
+    fn a_report_at_the_bound_records_nothing_and_changes_nothing() {
+        let p = Params::new(10, 1, 1_000_000);
+        let (full, units) = report(None, &p, crate::limiter::MAX_UNITS, T0);
+        assert_eq!(units, 20, "at most twice the capacity from full");
+        let state = full.state;
+        let (o, units) = report(state, &p, 1, T0 + 999_999);
+        assert_eq!(units, 0);
+        assert_eq!((o.state, o.ttl_us), (state, None));
+        assert_eq!(o.decision.remaining, 0);
+        assert_eq!(o.decision.retry_after_us, 11_000_000 - 999_999);
+        assert_eq!(o.decision.reset_after_us, 20_000_000 - 999_999);
+        // A second later one token has been repaid: exactly one more fits.
+        let (o, units) = report(state, &p, 5, T0 + 1_000_000);
+        assert_eq!(units, 1);
+        assert_eq!(o.ttl_us, Some(20_000_000));
+    }
+
+    #[test]
+    fn a_report_that_fits_leaves_tokens_and_no_retry() {
+        let p = Params::new(10, 1, 1_000_000);
+        let (o, units) = report(None, &p, 3, T0);
+        assert_eq!(units, 3);
+        assert_eq!(o.decision.remaining, 7);
+        assert_eq!(o.decision.retry_after_us, 0);
+        assert_eq!(o.decision.reset_after_us, 3_000_000);
+    }
+
+    #[test]
+    fn a_refund_never_fills_above_capacity_nor_creates_state_nor_moves_the_expiry() {
+        let p = Params::new(10, 1, 1_000_000);
+        let (o, units) = refund(None, &p, 5, T0, None);
+        assert_eq!((units, o.state, o.ttl_us), (0, None, None));
+        assert_eq!(o.decision.remaining, 10);
+
+        let taken = acquire(None, &p, 3, T0);
+        // Half a second later: 7.5 tokens, 3 whole ones in use.
+        let (o, units) = refund(taken.state, &p, 5, T0 + 500_000, None);
+        assert_eq!(units, 3);
+        assert_eq!(o.ttl_us, None);
+        assert_eq!(o.decision.remaining, 10);
+        assert_eq!(o.decision.reset_after_us, 0);
+        // Full means exactly 10: the half token is gone, so one taken now is a second's refill.
+        let next = acquire(o.state, &p, 1, T0 + 600_000);
+        assert_eq!(next.decision.reset_after_us, 1_000_000);
+        // Refunding a full bucket gives nothing and keeps its state.
+        let (again, units) = refund(o.state, &p, 1, T0 + 600_000, None);
+        assert_eq!((units, again.state), (0, o.state));
+    }
+
+    #[test]
+    fn a_refund_in_debt_repays_part_of_it() {
+        let p = Params::new(10, 10, 1_000_000);
+        let (debt, _) = report(None, &p, 20, T0);
+        let (o, units) = refund(debt.state, &p, 4, T0, None);
+        assert_eq!(units, 4);
+        assert_eq!(o.state.map(|s| s.tokens), Some(-6));
+        assert_eq!(o.decision.remaining, 0);
+        assert_eq!(o.decision.retry_after_us, 700_000);
+        assert_eq!(o.decision.reset_after_us, 1_600_000);
+        assert_eq!(o.ttl_us, None);
+    }
+
+    #[test]
+    fn a_mark_gives_back_only_what_time_has_not_refilled() {
+        // One token per second, capacity 10.
+        let p = Params::new(10, 1, 1_000_000);
+        let first = acquire(None, &p, 5, T0);
+        let mark1 = T0 + first.decision.reset_after_us;
+        assert_eq!(mark1, T0 + 5_000_000);
+        // 9 by T0 + 4 s, 4 after the second take, full again 6 s later.
+        let second = acquire(first.state, &p, 5, T0 + 4_000_000);
+        let mark2 = T0 + 4_000_000 + second.decision.reset_after_us;
+        assert_eq!(mark2, T0 + 10_000_000);
+        let now = T0 + 6_000_000;
+        // The first take's 5 have all been refilled by T0 + 5 s, though 4 are in use.
+        let (o, units) = refund(second.state, &p, 5, now, Some(mark1));
+        assert_eq!((units, o.state, o.ttl_us), (0, second.state, None));
+        assert_eq!(o.decision.remaining, 6);
+        // The second's: 4 s still to refill, so 4 of its 5.
+        let (o, units) = refund(second.state, &p, 5, now, Some(mark2));
+        assert_eq!(units, 4);
+        assert_eq!(o.decision.remaining, 10);
+        // Half a second later only 3 whole ones are still unrefilled.
+        let (_, units) = refund(second.state, &p, 5, now + 500_000, Some(mark2));
+        assert_eq!(units, 3);
+        // Without the mark, everything in use.
+        let (_, units) = refund(second.state, &p, 5, now + 500_000, None);
+        assert_eq!(units, 4);
+    }
+
+    #[test]
+    fn debt_at_the_largest_parameters_stays_exact() {
+        // A billion tokens refilled once a month, twice over in debt.
+        let period = crate::limiter::MAX_PERIOD_MS * 1_000;
+        let p = Params::new(1_000_000_000, 1, period);
+        let (o, units) = report(None, &p, 1_000_000_000, T0);
+        assert_eq!(units, 1_000_000_000);
+        let (o, units) = report(o.state, &p, 1_000_000_000, T0 + 1);
+        assert_eq!(units, 1_000_000_000);
+        assert_eq!(o.state.map(|s| s.tokens), Some(-1_000_000_000));
+        // One token is 10^9 + 1 months away, far past the longest wait reported.
+        assert_eq!(o.decision.retry_after_us, MAX_WAIT_US);
+        let d = acquire(o.state, &p, 1, T0 + 1).decision;
+        assert_eq!(d.retry_after_us, MAX_WAIT_US);
+        // At a billion per ms, the same debt is 2 ms of refill.
+        let p = Params::new(1_000_000_000, 1_000_000_000, 1_000);
+        let (o, _) = report(None, &p, 1_000_000_000, T0);
+        let (o, _) = report(o.state, &p, 1_000_000_000, T0);
+        assert_eq!(o.decision.reset_after_us, 2_000);
+        assert_eq!(o.decision.retry_after_us, 1_001);
+        let d = acquire(o.state, &p, 1_000_000_000, T0 + 1_999).decision;
+        assert_eq!(d.retry_after_us, 1);
+        assert_eq!(d.remaining, 999_000_000);
     }
 
     #[test]

@@ -380,12 +380,16 @@ mod tests {
             json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}),
             json!({"name": "b", "algorithm": "sliding_window_log", "limit": 10000, "window_ms": 1}),
             json!({"name": "c", "algorithm": "sliding_window_counter", "limit": 1, "window_ms": 2_678_400_000_u64}),
-            json!({"name": "d", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000, "fail_mode": "closed", "description": "x"}),
+            json!({"name": "d", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000, "fail_mode": "closed", "description": "x", "mode": "shadow"}),
+            json!({"name": "e", "algorithm": "gcra", "rate": 10, "period_ms": 1000, "burst": 5, "mode": "enforce"}),
         ] {
             let p = parse_policy(&v, None).expect("valid");
             let mut back = serde_json::to_value(p.to_doc()).expect("serializes");
-            if back["fail_mode"] == "open" && v.get("fail_mode").is_none() {
-                back.as_object_mut().map(|o| o.remove("fail_mode"));
+            // Defaults read back written out.
+            for (field, default) in [("fail_mode", "open"), ("mode", "enforce")] {
+                if back[field] == default && v.get(field).is_none() {
+                    back.as_object_mut().map(|o| o.remove(field));
+                }
             }
             assert_eq!(back, v);
         }
@@ -415,6 +419,19 @@ mod tests {
         let e = err(json!({"name": "a", "algorithm": "leaky", "limit": 5}));
         assert_eq!(e.field(), Some("algorithm"));
         let e = err(
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "mode": "dry_run"}),
+        );
+        assert_eq!(e.field(), Some("mode"));
+        assert_eq!(
+            e.to_string(),
+            "`mode` `dry_run` is not one of enforce, shadow"
+        );
+        let e = err(
+            json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "mode": true}),
+        );
+        assert_eq!(e.field(), Some("mode"));
+        assert!(e.is_malformed());
+        let e = err(
             json!({"name": "a", "algorithm": "sliding_window_log", "limit": 10001, "window_ms": 1}),
         );
         assert_eq!(e.field(), Some("limit"));
@@ -436,7 +453,7 @@ mod tests {
         let v = json!({"name": "api", "limits": [
             {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000},
             {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
-        ], "fail_mode": "closed"});
+        ], "fail_mode": "closed", "mode": "enforce"});
         let p = parse_policy(&v, None).expect("valid");
         assert_eq!(p.limits.len(), 2);
         assert_eq!(p.state_name(0), Some("burst"));
@@ -452,7 +469,7 @@ mod tests {
         assert_eq!(p.state_name(0), None, "one limit carries the policy's name");
         assert_eq!(
             serde_json::to_value(p.to_doc()).expect("serializes"),
-            json!({"name": "api", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "fail_mode": "open"})
+            json!({"name": "api", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "fail_mode": "open", "mode": "enforce"})
         );
     }
 
