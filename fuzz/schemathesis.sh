@@ -25,13 +25,13 @@ SEED=${SCHEMATHESIS_SEED:-20240601}
 # policy schema is one closed object per algorithm (`additionalProperties: false`) and every
 # bound comes from the same constants as the server's checks. What JSON Schema cannot say (a PUT
 # body's name equal to the path's, distinct limit names, lengths in bytes, a cost within the
-# policy's own quota) is kept out of positive cases by fuzz/schemathesis_hooks.py, which says
-# why for each; 412 (a precondition that does not hold) counts as an acceptance, see
-# fuzz/schemathesis.toml. Then the stateful checks, over links Schemathesis infers (POST's
-# Location to GET/PUT/DELETE): use_after_free (a deleted policy is gone) and
-# ensure_resource_availability (a created one is there at once); and the HTTP checks,
-# unsupported_method (405 with Allow), allow_header_conformance (Allow names the documented
-# methods) and missing_required_header.
+# policy's own quota, a refund's ticket issued for its own policy and key) is kept out of
+# positive cases by fuzz/schemathesis_hooks.py, which says why for each; 412 (a precondition
+# that does not hold) counts as an acceptance, see fuzz/schemathesis.toml. Then the stateful
+# checks, over links Schemathesis infers (POST's Location to GET/PUT/DELETE): use_after_free (a
+# deleted policy is gone) and ensure_resource_availability (a created one is there at once);
+# and the HTTP checks, unsupported_method (405 with Allow), allow_header_conformance (Allow
+# names the documented methods) and missing_required_header.
 # Left out: ignored_auth and object_level_authorization, which need credentials: this run sets
 # no tokens, and the spec marks auth optional (`security: [{}, {bearer}]`), so they would test
 # nothing.
@@ -98,13 +98,17 @@ if [[ -z $ready ]]; then
     exit 2
 fi
 
-# --- Policies for acquire to hit ----------------------------------------------------------
-# "api-per-user" is the policy named in the spec's examples, so the examples phase of
-# POST /v1/acquire hits an existing policy; the other names are among those Schemathesis
-# generates for `policy` (random names get 404, which is documented). Every quota is the largest
-# the schema allows for `cost`, so a schema-valid cost always fits; "A" has several limits, so
-# the `limits` and `violated` fields of the answer are checked too. sliding_window_log (at most
-# 10,000) is left out for that reason. The hooks keep writes off these names.
+# --- Policies for the decisions to hit ------------------------------------------------------
+# "api-per-user" (acquire, peek), "llm-tokens" (report, refund) and "login-failures" (reset) are
+# the policies named in the spec's examples, so the examples phase of every decision hits an
+# existing policy; the other names are among those Schemathesis generates for `policy` (random
+# names get 404, which is documented). Every quota is the largest the schema allows for `cost`,
+# so a schema-valid acquire or peek always fits; sliding_window_log (at most 10,000) is left out
+# for that reason. Reports of large costs put subjects into debt, so later acquires and peeks of
+# the same subjects can be denied, and the denials' fields are checked too. "A" has several
+# limits, so the `limits`, `violated` and per-limit `units` fields of the answers are checked;
+# "0" is in shadow mode, so `shadow` and `would_allow` are. The hooks keep writes off these
+# names, and give positive refunds a real ticket (FUZZ_BASE_URL).
 create_policy() {
     local code
     code=$(curl -sS -o "$WORK/body" -w '%{http_code}' -H 'Content-Type: application/json' \
@@ -114,12 +118,14 @@ create_policy() {
         exit 2
     fi
 }
-FIXED_POLICIES="api-per-user login a A 0"
+FIXED_POLICIES="api-per-user llm-tokens login-failures login a A 0"
 create_policy api-per-user '{"name":"api-per-user","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000000000,"refill_period_ms":1000}'
+create_policy llm-tokens '{"name":"llm-tokens","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000000000,"refill_period_ms":60000}'
+create_policy login-failures '{"name":"login-failures","algorithm":"fixed_window","limit":1000000000,"window_ms":900000}'
 create_policy login '{"name":"login","algorithm":"fixed_window","limit":1000000000,"window_ms":60000}'
 create_policy a '{"name":"a","algorithm":"gcra","rate":1000000000,"period_ms":1000,"burst":1000000000}'
 create_policy A '{"name":"A","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000,"refill_period_ms":1000},{"name":"daily","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":86400000}]}'
-create_policy 0 '{"name":"0","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":1000}'
+create_policy 0 '{"name":"0","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":1000,"mode":"shadow"}'
 
 # --- Schemathesis ---------------------------------------------------------------------------
 seed_args=()
@@ -137,7 +143,7 @@ CONFIG="$PWD/fuzz/schemathesis.toml"
 
 echo "==> schemathesis: $BASE/openapi.json, checks $CHECKS, max $EXAMPLES examples"
 set +e
-(cd "$ST_DIR" && FUZZ_FIXED_POLICIES=$FIXED_POLICIES SCHEMATHESIS_HOOKS="$HOOKS" \
+(cd "$ST_DIR" && FUZZ_FIXED_POLICIES=$FIXED_POLICIES FUZZ_BASE_URL=$BASE SCHEMATHESIS_HOOKS="$HOOKS" \
     "$ST" --config-file "$CONFIG" run "$BASE/openapi.json" \
     --checks "$CHECKS" \
     --max-examples "$EXAMPLES" \

@@ -8,25 +8,51 @@ cases are brought within these rules, and only these; negative cases are never t
 
 - A PUT body's `name`, when given, equals the path's name.
 - The limits of a policy have distinct names.
-- An acquire's `key` is at most 256 bytes of UTF-8 and a policy's `description` at most 1,024
-  (the schema's `maxLength` counts characters).
-- The policies fuzz/schemathesis.sh creates for acquire to hit (FUZZ_FIXED_POLICIES) are not
-  replaced or deleted: their quotas are the largest there is, so that any cost the schema allows
-  fits them (a cost above the policy's own quota is a 422 the schema cannot foresee).
+- The `key` of an acquire, peek, report, refund or reset is at most 256 bytes of UTF-8, and a
+  policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+- A refund's `ticket`, when given, is one this service issued for the same policy and key (422
+  otherwise). A generated one never is, so a positive refund gets a real ticket instead: the
+  hook reports the refund's `cost` for its policy and key (FUZZ_BASE_URL) and sends the report's
+  `ticket`, so that refunds with tickets are exercised for real. When the report gives no ticket
+  (no such policy, and the refund is a 404 whatever it carries; or a subject already at its debt
+  bound, where a report records nothing), the ticket is left out.
+- The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
+  not replaced or deleted: their quotas are the largest there is, so that any cost the schema
+  allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
+  cannot foresee).
 """
 
 import json
 import os
+import urllib.error
+import urllib.request
 
 import schemathesis
 
 KEY_BYTES = 256
 DESCRIPTION_BYTES = 1024
 FIXED = frozenset(os.environ.get("FUZZ_FIXED_POLICIES", "").split())
+BASE_URL = os.environ.get("FUZZ_BASE_URL", "").rstrip("/")
+# The operations whose body names a subject: `policy` and `key`.
+DECISIONS = frozenset(["/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset"])
 
 
 def _utf8_prefix(text, limit):
     return text.encode("utf-8")[:limit].decode("utf-8", errors="ignore")
+
+
+def _real_ticket(policy, key, cost):
+    """The ticket of a report of `cost` units for `policy`'s `key`, or None when there is none."""
+    if not BASE_URL:
+        return None
+    body = json.dumps({"policy": policy, "key": key, "cost": cost}).encode()
+    request = urllib.request.Request(f"{BASE_URL}/v1/report", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read()).get("ticket")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
 
 
 def _distinct_names(limits):
@@ -70,5 +96,12 @@ def before_call(context, case, kwargs):
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
 
-    if path == "/v1/acquire" and body is not None and isinstance(body.get("key"), str):
+    if path in DECISIONS and body is not None and isinstance(body.get("key"), str):
         body["key"] = _utf8_prefix(body["key"], KEY_BYTES)
+
+    if path == "/v1/refund" and body is not None and isinstance(body.get("ticket"), str):
+        ticket = _real_ticket(body.get("policy"), body.get("key"), body.get("cost"))
+        if ticket is None:
+            del body["ticket"]
+        else:
+            body["ticket"] = ticket

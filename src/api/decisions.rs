@@ -53,7 +53,7 @@ pub struct ReportRequest {
 /// Give back up to `cost` units to `key` under `policy`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 700, "ticket": "1.2000.5d2c1a0b.1764460860000000"}))]
+#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 700, "ticket": "1.2000.8183b9ea.1764460860000000"}))]
 pub struct RefundRequest {
     /// Name of an existing policy.
     #[schema(schema_with = schema::policy_field)]
@@ -69,7 +69,7 @@ pub struct RefundRequest {
     /// level that time has not yet refilled), and does nothing once that is gone. Without it,
     /// the refund applies to the subject's current state.
     #[schema(
-        example = "1.2000.5d2c1a0b.1764460860000000",
+        example = "1.2000.8183b9ea.1764460860000000",
         min_length = 1,
         max_length = 256
     )]
@@ -151,7 +151,7 @@ pub struct AcquireResponse {
     /// then gives units back only where these were taken. Absent when nothing was taken
     /// (a denial, a peek, a refund, a `fail_open` answer).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "1.1.5d2c1a0b.1764460800100000")]
+    #[schema(example = "1.1.2984ae67.1764460800100000")]
     pub ticket: Option<String>,
     /// A refund only: units given back (to every limit, the fewest over the limits; each
     /// limit's own count is in `limits`). Never more than asked, than the ticket's units, or

@@ -9,8 +9,8 @@
 //! Shared rules, which every algorithm follows and the Lua scripts copy:
 //! - time is integer microseconds; a `now` earlier than the time stored in the state is treated
 //!   as the stored time, so a clock step back never refunds quota or reopens a window;
-//! - a denied request changes no counter (the sliding log may drop entries that have left the
-//!   window, which does not change what is allowed);
+//! - a denied request and a peek write nothing (the sliding log drops entries that have left
+//!   the window only when it writes: a take, a report, a refund);
 //! - callers guarantee `1 <= cost <= quota` of every limit for an acquire or a peek (the API
 //!   rejects larger costs first); a report or a refund may name up to [`MAX_UNITS`];
 //! - a subject's usage never passes twice its quota: a report records at most what brings it

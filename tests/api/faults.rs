@@ -49,13 +49,20 @@ async fn setup(tag: &str, mode: &str) -> (Arc<TestRedis>, TestApp, std::path::Pa
         ],
     )
     .await;
-    for (name, mode) in [("open", "open"), ("closed", "closed"), ("local", "local")] {
+    for (name, mode) in [("open", "open"), ("closed", "closed")] {
         app.create_policy(json!({
             "name": name, "algorithm": "fixed_window", "limit": 5, "window_ms": 3_600_000,
             "fail_mode": mode
         }))
         .await;
     }
+    // A bucket of 5 that refills 5 an hour, not a fixed window: a run that crosses the hour would
+    // open a fresh window, and `local` could rightly grant 5 more than the test counts on.
+    app.create_policy(json!({
+        "name": "local", "algorithm": "token_bucket", "capacity": 5, "refill_tokens": 5,
+        "refill_period_ms": 3_600_000, "fail_mode": "local"
+    }))
+    .await;
     app.create_policy(json!({"name": "exact", "algorithm": "sliding_window_log", "limit": 5, "window_ms": 3_600_000}))
         .await;
     (redis, app, dir)

@@ -227,8 +227,9 @@ for path, item in spec.get("paths", {}).items():
             for tag in op.get("tags") or ["default"]:
                 expected.add((tag, method, path))
 # Required whatever the spec says.
-must_paths = {"/v1/acquire", "/v1/policies", "/v1/policies/{name}"}
-must_tags = {"acquire", "policies", "operations"}
+must_paths = {"/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset",
+              "/v1/policies", "/v1/policies/{name}"}
+must_tags = {"decisions", "policies", "operations"}
 
 problems = []
 if not dom.ops:
