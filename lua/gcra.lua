@@ -21,7 +21,7 @@
 -- backlog; remaining is 0 until busy is below burst again.
 -- Refund: gives back at most busy intervals (all of them put the TAT before t: at rest, never
 -- above full), and with a ticket's mark (the TAT after its take) at most the
--- floor((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
+-- ceil((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
 -- MAX_WAIT_US. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
 
 local burst = tonumber(ARGV[a + 1])
@@ -106,7 +106,12 @@ out_units = math.min(cost, busy)
 if mark then
   local undrained = 0
   if mark > t then
-    undrained = muldiv(math.min(mark - t, MAX_WAIT_US), den, num)
+    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), den, num)
+    -- Rounded up: a refund right after its take gives all of it back.
+    undrained = q
+    if r > 0 then
+      undrained = q + 1
+    end
   end
   out_units = math.min(out_units, undrained)
 end

@@ -21,7 +21,7 @@
 -- 2 * 10^9 < 2^31, which muldiv multiplies exactly.
 -- Refund: gives back at most the whole tokens in use (capacity - tokens), and with a ticket's
 -- mark (the time the bucket would be full after its take) at most the
--- floor((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
+-- ceil((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
 -- at MAX_WAIT_US. Back at capacity, the fraction is dropped (never above full). Written with
 -- KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
 
@@ -106,7 +106,12 @@ out_units = math.min(cost, capacity - tokens)
 if mark then
   local unrefilled = 0
   if mark > t then
-    unrefilled = muldiv(math.min(mark - t, MAX_WAIT_US), rate, period)
+    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), rate, period)
+    -- Rounded up: a refund right after its take gives all of it back.
+    unrefilled = q
+    if r > 0 then
+      unrefilled = q + 1
+    end
   end
   out_units = math.min(out_units, unrefilled)
 end

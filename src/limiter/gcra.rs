@@ -39,8 +39,9 @@
 //!
 //! Refund ([`super::Rule::refund`]). Gives back whole intervals, at most `busy`: giving them all
 //! puts the TAT before `t`, a subject at rest (never above full). A ticket's mark is the TAT
-//! after its take (rounded up to a µs): by `t`, all but `floor((mark − t) / T)` of that take's
-//! units have drained (none once `mark <= t`), so no more are given back (`mark − t` is capped at
+//! after its take (rounded up to a µs): by `t`, all but `(mark − t) / T` of that take's units
+//! have drained (none once `mark <= t`), so no more are given back, rounded up to a whole
+//! interval (a refund right after its take gives all of it back, not one less) (`mark − t` is capped at
 //! [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark stays exact in Lua). A
 //! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
 //!
@@ -295,10 +296,12 @@ pub fn refund(
     let level = Level::at(state, p, now_us);
     let mut give = units.min(level.busy);
     if let Some(mark) = mark {
-        // Intervals of the take not drained yet. A genuine mark is at most MAX_WAIT_US after
-        // `t`; the cap keeps any other within Lua's exact integers.
-        let (undrained, _) = muldiv(until(mark, level.t).min(MAX_WAIT_US), level.den, level.num);
-        give = give.min(undrained);
+        // Intervals of the take not drained yet, rounded up to a whole one: a refund right after
+        // its take gives all of it back, not one less for the sliver drained since. A genuine
+        // mark is at most MAX_WAIT_US after `t`; the cap keeps any other within Lua's exact
+        // integers.
+        let (q, r) = muldiv(until(mark, level.t).min(MAX_WAIT_US), level.den, level.num);
+        give = give.min(q + u64::from(r > 0));
     }
     if give == 0 {
         let outcome = Outcome {
@@ -808,8 +811,15 @@ mod tests {
         let (o, units) = refund(second.state, &p, 5, now, Some(mark2));
         assert_eq!(units, 4);
         assert_eq!(o.decision.remaining, 10);
+        // 3.5 still to come back half a second later: rounded up, 4; a second later, 3.
         let (_, units) = refund(second.state, &p, 5, now + 500_000, Some(mark2));
+        assert_eq!(units, 4);
+        let (_, units) = refund(second.state, &p, 5, now + 1_500_000, Some(mark2));
         assert_eq!(units, 3);
+        // A microsecond after a take, all of it comes back, not one less for the sliver of
+        // refill since.
+        let (o, units) = refund(first.state, &p, 5, T0 + 1, Some(mark1));
+        assert_eq!((units, o.decision.remaining), (5, 10));
         let (_, units) = refund(second.state, &p, 5, now + 500_000, None);
         assert_eq!(units, 4);
     }

@@ -21,9 +21,10 @@
 //! Refund ([`super::Rule::refund`]). Gives back whole tokens, at most the ones in use
 //! (`capacity - tokens`); a bucket brought back to `capacity` drops its fraction, so the level
 //! is never above full. A ticket's mark is the time the bucket would have been full after its
-//! take: by `t`, time has refilled all but `floor((mark - t) * refill_tokens /
-//! refill_period_us)` of the tokens that take used (none once `mark <= t`), so no more are given
-//! back. (`mark - t` is capped at [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark
+//! take: by `t`, time has refilled all but `(mark - t) * refill_tokens / refill_period_us` of
+//! the tokens that take used (none once `mark <= t`), so no more are given back, rounded up to
+//! a whole token: a refund right after its take gives all of it back rather than one less for
+//! the sliver refilled meanwhile (at most that sliver, less than a token, is given twice). (`mark - t` is capped at [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark
 //! stays exact in Lua.) A refund rewrites the level but keeps the key's expiry: the bucket is
 //! only fuller, so it is full again before the old expiry.
 
@@ -234,10 +235,13 @@ pub fn refund(
     let used = u64::try_from(signed(p.capacity) - level.tokens).unwrap_or(0);
     let mut give = units.min(used);
     if let Some(mark) = mark {
-        // What time has not refilled yet of the take's tokens. A genuine mark is at most
-        // MAX_WAIT_US after `t`; the cap keeps any other within Lua's exact integers.
-        let (unrefilled, _) = muldiv(until(mark, t).min(MAX_WAIT_US), level.rate, level.period);
-        give = give.min(unrefilled);
+        // What time has not refilled yet of the take's tokens, rounded up to a whole token: a
+        // refund right after its take gives all of it back, not one less for the sliver refilled
+        // since (the level is capped at the capacity, so a full bucket gains nothing). A
+        // genuine mark is at most MAX_WAIT_US after `t`; the cap keeps any other within Lua's
+        // exact integers.
+        let (q, r) = muldiv(until(mark, t).min(MAX_WAIT_US), level.rate, level.period);
+        give = give.min(q + u64::from(r > 0));
     }
     if give == 0 {
         let outcome = Outcome {
@@ -557,9 +561,15 @@ mod tests {
         let (o, units) = refund(second.state, &p, 5, now, Some(mark2));
         assert_eq!(units, 4);
         assert_eq!(o.decision.remaining, 10);
-        // Half a second later only 3 whole ones are still unrefilled.
+        // 3.5 still to come back half a second later: rounded up, 4; a second later, 3.
         let (_, units) = refund(second.state, &p, 5, now + 500_000, Some(mark2));
+        assert_eq!(units, 4);
+        let (_, units) = refund(second.state, &p, 5, now + 1_500_000, Some(mark2));
         assert_eq!(units, 3);
+        // A microsecond after a take, all of it comes back, not one less for the sliver of
+        // refill since.
+        let (o, units) = refund(first.state, &p, 5, T0 + 1, Some(mark1));
+        assert_eq!((units, o.decision.remaining), (5, 10));
         // Without the mark, everything in use.
         let (_, units) = refund(second.state, &p, 5, now + 500_000, None);
         assert_eq!(units, 4);
