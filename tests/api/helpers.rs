@@ -3,7 +3,7 @@
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ratelimiter::config::Settings;
 use ratelimiter::startup::Application;
@@ -448,4 +448,25 @@ macro_rules! on_every_store {
             )*
         }
     };
+}
+
+/// Waits until every epoch-aligned window of `windows_ms` has at least 15 s left, so that no
+/// fixed or sliding window turns over while a test counts on it (a test here takes far less).
+pub async fn clear_of_window_edges(windows_ms: &[u64]) {
+    const MARGIN_MS: u64 = 15_000;
+    loop {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("the clock is after 1970")
+            .as_millis() as u64;
+        let wait = windows_ms
+            .iter()
+            .map(|w| w - now_ms % w)
+            .filter(|left| *left < MARGIN_MS)
+            .max();
+        match wait {
+            Some(left) => tokio::time::sleep(Duration::from_millis(left + 50)).await,
+            None => return,
+        }
+    }
 }

@@ -6,13 +6,12 @@
 //! cost above one limit's quota.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::join_all;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, spawn_app_with_file, Backend, TestApp};
+use crate::helpers::{clear_of_window_edges, spawn_app, spawn_app_with_file, Backend, TestApp};
 
 crate::on_every_store!(
     concurrent_acquires_admit_exactly_the_tightest_limit_and_count_every_other,
@@ -24,27 +23,6 @@ crate::on_every_store!(
 
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 86_400_000;
-
-/// Waits until every epoch-aligned window of `windows_ms` has at least 15 s left, so that no
-/// fixed or sliding window turns over while a test counts on it (a test here takes far less).
-async fn clear_of_window_edges(windows_ms: &[u64]) {
-    const MARGIN_MS: u64 = 15_000;
-    loop {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("the clock is after 1970")
-            .as_millis() as u64;
-        let wait = windows_ms
-            .iter()
-            .map(|w| w - now_ms % w)
-            .filter(|left| *left < MARGIN_MS)
-            .max();
-        match wait {
-            Some(left) => tokio::time::sleep(Duration::from_millis(left + 50)).await,
-            None => return,
-        }
-    }
-}
 
 /// One acquire, decided by the store itself (not by a fail mode): the answer and its headers.
 async fn decide(app: &TestApp, policy: &str, key: &str, cost: u64) -> (Value, HeaderMap) {

@@ -16,14 +16,15 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    policies_of_every_algorithm, spawn_app, spawn_app_with, Backend, TestApp, TestRedis,
+    clear_of_window_edges, policies_of_every_algorithm, spawn_app, spawn_app_with, Backend,
+    TestApp, TestRedis,
 };
 
 crate::on_every_store!(
@@ -50,27 +51,6 @@ fn tag(backend: Backend) -> &'static str {
         Backend::Embedded => "embedded",
         Backend::Redis => "redis",
         Backend::Cluster => "cluster",
-    }
-}
-
-/// Waits until every epoch-aligned window of `windows_ms` has at least 15 s left, so that no
-/// window turns over while a test counts on it (as `limits.rs` does).
-async fn clear_of_window_edges(windows_ms: &[u64]) {
-    const MARGIN_MS: u64 = 15_000;
-    loop {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("the clock is after 1970")
-            .as_millis() as u64;
-        let wait = windows_ms
-            .iter()
-            .map(|w| w - now_ms % w)
-            .filter(|left| *left < MARGIN_MS)
-            .max();
-        match wait {
-            Some(left) => tokio::time::sleep(Duration::from_millis(left + 50)).await,
-            None => return,
-        }
     }
 }
 
