@@ -23,6 +23,7 @@
 //!   are long enough on its own clock.
 
 pub mod arith;
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod sliding_window_counter;
