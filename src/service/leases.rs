@@ -18,7 +18,9 @@
 //! forgot); `fail_open` counts calls answered without any store. `ratelimiter_leases_in_use` is
 //! granted minus released minus expired as this instance counted them: a lease granted by one
 //! instance and released through another moves two instances' gauges, so sum it over
-//! instances.
+//! instances. The store sees an expiry only while another lease keeps the subject's state: the
+//! state expires with its last lease, and those last expiries are never counted (so the gauge
+//! overstates by them).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
