@@ -337,4 +337,4 @@ impl Released {
 }
 
 /// Why a lease is unknown.
-const GONE: &str = "it has expired, was released, or never existed: take a new one";
+const GONE: &str = "the lease has expired, was released, or never existed: take a new one";

@@ -105,6 +105,30 @@ async fn a_lease_is_taken_renewed_and_released_on_the_embedded_store() {
         .await;
     assert_eq!(again.status(), 201);
 
+    // Other methods: 405 naming the ones each path takes.
+    for (method, path, allow) in [
+        (reqwest::Method::GET, "/v1/leases", "POST"),
+        (reqwest::Method::GET, location.as_str(), "DELETE"),
+        (
+            reqwest::Method::DELETE,
+            &format!("{location}/renew"),
+            "POST",
+        ),
+    ] {
+        let r = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(
+            r.headers().get("allow").and_then(|v| v.to_str().ok()),
+            Some(allow),
+            "{method} {path}"
+        );
+    }
+
     // A malformed id: 404 for both.
     assert_eq!(app.delete("/v1/leases/not-a-lease").await.status(), 404);
     assert_eq!(
