@@ -91,3 +91,26 @@ pub struct LeaseAnswer {
 pub struct State {
     pub leases: BTreeMap<String, (u64, u64)>,
 }
+
+/// Decides one lease call on a subject's leases at `now_us`: what to keep (`None`: no leases
+/// left, the key is deleted), the answer, and the key's new expiry from now (`Some(ttl)`: when
+/// its last lease would expire; `None`: unchanged).
+pub fn decide(
+    state: Option<State>,
+    call: &LeaseCall<'_>,
+    now_us: u64,
+) -> (Option<State>, LeaseAnswer, Option<u64>) {
+    let _ = (call, now_us);
+    (
+        state,
+        LeaseAnswer {
+            ok: false,
+            in_use: 0,
+            expires_in_us: 0,
+            retry_after_us: 0,
+            expired: 0,
+            at_us: now_us,
+        },
+        None,
+    )
+}

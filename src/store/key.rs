@@ -27,10 +27,30 @@ pub fn state_key(
     limit: Option<&str>,
     algorithm: Algorithm,
 ) {
-    buf.clear();
     let alg = algorithm.as_str();
     let limit_len = limit.map_or(0, |l| l.len() + 1);
-    buf.reserve(prefix.len() + policy.len() + key.len() + limit_len + alg.len() + 5);
+    subject(buf, prefix, policy, key, limit_len + alg.len());
+    if let Some(limit) = limit {
+        buf.push_str(limit);
+        buf.push(':');
+    }
+    buf.push_str(alg);
+}
+
+/// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):
+/// `<prefix>:{<policy>:<escaped key>}:concurrency`, on the subject's hash tag like its state
+/// keys.
+pub fn lease_key(buf: &mut String, prefix: &str, policy: &str, key: &str) {
+    const KIND: &str = "concurrency";
+    subject(buf, prefix, policy, key, KIND.len());
+    buf.push_str(KIND);
+}
+
+/// Writes `<prefix>:{<policy>:<escaped key>}:` to `buf` (cleared first), with room for `tail`
+/// more bytes.
+fn subject(buf: &mut String, prefix: &str, policy: &str, key: &str, tail: usize) {
+    buf.clear();
+    buf.reserve(prefix.len() + policy.len() + key.len() + tail + 5);
     buf.push_str(prefix);
     buf.push_str(":{");
     buf.push_str(policy);
@@ -51,11 +71,6 @@ pub fn state_key(
         buf.push_str(key);
     }
     buf.push_str("}:");
-    if let Some(limit) = limit {
-        buf.push_str(limit);
-        buf.push(':');
-    }
-    buf.push_str(alg);
 }
 
 /// The state keys of every limit of `policy` for the subject `key`, in policy order: the first

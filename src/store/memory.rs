@@ -26,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
 use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
+use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
 use crate::limiter::{decide_op, Op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
@@ -181,6 +182,21 @@ impl MemoryStore {
         Ok(verdict)
     }
 
+    /// Decides one lease call at an explicit time (the service's `local` fail mode calls it
+    /// with its own clock).
+    pub fn lease_at(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now: u64,
+    ) -> Result<LeaseAnswer, StoreError> {
+        // Interface first (leases-store branch): the state lands in the next commits.
+        let _ = (policy, key, &self.prefix);
+        let (_, answer, _) = crate::limiter::concurrency::decide(None, &call, now);
+        Ok(answer)
+    }
+
     /// Deletes the subject's state for every limit of the policy; returns how many limits had
     /// state.
     pub fn clear(&self, policy: &Policy, key: &LimitKey) -> usize {
@@ -284,6 +300,17 @@ impl Store for MemoryStore {
     ) -> Result<Verdict, StoreError> {
         let now = now_us.unwrap_or_else(system_now_us);
         self.decide_at(policy, key, op, cost, marks, now)
+    }
+
+    async fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        let now = now_us.unwrap_or_else(system_now_us);
+        self.lease_at(policy, key, call, now)
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

@@ -16,6 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
 };
+use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
 use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
@@ -541,6 +542,20 @@ impl Store for RedisStore {
             })
             .await?;
         verdict(&reply, n, op)
+    }
+
+    async fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        // Interface first (leases-store branch): the script call lands in the next commits.
+        let _ = (policy, key, call, now_us, &self.prefix);
+        Err(StoreError::server(
+            "leases are not implemented on Redis yet",
+        ))
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
