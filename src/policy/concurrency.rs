@@ -7,9 +7,9 @@
 //! rate algorithms use, so that validation, its messages and the OpenAPI schema read one set of
 //! bounds.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Number, Value};
 
-use super::input::{required_int, ValidationError};
+use super::input::{required_int, whole, ValidationError};
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
 use crate::limiter::Field;
 
@@ -62,4 +62,45 @@ pub fn values(params: &Params) -> [(&'static str, u64); 2] {
         (LIMIT.name, params.limit),
         (LEASE_MS.name, params.lease_us / 1_000),
     ]
+}
+
+/// Validates a lease call's `lease_ms`: an integer within [`LEASE_MS`]'s bounds.
+pub fn parse_lease_ms(value: &Number) -> Result<u64, ValidationError> {
+    let (min, max) = (LEASE_MS.min, LEASE_MS.max);
+    match whole(value) {
+        Some(n) if n >= i128::from(min) && n <= i128::from(max) => Ok(n as u64),
+        _ => Err(ValidationError::invalid(
+            LEASE_MS.name,
+            format!("must be an integer from {min} to {max}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn lease_ms_is_a_whole_number_within_a_day() {
+        let n = |v: Value| match v {
+            Value::Number(n) => n,
+            _ => unreachable!(),
+        };
+        assert_eq!(parse_lease_ms(&n(json!(1))), Ok(1));
+        assert_eq!(parse_lease_ms(&n(json!(2000.0))), Ok(2000));
+        assert_eq!(parse_lease_ms(&n(json!(86_400_000))), Ok(86_400_000));
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(1.5),
+            json!(86_400_001),
+            json!(1e30),
+        ] {
+            assert_eq!(
+                parse_lease_ms(&n(bad)).expect_err("refused").field(),
+                Some("lease_ms")
+            );
+        }
+    }
 }

@@ -1,4 +1,5 @@
-//! Validation of client input: policy documents, and the fields of an acquire.
+//! Validation of client input: policy documents (rate policies and concurrency policies), and
+//! the fields of an acquire.
 //!
 //! Every error names the field at fault. Wrong JSON types are [`ValidationError::is_malformed`]
 //! (HTTP 400); values of the right type that are out of range, missing, or do not belong to the
@@ -388,7 +389,7 @@ fn integer(value: &Value, field: &str) -> Result<Option<i128>, ValidationError> 
 }
 
 /// The number's value when it is whole (`2`, `2.0`, `1e3`), `None` when it has a fraction.
-fn whole(n: &Number) -> Option<i128> {
+pub(super) fn whole(n: &Number) -> Option<i128> {
     if let Some(i) = n.as_i64() {
         Some(i128::from(i))
     } else if let Some(u) = n.as_u64() {

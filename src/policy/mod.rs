@@ -1,5 +1,8 @@
 //! The policy model: what a policy is and how it is validated.
 //!
+//! A policy is of one of two kinds: rate limits (one to [`MAX_LIMITS`] of the algorithms of
+//! [`Algorithm`], decided together), or one concurrency limit held by leases ([`concurrency`]).
+//!
 //! A [`Policy`] only exists validated: [`input::parse_policy`] turns client JSON into one or
 //! names the field that is wrong, and every later layer trusts it. The HTTP shape of a policy
 //! (`PolicyDoc`) lives here too, so that the OpenAPI schema and the validation describe the same

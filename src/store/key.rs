@@ -10,6 +10,10 @@
 //! part of the name, so a limit keeps its state across a change to the policy only while its
 //! name and algorithm stay the same, and one script is never handed another's state.
 //!
+//! Leases under a concurrency limit: `<prefix>:{<policy>:<escaped key>}:concurrency`
+//! ([`lease_key`]), escaped and tagged the same way; no algorithm is named `concurrency`, so it
+//! never meets a state key.
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
@@ -172,6 +176,14 @@ mod tests {
         );
         assert_eq!(buf, "rl:{api:u}:daily:fixed_window");
         assert_eq!(hash_tag(&buf), "api:u");
+    }
+
+    #[test]
+    fn a_subject_s_leases_share_its_escaping_and_hash_tag() {
+        let mut buf = String::new();
+        lease_key(&mut buf, "rl", "exports", "a}b{c:d%");
+        assert_eq!(buf, "rl:{exports:a%7Db%7Bc%3Ad%25}:concurrency");
+        assert_eq!(hash_tag(&buf), hash_tag(&key("exports", "a}b{c:d%")));
     }
 
     #[test]

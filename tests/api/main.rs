@@ -15,6 +15,7 @@ mod faults;
 mod gcra;
 mod instances;
 mod leases;
+mod leases_smoke;
 mod limits;
 mod openapi;
 mod operations;
