@@ -560,6 +560,7 @@ async fn a_lease_neither_renewed_nor_released_frees_its_slot_at_its_expiry(backe
         if expiry_frees_the_slot(&app, &api, backend, lease_ms).await {
             return;
         }
+        eprintln!("a step came after an expiry it had to precede: again, with longer leases");
     }
     panic!("the machine was too slow for every attempt, even with leases of 6.4 s");
 }
@@ -638,6 +639,7 @@ async fn a_renewed_lease_outlives_its_first_expiry_and_an_expired_one_is_not_fou
         if renewal_outlives_the_first_expiry(&app, &api, backend, lease_ms).await {
             return;
         }
+        eprintln!("a step came after an expiry it had to precede: again, with longer leases");
     }
     panic!("the machine was too slow for every attempt, even with leases of 8 s");
 }
@@ -896,8 +898,16 @@ async fn two_instances_on_one_redis_share_one_concurrency_limit_exactly() {
     let (api_a, api_b) = (Api::decided_by(&a, "redis"), Api::decided_by(&b, "redis"));
     let p = "shared-leases";
     a.create_policy(concurrency(p, 5, MINUTE_MS)).await;
+    // Until b's policy cache has it, b answers `unknown-policy`: a renewal of a lease that
+    // never existed says when it does, writing nothing.
+    let never = format!("l1~{p}~{}~{}~1", b64url(b"k"), "0".repeat(32));
     let start = Instant::now();
-    while b.get(&format!("/v1/policies/{p}")).await.status() != 200 {
+    loop {
+        let r = api_b.renew(&never, None).await;
+        if r.is_problem(404, "unknown-lease") {
+            break;
+        }
+        assert!(r.is_problem(404, "unknown-policy"), "{r}");
         assert!(start.elapsed() < Duration::from_secs(5), "b never saw {p}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -970,7 +980,18 @@ async fn two_instances_on_one_redis_share_one_concurrency_limit_exactly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
-    let redis = Arc::new(TestRedis::start());
+    // A Redis that keeps its data (the policies, and the leases it held) across its restart.
+    let dir = std::env::temp_dir().join(format!("ratelimiter-leases-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir_arg = dir.to_string_lossy().into_owned();
+    let redis = Arc::new(TestRedis::start_with(&[
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "always",
+        "--dir",
+        &dir_arg,
+    ]));
     let app = spawn_app_with(
         Some(redis.clone()),
         &[
@@ -1033,7 +1054,7 @@ async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
         assert!(r.is_problem(503, "store-unavailable"), "{r}");
     }
 
-    // Redis back (empty: it kept nothing): a fail-open lease was never stored, so it is not found.
+    // Redis back: a fail-open lease was never stored, so it is not found.
     redis.restart();
     let start = Instant::now();
     loop {
@@ -1064,6 +1085,13 @@ async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
         assert!(r.is_problem(404, "unknown-lease"), "{r}");
         break;
     }
+    // Redis kept the leases it held: the closed policy's, and the open policy's one, whose
+    // release during the outage was answered without Redis (it expires in its own time).
+    let r = closed.renewed(&before[2], None, MINUTE_MS).await;
+    assert_eq!(r.n("in_use"), 1, "the one taken before the outage: {r}");
+    let r = on_redis.renewed(&before[0], None, MINUTE_MS).await;
+    assert_eq!(r.n("in_use"), 1, "{r}");
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 // ---- 8. Headers and refusals -----------------------------------------------------------------
