@@ -310,10 +310,12 @@ impl RateLimiter {
             // anyway.
             FailMode::Closed => Err(error.outcome_known().into()),
             FailMode::Open | FailMode::Local => {
+                // A take is granted and a renewal succeeds; a release is done, but whether the
+                // lease was live is not known.
                 let holds = matches!(call.op, LeaseOp::Take | LeaseOp::Renew);
                 Ok((
                     LeaseAnswer {
-                        ok: true,
+                        ok: holds,
                         in_use: if holds { call.cost } else { 0 },
                         expires_in_us: if holds { call.lease_us } else { 0 },
                         retry_after_us: 0,
