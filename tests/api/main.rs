@@ -15,6 +15,7 @@ mod faults;
 mod gcra;
 mod instances;
 mod lease_scripts;
+mod leases;
 mod leases_smoke;
 mod limits;
 mod openapi;
