@@ -8,14 +8,28 @@ cases are brought within these rules, and only these; negative cases are never t
 
 - A PUT body's `name`, when given, equals the path's name.
 - The limits of a policy have distinct names.
-- The `key` of an acquire, peek, report, refund or reset is at most 256 bytes of UTF-8, and a
-  policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+- The `key` of an acquire, peek, report, refund, reset or lease is at most 256 bytes of UTF-8,
+  and a policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+- A policy is of one kind: a lease call on a rate policy, and an acquire, peek, report, refund
+  or reset on a concurrency policy, are 422 naming `policy`, which the schema cannot say (both
+  kinds of call take any policy name). A positive lease call that names one of the fixed rate
+  policies (FUZZ_FIXED_POLICIES minus FUZZ_LEASE_POLICIES: names Schemathesis generates, such as
+  "0" or "a") is sent to the first of FUZZ_LEASE_POLICIES instead, and a positive decision that
+  names a fixed concurrency policy to the rate policy "a" (a GCRA whose quota holds any cost the
+  schema allows). Their `cost` fits: the fixed concurrency policies' `limit` is the largest the
+  schema allows for a lease's `cost`.
 - A refund's `ticket`, when given, is one this service issued for the same policy and key (422
   otherwise). A generated one never is, so a positive refund gets a real ticket instead: the
   hook reports the refund's `cost` for its policy and key (FUZZ_BASE_URL) and sends the report's
   `ticket`, so that refunds with tickets are exercised for real. When the report gives no ticket
   (no such policy, and the refund is a 404 whatever it carries; or a subject already at its debt
   bound, where a report records nothing), the ticket is left out.
+- Renewing or releasing a lease needs a lease id that the service granted; a generated one never
+  is (a 404 for a renewal, a 204 that touches nothing for a release, both documented). So that
+  renewals and releases of live leases are exercised too, every other positive renewal and
+  release outside the stateful phase gets a real id: the hook takes a lease of FUZZ_LEASE_HOOK_POLICY
+  for a subject of its own (FUZZ_BASE_URL). The stateful phase is left alone: its ids come from
+  the `Location` of the takes it made.
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
@@ -35,6 +49,14 @@ FIXED = frozenset(os.environ.get("FUZZ_FIXED_POLICIES", "").split())
 BASE_URL = os.environ.get("FUZZ_BASE_URL", "").rstrip("/")
 # The operations whose body names a subject: `policy` and `key`.
 DECISIONS = frozenset(["/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset"])
+# The fixed concurrency policies, and the one whose leases the hook takes for renewals and
+# releases of real ids (not among the fixed names Schemathesis generates).
+LEASE_POLICIES = sorted(os.environ.get("FUZZ_LEASE_POLICIES", "").split())
+RATE_POLICIES = FIXED - frozenset(LEASE_POLICIES)
+LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
+# The operations on one lease, by its id.
+LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
+_lease_cases = 0
 
 
 def _utf8_prefix(text, limit):
@@ -51,6 +73,21 @@ def _real_ticket(policy, key, cost):
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read()).get("ticket")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _real_lease():
+    """The id of a lease of LEASE_HOOK_POLICY, for a subject no other case uses, or None."""
+    if not BASE_URL or not LEASE_HOOK_POLICY:
+        return None
+    key = f"hook-{os.getpid()}-{_lease_cases}"
+    body = json.dumps({"policy": LEASE_HOOK_POLICY, "key": key}).encode()
+    request = urllib.request.Request(f"{BASE_URL}/v1/leases", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read()).get("lease")
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -74,6 +111,7 @@ def _distinct_names(limits):
 def before_call(context, case, kwargs):
     """Every case of every phase, as it is about to be sent (after the stateful phase's links
     have filled it in); Schemathesis revalidates what is changed here."""
+    global _lease_cases
     meta = case.meta
     if meta is None or not meta.generation.mode.is_positive:
         return
@@ -96,8 +134,22 @@ def before_call(context, case, kwargs):
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
 
-    if path in DECISIONS and body is not None and isinstance(body.get("key"), str):
+    if (path in DECISIONS or path == "/v1/leases") and body is not None \
+            and isinstance(body.get("key"), str):
         body["key"] = _utf8_prefix(body["key"], KEY_BYTES)
+
+    if path in DECISIONS and body is not None and body.get("policy") in LEASE_POLICIES:
+        body["policy"] = "a"
+    if path == "/v1/leases" and body is not None and body.get("policy") in RATE_POLICIES \
+            and LEASE_POLICIES:
+        body["policy"] = LEASE_POLICIES[0]
+
+    if path in LEASE_PATHS and meta.phase.name != "stateful" and case.path_parameters:
+        _lease_cases += 1
+        if _lease_cases % 2 == 0:
+            lease = _real_lease()
+            if lease is not None:
+                case.path_parameters["id"] = lease
 
     if path == "/v1/refund" and body is not None and isinstance(body.get("ticket"), str):
         ticket = _real_ticket(body.get("policy"), body.get("key"), body.get("cost"))
