@@ -3,10 +3,10 @@
 //! The map, from the edge inwards:
 //! - [`api`]: HTTP only. Routes, JSON shapes, `RateLimit` headers, the OpenAPI document, and the
 //!   one place errors become `application/problem+json`.
-//! - [`service`]: acquires with fail modes, the policy cache following the store's change log,
-//!   policy reads and writes, readiness.
-//! - [`policy`]: what a policy is (one to eight limits on the same subjects) and its
-//!   validation, the one reader of policy documents.
+//! - [`service`]: acquires and leases with fail modes, the policy cache following the store's
+//!   change log, policy reads and writes, readiness.
+//! - [`policy`]: what a policy is (one to eight rate limits on the same subjects, or one
+//!   concurrency limit held by leases) and its validation, the one reader of policy documents.
 //! - [`store`]: where state lives: embedded in-process, or Redis, one server or a Cluster (one Lua
 //!   script per decision, composed from the parts of a policy's limits), with the circuit breaker
 //!   in front of it.

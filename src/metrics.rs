@@ -19,6 +19,14 @@ pub const OPERATION_UNITS: &str = "ratelimiter_operation_units_total";
 pub const SHADOW_DENIED: &str = "ratelimiter_shadow_denied_total";
 /// The units those acquires asked for, labelled `policy`.
 pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
+/// Lease events, labelled `policy` and `event`: `granted`, `denied`, `renewed`, `released`,
+/// `expired` (leases the store found expired when it next touched their subject: a holder that
+/// died or forgot), and `fail_open` (calls answered without any store).
+pub const LEASES: &str = "ratelimiter_leases_total";
+/// Leases held, labelled `policy`: granted minus released minus expired as this instance counted
+/// them (a lease may be granted through one instance and released through another: sum over
+/// instances).
+pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.
@@ -113,6 +121,16 @@ fn describe() {
     describe_counter!(
         OPERATION_UNITS,
         "Units recorded by reports and given back by refunds, by policy and operation"
+    );
+    describe_counter!(
+        LEASES,
+        "Lease events by policy: granted, denied, renewed, released, expired (found expired: a \
+         holder died or forgot), fail_open (answered without any store)"
+    );
+    describe_gauge!(
+        LEASES_IN_USE,
+        "Leases held by policy, as this instance counted grants, releases and expiries (sum over \
+         instances)"
     );
     describe_counter!(
         SHADOW_DENIED,

@@ -1,6 +1,7 @@
 //! Bearer-token access control: `auth.admin_tokens` guard the policy API and `POST /v1/reset`,
 //! `auth.client_tokens` guard the decisions (`POST /v1/acquire`, `/v1/peek`, `/v1/report`,
-//! `/v1/refund`, and `/v1/reset` when no admin token is set), `auth.metrics_tokens` guard `GET
+//! `/v1/refund`, and `/v1/reset` when no admin token is set) and the leases (`POST /v1/leases`,
+//! `POST /v1/leases/{id}/renew`, `DELETE /v1/leases/{id}`), `auth.metrics_tokens` guard `GET
 //! /metrics`. An empty list leaves that part of the API open.
 //!
 //! Tokens are kept and compared as SHA-256 digests with `subtle`, so neither a token's bytes nor

@@ -1,5 +1,5 @@
-//! The JSON body extractor: at most 64 KiB, no key twice in one object, and errors that name the
-//! field at fault.
+//! The JSON body extractors: at most 64 KiB, no key twice in one object, and errors that name
+//! the field at fault; [`OptionalJsonBody`] for a body that may be left out.
 //!
 //! actix-web's own `Json` reports type errors without the field's name and oversized bodies
 //! outside problem+json; this one reports both through [`ApiError`]. It does not insist on a
@@ -36,36 +36,66 @@ impl<T: DeserializeOwned + 'static> FromRequest for JsonBody<T> {
     type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
-        let declared = req
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<usize>().ok());
-        let mut payload = payload.take();
+        let body = read(req, payload);
+        Box::pin(async move { parse(&body.await?).map(JsonBody) })
+    }
+}
+
+/// A JSON request body of type `T` that may be left out: no body at all (zero bytes), or a JSON
+/// `null` (as a field's `null` stands for the field left out), reads as `T::default()`;
+/// anything else is read as [`JsonBody`] reads it.
+pub struct OptionalJsonBody<T>(pub T);
+
+impl<T: DeserializeOwned + Default + 'static> FromRequest for OptionalJsonBody<T> {
+    type Error = ApiError;
+    type Future = LocalBoxFuture<'static, Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, payload: &mut Payload) -> Self::Future {
+        let body = read(req, payload);
         Box::pin(async move {
-            let too_large = ApiError::BodyTooLarge {
-                limit: MAX_BODY_BYTES,
-            };
-            if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
-                return Err(too_large);
+            let body = body.await?;
+            if body.is_empty() || body.trim_ascii() == b"null" {
+                return Ok(OptionalJsonBody(T::default()));
             }
-            let mut body = BytesMut::with_capacity(declared.unwrap_or(256).min(MAX_BODY_BYTES));
-            while let Some(chunk) = payload.next().await {
-                let chunk = chunk.map_err(|e| match BodyDeadline::of(&e) {
-                    Some(BodyDeadline { limit_ms }) => ApiError::RequestTimeout { limit_ms },
-                    None => ApiError::MalformedBody {
-                        detail: format!("the request body could not be read: {e}"),
-                        field: None,
-                    },
-                })?;
-                if body.len() + chunk.len() > MAX_BODY_BYTES {
-                    return Err(too_large);
-                }
-                body.extend_from_slice(&chunk);
-            }
-            parse(&body).map(JsonBody)
+            parse(&body).map(OptionalJsonBody)
         })
     }
+}
+
+/// The whole body, at most [`MAX_BODY_BYTES`], within the request's body deadline.
+fn read(
+    req: &HttpRequest,
+    payload: &mut Payload,
+) -> LocalBoxFuture<'static, Result<BytesMut, ApiError>> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut payload = payload.take();
+    Box::pin(async move {
+        let too_large = ApiError::BodyTooLarge {
+            limit: MAX_BODY_BYTES,
+        };
+        if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+            return Err(too_large);
+        }
+        let mut body = BytesMut::with_capacity(declared.unwrap_or(256).min(MAX_BODY_BYTES));
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| match BodyDeadline::of(&e) {
+                Some(BodyDeadline { limit_ms }) => ApiError::RequestTimeout { limit_ms },
+                None => ApiError::MalformedBody {
+                    detail: format!("the request body could not be read: {e}"),
+                    field: None,
+                },
+            })?;
+            if body.len() + chunk.len() > MAX_BODY_BYTES {
+                return Err(too_large);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
+    })
 }
 
 /// Parses JSON, naming the field at fault in the error.

@@ -1,5 +1,7 @@
-//! The decision endpoints: `POST /v1/acquire`, `/v1/peek`, `/v1/report` and `/v1/refund`, each
-//! answered as JSON and as the IETF `RateLimit` headers, and `POST /v1/reset`.
+//! The decision endpoints of rate policies: `POST /v1/acquire`, `/v1/peek`, `/v1/report` and
+//! `/v1/refund`, each answered as JSON and as the IETF `RateLimit` headers, and `POST
+//! /v1/reset`. A concurrency policy is refused with 422 naming `policy` (its endpoints are in
+//! `leases`).
 
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::{post, web, HttpResponse};
@@ -223,7 +225,7 @@ pub struct LimitState {
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a cost below 1 or above the policy's limit", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a cost below 1 or above the policy's limit, a concurrency policy (`policy`: take a lease instead)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -302,7 +304,7 @@ pub async fn peek(
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -345,7 +347,7 @@ pub async fn report(
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a `ticket` this service did not issue or issued for another policy or key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a `ticket` this service did not issue or issued for another policy or key, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -396,7 +398,7 @@ pub async fn refund(
         (status = 401, description = "The request lacks an admin token (`auth.admin_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store could not be reached", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -14,13 +14,17 @@ use utoipa::{Modify, OpenApi};
             is allowed or denied, atomically, with how much is left and when to retry. `POST \
             /v1/peek` looks without spending; `POST /v1/report` and `POST /v1/refund` settle costs \
             known only afterwards (reserve with acquire, then report the extra or refund the \
-            surplus with the acquire's ticket); `POST /v1/reset` starts a subject afresh. Errors \
-            are RFC 9457 `application/problem+json` documents naming the field at fault.",
+            surplus with the acquire's ticket); `POST /v1/reset` starts a subject afresh. \
+            Concurrency policies bound how many at once instead: take a lease with `POST \
+            /v1/leases`, renew it while working, release it when done (a lease that is neither \
+            renewed nor released expires). Errors are RFC 9457 `application/problem+json` \
+            documents naming the field at fault.",
         license(name = "MIT OR Apache-2.0")
     ),
     modifiers(&BearerAuth),
     tags(
         (name = "decisions", description = "Decisions: acquire units, peek, report and refund them, reset a subject"),
+        (name = "leases", description = "Leases of concurrency policies: take, renew, release"),
         (name = "policies", description = "Create, read, replace and delete policies at run time"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
@@ -37,8 +41,8 @@ impl Modify for BearerAuth {
         let mut scheme = Http::new(HttpAuthScheme::Bearer);
         scheme.description = Some(
             "Needed for the policy API and reset when `auth.admin_tokens` is set, and for \
-             acquire, peek, report and refund (and reset, when no admin token is set) when \
-             `auth.client_tokens` is set."
+             acquire, peek, report, refund and the lease endpoints (and reset, when no admin \
+             token is set) when `auth.client_tokens` is set."
                 .into(),
         );
         components.add_security_scheme("bearer", SecurityScheme::Http(scheme));

@@ -173,6 +173,21 @@ impl ApiError {
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
                 ServiceError::BadTicket(_) => invalid_field(Some("ticket")),
+                ServiceError::ConcurrencyPolicy(_) | ServiceError::RatePolicy(_) => {
+                    invalid_field(Some("policy"))
+                }
+                ServiceError::UnknownLease(_) => (
+                    S::NOT_FOUND,
+                    "urn:ratelimiter:problem:unknown-lease",
+                    "No such lease",
+                    None,
+                ),
+                ServiceError::NoRandomness(_) => (
+                    S::INTERNAL_SERVER_ERROR,
+                    "urn:ratelimiter:problem:internal",
+                    "Internal error",
+                    None,
+                ),
                 ServiceError::TooManyPolicies(_) => (
                     S::CONFLICT,
                     "urn:ratelimiter:problem:too-many-policies",

@@ -10,6 +10,7 @@ pub mod docs;
 pub mod errors;
 pub mod guard;
 pub mod health;
+pub mod leases;
 pub mod policies;
 pub mod schema;
 pub mod span;
@@ -49,6 +50,9 @@ where
         .service(decisions::report)
         .service(decisions::refund)
         .service(decisions::reset)
+        .service(leases::take)
+        .service(leases::renew)
+        .service(leases::release)
         .service(policies::list)
         .service(policies::create)
         .service(policies::read)
@@ -62,13 +66,22 @@ where
 /// The methods a known path takes, for the `Allow` header of a 405.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
-        "/v1/acquire" | "/v1/peek" | "/v1/report" | "/v1/refund" | "/v1/reset" => Some("POST"),
+        "/v1/acquire" | "/v1/peek" | "/v1/report" | "/v1/refund" | "/v1/reset" | "/v1/leases" => {
+            Some("POST")
+        }
         "/v1/policies" => Some("GET, POST"),
         "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Some("GET"),
-        _ => path
-            .strip_prefix("/v1/policies/")
-            .filter(|name| !name.is_empty() && !name.contains('/'))
-            .map(|_| "GET, PUT, DELETE"),
+        _ => {
+            let segment = |rest: &str| !rest.is_empty() && !rest.contains('/');
+            if let Some(name) = path.strip_prefix("/v1/policies/") {
+                return segment(name).then_some("GET, PUT, DELETE");
+            }
+            let id = path.strip_prefix("/v1/leases/")?;
+            match id.strip_suffix("/renew") {
+                Some(id) if segment(id) => Some("POST"),
+                _ => segment(id).then_some("DELETE"),
+            }
+        }
     }
 }
 

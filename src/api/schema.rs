@@ -1,16 +1,18 @@
 //! The OpenAPI schemas the derives cannot state, built from the same constants as the checks.
 //!
-//! A policy document: one object per algorithm in the flat form and one in the `limits` form,
-//! each with no properties but its own, its fields' bounds from the algorithms' own descriptions
-//! ([`crate::limiter::Field`]), so that the schema says what [`crate::policy::parse_policy`]
-//! accepts. Two variants: [`PolicyDoc`] (`POST` and every answer; `name` required) and
+//! A policy document: one object per algorithm in the flat form, one for a concurrency policy
+//! (flat form only) and one in the `limits` form, each with no properties but its own, its
+//! fields' bounds from the algorithms' own descriptions ([`crate::limiter::Field`], and
+//! [`crate::policy::concurrency`]'s), so that the schema says what
+//! [`crate::policy::parse_policy`] accepts. Two variants: [`PolicyDoc`] (`POST` and every answer; `name` required) and
 //! [`PolicyReplacement`] (`PUT`; `name` may be left out, the path gives it). `null` stands for a
 //! field left out, as the parser reads it. What JSON Schema cannot say is in the descriptions:
 //! limit names unique within their policy, a `PUT` body's `name` equal to the path's, and
 //! lengths in bytes where the schema can only count characters.
 //!
 //! Also the parameters whose patterns come from the server's own rules: a policy name in a path,
-//! the `If-Match`/`If-None-Match` preconditions, and an acquire's `policy` and `cost`.
+//! the `If-Match`/`If-None-Match` preconditions, an acquire's `policy` and `cost`, and a lease's
+//! id, `cost` and `lease_ms`.
 
 use std::borrow::Cow;
 
@@ -23,11 +25,15 @@ use utoipa::openapi::schema::{
 use utoipa::openapi::{RefOr, Required};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
 
+use super::leases::LeasePath;
 use super::policies::PolicyPath;
+use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
+use crate::limiter::Field;
 use crate::policy::{
-    Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS, MAX_UNITS,
-    NAME_PATTERN,
+    concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+    MAX_UNITS, NAME_PATTERN,
 };
+use crate::service::lease_id::{LEASE_ID_PATTERN, MAX_LEASE_ID_BYTES};
 
 /// A string, or `null` for "left out".
 fn nullable_string() -> SchemaType {
@@ -55,15 +61,21 @@ enum NameIs {
 
 /// An object holding `algorithm` and its fields, plus `extra`; no other property.
 fn limit_object(algorithm: Algorithm, extra: ObjectBuilder) -> ObjectBuilder {
+    kind_object(algorithm.as_str(), algorithm.fields(), extra)
+}
+
+/// An object holding `algorithm`, which is `kind`, and `fields`, plus `extra`; no other
+/// property.
+fn kind_object(kind: &str, fields: &[Field], extra: ObjectBuilder) -> ObjectBuilder {
     let mut o = extra
         .property(
             "algorithm",
             ObjectBuilder::new()
                 .schema_type(Type::String)
-                .enum_values(Some([algorithm.as_str()])),
+                .enum_values(Some([kind])),
         )
         .required("algorithm");
-    for f in algorithm.fields() {
+    for f in fields {
         o = o
             .property(
                 f.name,
@@ -137,6 +149,16 @@ fn mode() -> RefOr<Schema> {
     }
 }
 
+/// A concurrency policy's `mode`: `enforce` only (shadow mode is refused for them), or `null`.
+fn concurrency_mode() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(nullable_string())
+        .enum_values(Some([Value::from(Mode::Enforce.as_str()), Value::Null]))
+        .description(Some(
+            "`enforce`, or left out: shadow mode is not supported for concurrency policies (422)",
+        ))
+}
+
 /// `name`, `description`, `fail_mode` and `mode`, common to both forms.
 fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     let o = ObjectBuilder::new().title(Some(title));
@@ -172,7 +194,10 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
         "A rate-limit policy: one limit in the flat form (`algorithm` and its fields beside \
          `name`), or one to {MAX_LIMITS} limits of any algorithms in `limits`, decided together: \
          an acquire is allowed only if every limit admits it, and then every limit takes it. \
-         A policy of one limit always reads back in the flat form.{}",
+         A policy of one limit always reads back in the flat form. Or a concurrency policy \
+         (`\"algorithm\": \"concurrency\"`, flat form only, never one of `limits`): at most \
+         `limit` units held at once by leases (`POST /v1/leases`) that expire after `lease_ms` \
+         unless renewed.{}",
         match name_is {
             NameIs::Required => "",
             NameIs::Optional => " `name` may be left out: the path gives it.",
@@ -184,6 +209,14 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
             policy_object(format!("{} policy", a.as_str()), name_is),
         ));
     }
+    one_of = one_of.item(
+        kind_object(
+            concurrency::NAME,
+            &concurrency::FIELDS,
+            policy_object("concurrency policy".to_owned(), name_is),
+        )
+        .property("mode", concurrency_mode()),
+    );
     // One limit may go unnamed (it takes the policy's name); several must each have a name,
     // distinct from the others' (which JSON Schema cannot state: the server answers 422).
     let limits = OneOfBuilder::new()
@@ -263,6 +296,49 @@ pub fn cost_field() -> Object {
         .build()
 }
 
+/// A lease's `cost`: units it holds, 1 to the policy's `limit` (at most [`MAX_LIMIT`]), 1 when
+/// left out.
+pub fn lease_cost_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+        .minimum(Some(1))
+        .maximum(Some(MAX_LIMIT))
+        .description(Some(
+            "Units the lease holds: at least 1 and at most the policy's `limit`; 422 above it. 1 \
+             when left out.",
+        ))
+        .examples([1])
+        .build()
+}
+
+/// A lease's `lease_ms`: 1 to [`MAX_LEASE_MS`], the policy's when left out.
+pub fn lease_ms_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+        .minimum(Some(1))
+        .maximum(Some(MAX_LEASE_MS))
+        .description(Some(format!(
+            "The lease's lifetime from now, in milliseconds: 1 to {MAX_LEASE_MS} (one day; \
+             renew for longer). The policy's `lease_ms` when left out."
+        )))
+        .examples([30_000])
+        .build()
+}
+
+/// A lease id, as issued: in a body, or in a path.
+pub fn lease_id_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(LEASE_ID_PATTERN))
+        .max_length(Some(MAX_LEASE_ID_BYTES))
+        .description(Some(
+            "An opaque lease id, as `POST /v1/leases` issued it (and its `Location` header \
+             names it); it names the policy, the subject and the lease, and holds no `/`",
+        ))
+        .examples(["l1~exports~Y3VzdG9tZXItNw~4f3c2a9d8e7b6a5f4e3d2c1b0a998877~1"])
+        .build()
+}
+
 /// A report's `cost`: units used, 1 to [`MAX_UNITS`], required.
 pub fn report_cost_field() -> Object {
     ObjectBuilder::new()
@@ -336,6 +412,19 @@ impl IntoParams for PolicyPath {
             .required(Required::True)
             .description(Some("The policy's name"))
             .schema(Some(name("A policy name", false)))
+            .build()]
+    }
+}
+
+/// `{id}` of `/v1/leases/{id}`, as the handlers take it.
+impl IntoParams for LeasePath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        vec![ParameterBuilder::new()
+            .name("id")
+            .parameter_in(ParameterIn::Path)
+            .required(Required::True)
+            .description(Some("The lease's id, as `POST /v1/leases` issued it"))
+            .schema(Some(lease_id_field()))
             .build()]
     }
 }

@@ -9,7 +9,21 @@
 //!
 //! The decision is [`decide`], a pure function of the subject's leases, the call and the time;
 //! `lua/concurrency.lua` makes the same decisions on Redis, with Redis's clock, and the tests
-//! hold the two to identical answers.
+//! hold the two to identical answers. The rules:
+//!
+//! - A lease is live while its expiry is after now. Every call but `Look` first drops the
+//!   expired ones and counts them in `expired`; `in_use` is the sum of the live leases' costs.
+//! - `Take` grants iff `in_use + cost <= limit`; a member that is live already is renewed
+//!   instead (granted whatever the limit, never counted twice). A denial's `retry_after_us` is
+//!   the time until the earliest live lease expires (0 when none is live: nothing will free).
+//! - `Renew` sets a live lease's expiry to `lease_us` from now (which may shorten it); a lease
+//!   that is not live is not renewed (an expired one has been dropped).
+//! - `Release` removes the member; `ok` says whether it was live.
+//! - `Look` writes and drops nothing: `ok` iff `in_use + cost <= limit` (live leases only),
+//!   `retry_after_us` as a denied take's.
+//! - The subject's key expires when its last lease would: every call that changes the leases
+//!   sets the key's expiry to the latest lease expiry; a call that changes nothing leaves it,
+//!   and a call that leaves no lease deletes the key.
 
 use std::collections::BTreeMap;
 
@@ -90,4 +104,381 @@ pub struct LeaseAnswer {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     pub leases: BTreeMap<String, (u64, u64)>,
+}
+
+impl LeaseCall<'_> {
+    /// What makes this call one that the stores must not make, if anything: a member that is
+    /// not `<32 lowercase hex>:<cost>` (except for `Look`, which names none), a `Take` whose
+    /// member names another cost than the call's, a cost of 0 or above [`MAX_LIMIT`]
+    /// (`Take`, `Look`), a lease of 0 or longer than [`MAX_LEASE_MS`] (`Take`, `Renew`), or a
+    /// limit above [`MAX_LIMIT`]. The script reads a lease's cost from its member, so the two
+    /// must agree; the bounds keep every value exact in Lua.
+    pub fn problem(&self) -> Option<&'static str> {
+        let member = member_cost(self.member);
+        match self.op {
+            LeaseOp::Look => {}
+            _ if member.is_none() => return Some("the member is not <32 lowercase hex>:<cost>"),
+            LeaseOp::Take if member != Some(self.cost) => {
+                return Some("the member names another cost than the call's")
+            }
+            _ => {}
+        }
+        if matches!(self.op, LeaseOp::Take | LeaseOp::Look) && !(1..=MAX_LIMIT).contains(&self.cost)
+        {
+            return Some("the cost is not within 1..=10000");
+        }
+        if matches!(self.op, LeaseOp::Take | LeaseOp::Renew)
+            && !(1..=MAX_LEASE_MS * 1_000).contains(&self.lease_us)
+        {
+            return Some("the lease is not within 1 µs..=1 day");
+        }
+        if self.limit > MAX_LIMIT {
+            return Some("the limit is above 10000");
+        }
+        None
+    }
+}
+
+/// The cost a member string names, if it is one: `<32 lowercase hex>:<cost>`, the cost a
+/// decimal number from 1 up without leading zeros (so that each lease has one spelling).
+pub fn member_cost(member: &str) -> Option<u64> {
+    let (id, cost) = member.split_once(':')?;
+    let id_ok = id.len() == 32 && id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    let cost_ok = !cost.is_empty()
+        && !cost.starts_with('0')
+        && cost.len() <= 19
+        && cost.bytes().all(|b| b.is_ascii_digit());
+    if id_ok && cost_ok {
+        cost.parse().ok()
+    } else {
+        None
+    }
+}
+
+/// Decides one lease call on a subject's leases at `now_us` (see the module doc for the rules):
+/// what to keep (`None`: no leases left, the key is deleted), the answer, and the key's new
+/// expiry from now (`Some(ttl)`: when its last lease would expire; `None`: unchanged, because
+/// the call changed nothing or kept nothing).
+pub fn decide(
+    state: Option<State>,
+    call: &LeaseCall<'_>,
+    now_us: u64,
+) -> (Option<State>, LeaseAnswer, Option<u64>) {
+    if call.op == LeaseOp::Look {
+        let answer = look(state.as_ref(), call, now_us);
+        return (state.filter(|s| !s.leases.is_empty()), answer, None);
+    }
+    let now = now_us;
+    let mut state = state.unwrap_or_default();
+    let before = state.leases.len();
+    state.leases.retain(|_, (expiry, _)| *expiry > now);
+    let expired = (before - state.leases.len()) as u64;
+    let mut in_use: u64 = state.leases.values().map(|(_, cost)| cost).sum();
+    let mut answer = LeaseAnswer {
+        ok: false,
+        in_use: 0,
+        expires_in_us: 0,
+        retry_after_us: 0,
+        expired,
+        at_us: now,
+    };
+    let mut changed = expired > 0;
+    let expiry = now.saturating_add(call.lease_us);
+    match call.op {
+        LeaseOp::Take | LeaseOp::Renew => {
+            if let Some(lease) = state.leases.get_mut(call.member) {
+                lease.0 = expiry;
+                answer.ok = true;
+            } else if call.op == LeaseOp::Take && in_use.saturating_add(call.cost) <= call.limit {
+                state
+                    .leases
+                    .insert(call.member.to_owned(), (expiry, call.cost));
+                in_use += call.cost;
+                answer.ok = true;
+            } else if call.op == LeaseOp::Take {
+                answer.retry_after_us = earliest_wait(&state, now);
+            }
+            if answer.ok {
+                answer.expires_in_us = call.lease_us;
+                changed = true;
+            }
+        }
+        LeaseOp::Release => {
+            if let Some((_, cost)) = state.leases.remove(call.member) {
+                in_use -= cost;
+                answer.ok = true;
+                changed = true;
+            }
+        }
+        LeaseOp::Look => {}
+    }
+    answer.in_use = in_use;
+    let last = state.leases.values().map(|(expiry, _)| *expiry).max();
+    match last {
+        None => (None, answer, None),
+        Some(last) => (Some(state), answer, changed.then(|| last - now)),
+    }
+}
+
+/// A `Look`: whether `cost` would fit among the live leases now, reading the state only.
+pub fn look(state: Option<&State>, call: &LeaseCall<'_>, now_us: u64) -> LeaseAnswer {
+    let mut answer = LeaseAnswer {
+        ok: false,
+        in_use: 0,
+        expires_in_us: 0,
+        retry_after_us: 0,
+        expired: 0,
+        at_us: now_us,
+    };
+    if let Some(state) = state {
+        answer.in_use = state
+            .leases
+            .values()
+            .filter(|(expiry, _)| *expiry > now_us)
+            .map(|(_, cost)| cost)
+            .sum();
+    }
+    answer.ok = answer.in_use.saturating_add(call.cost) <= call.limit;
+    if !answer.ok {
+        answer.retry_after_us = state.map_or(0, |s| earliest_wait(s, now_us));
+    }
+    answer
+}
+
+/// The time from `now` until the earliest live lease expires; 0 when none is live.
+fn earliest_wait(state: &State, now: u64) -> u64 {
+    state
+        .leases
+        .values()
+        .map(|(expiry, _)| *expiry)
+        .filter(|expiry| *expiry > now)
+        .min()
+        .map_or(0, |expiry| expiry - now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: u64 = 1_000_000;
+
+    fn member(n: u8, cost: u64) -> String {
+        format!("{:032x}:{cost}", n)
+    }
+
+    fn call(op: LeaseOp, member: &str, cost: u64, limit: u64) -> LeaseCall<'_> {
+        LeaseCall {
+            op,
+            member,
+            cost,
+            lease_us: 10 * SECOND,
+            limit,
+        }
+    }
+
+    /// Runs calls in order on one subject, each at its time; returns the answers and the TTLs.
+    fn run(calls: &[(LeaseCall<'_>, u64)]) -> (Vec<LeaseAnswer>, Vec<Option<u64>>, Option<State>) {
+        let mut state = None;
+        let mut answers = Vec::new();
+        let mut ttls = Vec::new();
+        for (c, now) in calls {
+            let (next, answer, ttl) = decide(state, c, *now);
+            state = next;
+            answers.push(answer);
+            ttls.push(ttl);
+        }
+        (answers, ttls, state)
+    }
+
+    #[test]
+    fn takes_are_granted_while_their_costs_fit_the_limit() {
+        let (a, b, c) = (member(1, 2), member(2, 1), member(3, 1));
+        let (answers, ttls, state) = run(&[
+            (call(LeaseOp::Take, &a, 2, 3), 0),
+            (call(LeaseOp::Take, &b, 1, 3), SECOND),
+            (call(LeaseOp::Take, &c, 1, 3), 2 * SECOND),
+        ]);
+        assert!(answers[0].ok && answers[1].ok && !answers[2].ok);
+        assert_eq!(answers[1].in_use, 3);
+        assert_eq!(answers[1].expires_in_us, 10 * SECOND);
+        // The earliest lease, a's, expires at 10 s.
+        assert_eq!(answers[2].retry_after_us, 8 * SECOND);
+        assert_eq!(answers[2].expires_in_us, 0);
+        assert_eq!(answers[2].at_us, 2 * SECOND);
+        // The key expires with the last lease; a denial changes nothing.
+        assert_eq!(ttls, [Some(10 * SECOND), Some(10 * SECOND), None]);
+        assert_eq!(state.map(|s| s.leases.len()), Some(2));
+    }
+
+    #[test]
+    fn a_live_member_taken_again_is_renewed_and_counted_once() {
+        let a = member(1, 2);
+        let (answers, ttls, state) = run(&[
+            (call(LeaseOp::Take, &a, 2, 2), 0),
+            (call(LeaseOp::Take, &a, 2, 2), 4 * SECOND),
+        ]);
+        assert!(answers[1].ok);
+        assert_eq!(answers[1].in_use, 2);
+        assert_eq!(ttls[1], Some(10 * SECOND));
+        assert_eq!(state.expect("kept").leases[&a], (14 * SECOND, 2));
+    }
+
+    #[test]
+    fn expired_leases_are_dropped_counted_and_free_their_units() {
+        let (a, b) = (member(1, 1), member(2, 1));
+        let (answers, _, state) = run(&[
+            (call(LeaseOp::Take, &a, 1, 1), 0),
+            // At exactly its expiry the lease is expired.
+            (call(LeaseOp::Take, &b, 1, 1), 10 * SECOND),
+        ]);
+        assert!(answers[1].ok);
+        assert_eq!(answers[1].expired, 1);
+        assert_eq!(answers[1].in_use, 1);
+        let leases = state.expect("kept").leases;
+        assert!(leases.contains_key(&b) && !leases.contains_key(&a));
+    }
+
+    #[test]
+    fn renewing_needs_a_live_lease() {
+        let a = member(1, 1);
+        let (answers, ttls, state) = run(&[
+            (call(LeaseOp::Take, &a, 1, 1), 0),
+            (call(LeaseOp::Renew, &a, 0, 1), 9 * SECOND),
+            (call(LeaseOp::Renew, &a, 0, 1), 30 * SECOND),
+            (call(LeaseOp::Renew, &member(2, 1), 0, 1), 30 * SECOND),
+        ]);
+        assert!(answers[1].ok);
+        assert_eq!(answers[1].expires_in_us, 10 * SECOND);
+        assert_eq!(ttls[1], Some(10 * SECOND));
+        // Expired at 19 s: dropped, counted, not renewed, and the key goes with it.
+        assert!(!answers[2].ok);
+        assert_eq!((answers[2].expired, answers[2].in_use), (1, 0));
+        assert_eq!(ttls[2], None);
+        assert!(!answers[3].ok);
+        assert_eq!(state, None);
+    }
+
+    #[test]
+    fn a_renewal_may_shorten_a_lease_and_the_key_follows_the_latest() {
+        let (a, b) = (member(1, 1), member(2, 1));
+        let long = LeaseCall {
+            lease_us: 60 * SECOND,
+            ..call(LeaseOp::Take, &a, 1, 5)
+        };
+        let (_, ttls, _) = run(&[
+            (long, 0),
+            (call(LeaseOp::Take, &b, 1, 5), 0),
+            (call(LeaseOp::Renew, &a, 0, 5), SECOND),
+        ]);
+        assert_eq!(
+            ttls,
+            [Some(60 * SECOND), Some(60 * SECOND), Some(10 * SECOND)]
+        );
+    }
+
+    #[test]
+    fn release_says_whether_the_lease_was_live_and_the_last_deletes_the_key() {
+        let (a, b) = (member(1, 1), member(2, 2));
+        let (answers, ttls, state) = run(&[
+            (call(LeaseOp::Take, &a, 1, 3), 0),
+            (call(LeaseOp::Take, &b, 2, 3), 0),
+            (call(LeaseOp::Release, &b, 0, 3), SECOND),
+            (call(LeaseOp::Release, &b, 0, 3), SECOND),
+            (call(LeaseOp::Release, &a, 0, 3), SECOND),
+        ]);
+        assert!(answers[2].ok && !answers[3].ok && answers[4].ok);
+        assert_eq!(answers[2].in_use, 1);
+        assert_eq!(answers[4].in_use, 0);
+        assert_eq!(ttls[2], Some(9 * SECOND));
+        assert_eq!(ttls[3], None);
+        assert_eq!(ttls[4], None);
+        assert_eq!(state, None);
+    }
+
+    #[test]
+    fn look_counts_live_leases_and_drops_nothing() {
+        let (a, b) = (member(1, 1), member(2, 1));
+        let long = LeaseCall {
+            lease_us: 60 * SECOND,
+            ..call(LeaseOp::Take, &b, 1, 2)
+        };
+        let (_, _, state) = run(&[(call(LeaseOp::Take, &a, 1, 2), 0), (long, 0)]);
+        let before = state.clone();
+        let (kept, answer, ttl) = decide(state, &call(LeaseOp::Look, "", 2, 2), 20 * SECOND);
+        assert_eq!(kept, before);
+        assert_eq!(ttl, None);
+        assert!(!answer.ok);
+        assert_eq!((answer.in_use, answer.expired), (1, 0));
+        assert_eq!(answer.retry_after_us, 40 * SECOND);
+        let fits = decide(kept, &call(LeaseOp::Look, "", 1, 2), 20 * SECOND).1;
+        assert!(fits.ok);
+        assert_eq!(fits.retry_after_us, 0);
+    }
+
+    #[test]
+    fn a_lowered_limit_denies_until_enough_is_released() {
+        let (a, b, c) = (member(1, 1), member(2, 1), member(3, 1));
+        let (answers, _, _) = run(&[
+            (call(LeaseOp::Take, &a, 1, 3), 0),
+            (call(LeaseOp::Take, &b, 1, 3), 0),
+            (call(LeaseOp::Take, &c, 1, 1), SECOND),
+            (call(LeaseOp::Renew, &a, 0, 1), SECOND),
+            (call(LeaseOp::Release, &a, 0, 1), SECOND),
+            (call(LeaseOp::Take, &c, 1, 1), SECOND),
+            (call(LeaseOp::Release, &b, 0, 1), SECOND),
+            (call(LeaseOp::Take, &c, 1, 1), SECOND),
+        ]);
+        let oks: Vec<bool> = answers.iter().map(|a| a.ok).collect();
+        assert_eq!(oks, [true, true, false, true, true, false, true, true]);
+    }
+
+    #[test]
+    fn a_cost_above_the_limit_with_nothing_held_waits_for_nothing() {
+        let (kept, answer, ttl) = decide(None, &call(LeaseOp::Take, &member(1, 3), 3, 2), 5);
+        assert_eq!((kept, ttl), (None, None));
+        assert!(!answer.ok);
+        assert_eq!(answer.retry_after_us, 0);
+    }
+
+    #[test]
+    fn time_that_steps_back_keeps_leases_live_and_measures_from_the_new_now() {
+        let a = member(1, 1);
+        let (answers, ttls, _) = run(&[
+            (call(LeaseOp::Take, &a, 1, 1), 10 * SECOND),
+            (call(LeaseOp::Take, &member(2, 1), 1, 1), 5 * SECOND),
+        ]);
+        assert!(!answers[1].ok);
+        assert_eq!(answers[1].retry_after_us, 15 * SECOND);
+        assert_eq!(ttls[1], None);
+    }
+
+    #[test]
+    fn members_have_one_spelling_and_a_take_s_names_its_cost() {
+        let hex = "0123456789abcdef0123456789abcdef";
+        assert_eq!(member_cost(&format!("{hex}:12")), Some(12));
+        for bad in [
+            format!("{hex}:012"),
+            format!("{hex}:0"),
+            format!("{hex}:+1"),
+            format!("{hex}:"),
+            format!("{}:1", hex.to_uppercase()),
+            format!("{}:1", &hex[1..]),
+            hex.to_owned(),
+            "in_use".to_owned(),
+        ] {
+            assert_eq!(member_cost(&bad), None, "{bad}");
+        }
+        let m = format!("{hex}:2");
+        assert_eq!(call(LeaseOp::Take, &m, 2, 5).problem(), None);
+        assert!(call(LeaseOp::Take, &m, 1, 5).problem().is_some());
+        assert_eq!(call(LeaseOp::Release, &m, 0, 5).problem(), None);
+        assert!(call(LeaseOp::Renew, "x", 0, 5).problem().is_some());
+        assert_eq!(call(LeaseOp::Look, "", 3, 5).problem(), None);
+        assert!(call(LeaseOp::Look, "", 0, 5).problem().is_some());
+        let forever = LeaseCall {
+            lease_us: MAX_LEASE_MS * 1_000 + 1,
+            ..call(LeaseOp::Renew, &m, 0, 5)
+        };
+        assert!(forever.problem().is_some());
+    }
 }

@@ -1,4 +1,5 @@
-//! Validation of client input: policy documents, and the fields of an acquire.
+//! Validation of client input: policy documents (rate policies and concurrency policies), and
+//! the fields of an acquire.
 //!
 //! Every error names the field at fault. Wrong JSON types are [`ValidationError::is_malformed`]
 //! (HTTP 400); values of the right type that are out of range, missing, or do not belong to the
@@ -7,7 +8,8 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    Algorithm, FailMode, Limit, Mode, Policy, PolicyName, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+    concurrency, Algorithm, FailMode, Limit, Mode, Policy, PolicyName, MAX_DESCRIPTION_BYTES,
+    MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
 
@@ -125,11 +127,13 @@ pub fn parse_policy(
     };
 
     let limits = match doc.get("limits") {
-        None | Some(Value::Null) => {
-            let (algorithm, values) = parse_limit(doc, &POLICY_FIELDS)?;
-            vec![Limit::new(name.clone(), algorithm, values.as_slice())]
-        }
-        Some(Value::Array(entries)) => parse_limits(doc, entries, &name)?,
+        None | Some(Value::Null) => match parse_flat(doc)? {
+            Parsed::Rate(algorithm, values) => {
+                Ok(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
+            }
+            Parsed::Concurrency(params) => Err(params),
+        },
+        Some(Value::Array(entries)) => Ok(parse_limits(doc, entries, &name)?),
         Some(_) => return Err(wrong_type("limits", "an array of limits")),
     };
 
@@ -170,7 +174,39 @@ pub fn parse_policy(
         }
     };
 
-    Ok(Policy::new(name, limits, description, fail_mode).with_mode(mode))
+    match limits {
+        Ok(limits) => Ok(Policy::new(name, limits, description, fail_mode).with_mode(mode)),
+        // Shadow mode answers acquires as allowed whatever was decided; what a lease would do in
+        // it (a lease id for a slot not held?) is not settled, so it is refused rather than
+        // guessed.
+        Err(_) if mode == Mode::Shadow => Err(ValidationError::invalid(
+            "mode",
+            "must be `enforce` for a concurrency policy: shadow mode is not supported for \
+             concurrency limits yet",
+        )),
+        Err(params) => Ok(Policy::concurrent(name, params, description, fail_mode)),
+    }
+}
+
+/// The limit of a flat policy: a rate algorithm's, or a concurrency limit.
+enum Parsed {
+    Rate(Algorithm, ScriptArgs),
+    Concurrency(concurrency::Params),
+}
+
+/// The flat form's limit: `algorithm` and its fields beside the policy's own fields.
+fn parse_flat(doc: &Map<String, Value>) -> Result<Parsed, ValidationError> {
+    if optional_str(doc, "algorithm")? != Some(concurrency::NAME) {
+        let (algorithm, values) = parse_limit(doc, &POLICY_FIELDS)?;
+        return Ok(Parsed::Rate(algorithm, values));
+    }
+    refuse_stray_fields(
+        doc,
+        &POLICY_FIELDS,
+        concurrency::NAME,
+        concurrency::is_field,
+    )?;
+    Ok(Parsed::Concurrency(concurrency::parse(doc)?))
 }
 
 /// The `limits` form: 1 to [`MAX_LIMITS`] limits with unique names. A single limit's name may be
@@ -241,8 +277,18 @@ fn is_field_of(algorithm: Algorithm, key: &str) -> bool {
     algorithm.fields().iter().any(|f| f.name == key)
 }
 
-/// One limit's `algorithm` and fields, from an object that may also hold `others`. Each value
-/// is checked against its field's bounds ([`crate::limiter::Field`]).
+/// Whether `key` is a field of any kind of limit.
+fn is_any_field(key: &str) -> bool {
+    Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) || concurrency::is_field(key)
+}
+
+/// Why a concurrency limit is refused among `limits`.
+const MIXED: &str = "`concurrency` cannot be one of `limits`: a concurrency limit is a policy of \
+                     its own (mixing it with rate limits in one policy is not supported yet)";
+
+/// One rate limit's `algorithm` and fields, from an object that may also hold `others` (the
+/// flat form's rate limit, or an entry of `limits`, where a concurrency limit is refused). Each
+/// value is checked against its field's bounds ([`crate::limiter::Field`]).
 fn parse_limit(
     doc: &Map<String, Value>,
     others: &[&str],
@@ -252,38 +298,55 @@ fn parse_limit(
             field: "algorithm".into(),
             context: String::new(),
         })?;
+    if algorithm_name == concurrency::NAME {
+        return Err(ValidationError::invalid("algorithm", MIXED));
+    }
     let algorithm = Algorithm::parse(algorithm_name).ok_or_else(|| {
-        let names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        names.push(concurrency::NAME);
         ValidationError::invalid(
             "algorithm",
             format!("`{algorithm_name}` is not one of {}", names.join(", ")),
         )
     })?;
-
-    // Reject stray fields first, in a stable order, so the error does not depend on map order.
-    let mut keys: Vec<&String> = doc.keys().collect();
-    keys.sort();
-    for key in keys {
-        if key == "algorithm" || others.contains(&key.as_str()) || is_field_of(algorithm, key) {
-            continue;
-        }
-        if Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) {
-            return Err(ValidationError::NotApplicable {
-                field: key.clone(),
-                algorithm: algorithm.as_str(),
-            });
-        }
-        return Err(ValidationError::Unknown { field: key.clone() });
-    }
+    refuse_stray_fields(doc, others, algorithm.as_str(), |key| {
+        is_field_of(algorithm, key)
+    })?;
 
     let mut values = [0; 4];
     for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
-        *slot = required_int(doc, field, algorithm)?;
+        *slot = required_int(doc, field, algorithm.as_str())?;
     }
     Ok((
         algorithm,
         ScriptArgs::new(&values[..algorithm.fields().len()]),
     ))
+}
+
+/// Refuses any field of `doc` but `algorithm`, `others` and the fields of the kind `kind`
+/// (`own`), first in a stable order, so that the error does not depend on map order: a field of
+/// another kind is not applicable, anything else unknown.
+fn refuse_stray_fields(
+    doc: &Map<String, Value>,
+    others: &[&str],
+    kind: &'static str,
+    own: impl Fn(&str) -> bool,
+) -> Result<(), ValidationError> {
+    let mut keys: Vec<&String> = doc.keys().collect();
+    keys.sort();
+    for key in keys {
+        if key == "algorithm" || others.contains(&key.as_str()) || own(key) {
+            continue;
+        }
+        if is_any_field(key) {
+            return Err(ValidationError::NotApplicable {
+                field: key.clone(),
+                algorithm: kind,
+            });
+        }
+        return Err(ValidationError::Unknown { field: key.clone() });
+    }
+    Ok(())
 }
 
 /// Validates a `cost`: an integer of at least 1 (the policy's own bound is checked later).
@@ -326,7 +389,7 @@ fn integer(value: &Value, field: &str) -> Result<Option<i128>, ValidationError> 
 }
 
 /// The number's value when it is whole (`2`, `2.0`, `1e3`), `None` when it has a fraction.
-fn whole(n: &Number) -> Option<i128> {
+pub(super) fn whole(n: &Number) -> Option<i128> {
     if let Some(i) = n.as_i64() {
         Some(i128::from(i))
     } else if let Some(u) = n.as_u64() {
@@ -337,16 +400,17 @@ fn whole(n: &Number) -> Option<i128> {
     }
 }
 
-fn required_int(
+/// A required integer field of a limit of the kind `kind`, within the field's bounds.
+pub(super) fn required_int(
     doc: &Map<String, Value>,
     field: &Field,
-    algorithm: Algorithm,
+    kind: &str,
 ) -> Result<u64, ValidationError> {
     let value = match doc.get(field.name) {
         None | Some(Value::Null) => {
             return Err(ValidationError::Missing {
                 field: field.name.to_owned(),
-                context: format!(" for {} policies", algorithm.as_str()),
+                context: format!(" for {kind} policies"),
             })
         }
         Some(v) => v,
@@ -525,6 +589,92 @@ mod tests {
         for (v, field) in cases {
             let e = err(v.clone());
             assert_eq!(e.field(), Some(field), "{v}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_concurrency_policy_reads_back_as_written() {
+        let v = json!({"name": "exports", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "description": "x", "fail_mode": "closed", "mode": "enforce"});
+        let p = parse_policy(&v, None).expect("valid");
+        assert!(p.limits.is_empty() && p.params().is_empty());
+        assert_eq!(
+            p.concurrency(),
+            Some(concurrency::Params {
+                limit: 5,
+                lease_us: 30_000_000
+            })
+        );
+        assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);
+        let bare = json!({"name": "e", "algorithm": "concurrency", "limit": 10000, "lease_ms": 86_400_000});
+        let p = parse_policy(&bare, None).expect("valid");
+        assert_eq!((p.fail_mode, p.mode), (FailMode::Open, Mode::Enforce));
+        assert_eq!(
+            parse_policy(&serde_json::to_value(p.to_doc()).expect("serializes"), None),
+            Ok(p)
+        );
+        assert_eq!(
+            parse_policy(
+                &json!({"name": "r", "algorithm": "fixed_window", "limit": 1, "window_ms": 1}),
+                None
+            )
+            .expect("valid")
+            .concurrency(),
+            None
+        );
+    }
+
+    #[test]
+    fn concurrency_errors_name_the_field() {
+        let c = |extra: Value| {
+            let mut v =
+                json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000});
+            for (k, x) in extra.as_object().expect("object") {
+                v[k] = x.clone();
+            }
+            err(v)
+        };
+        for (extra, field) in [
+            (json!({"limit": 0}), "limit"),
+            (json!({"limit": 10_001}), "limit"),
+            (json!({"lease_ms": 0}), "lease_ms"),
+            (json!({"lease_ms": 86_400_001}), "lease_ms"),
+            (json!({"lease_ms": 1.5}), "lease_ms"),
+            (json!({"limit": null}), "limit"),
+            (json!({"window_ms": 1000}), "window_ms"),
+            (json!({"colour": 1}), "colour"),
+            (json!({"mode": "shadow"}), "mode"),
+        ] {
+            assert_eq!(c(extra.clone()).field(), Some(field), "{extra}");
+        }
+        assert_eq!(
+            c(json!({"window_ms": 1})).to_string(),
+            "`window_ms` is not a field of concurrency policies"
+        );
+        assert_eq!(
+            err(json!({"name": "c", "algorithm": "concurrency", "limit": 5})).to_string(),
+            "`lease_ms` is required for concurrency policies"
+        );
+        assert_eq!(
+            err(json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "lease_ms": 1}))
+                .to_string(),
+            "`lease_ms` is not a field of fixed_window policies"
+        );
+        let e = err(json!({"name": "a", "algorithm": "leaky"}));
+        assert!(e.to_string().ends_with("gcra, concurrency"), "{e}");
+    }
+
+    #[test]
+    fn a_concurrency_limit_is_refused_among_limits() {
+        let fw = json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000});
+        let cc = json!({"name": "b", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000});
+        for (limits, field) in [
+            (json!([fw.clone(), cc.clone()]), "limits[1].algorithm"),
+            (json!([cc.clone()]), "limits[0].algorithm"),
+        ] {
+            let e = err(json!({"name": "p", "limits": limits}));
+            assert_eq!(e.field(), Some(field), "{e}");
+            assert!(!e.is_malformed());
+            assert!(e.to_string().contains("policy of its own"), "{e}");
         }
     }
 

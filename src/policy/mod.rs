@@ -1,10 +1,14 @@
 //! The policy model: what a policy is and how it is validated.
 //!
+//! A policy is of one of two kinds: rate limits (one to [`MAX_LIMITS`] of the algorithms of
+//! [`Algorithm`], decided together), or one concurrency limit held by leases ([`concurrency`]).
+//!
 //! A [`Policy`] only exists validated: [`input::parse_policy`] turns client JSON into one or
 //! names the field that is wrong, and every later layer trusts it. The HTTP shape of a policy
 //! (`PolicyDoc`) lives here too, so that the OpenAPI schema and the validation describe the same
 //! fields.
 
+pub mod concurrency;
 pub mod input;
 mod name;
 
@@ -110,16 +114,22 @@ impl Limit {
     }
 }
 
-/// A validated policy: one to [`MAX_LIMITS`] limits on the same subjects, decided together.
+/// A validated policy, of one of two kinds: a rate policy, one to [`MAX_LIMITS`] rate limits on
+/// the same subjects, decided together (acquire, peek, report, refund); or a concurrency policy,
+/// one concurrency limit held by leases ([`Policy::concurrency`]), which has no `limits`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Policy {
     pub name: PolicyName,
+    /// The rate limits; empty for a concurrency policy.
     pub limits: Vec<Limit>,
     pub description: Option<String>,
     pub fail_mode: FailMode,
+    /// Always [`Mode::Enforce`] for a concurrency policy.
     pub mode: Mode,
     /// Each limit's parameters, in order, as the stores take them.
     params: Box<[Params]>,
+    /// A concurrency policy's limit; `None` for a rate policy.
+    concurrency: Option<concurrency::Params>,
 }
 
 impl Policy {
@@ -137,7 +147,32 @@ impl Policy {
             description,
             fail_mode,
             mode: Mode::Enforce,
+            concurrency: None,
         }
+    }
+
+    /// A concurrency policy: `params` held by leases, no rate limits.
+    pub fn concurrent(
+        name: PolicyName,
+        params: concurrency::Params,
+        description: Option<String>,
+        fail_mode: FailMode,
+    ) -> Self {
+        Self {
+            name,
+            limits: Vec::new(),
+            description,
+            fail_mode,
+            mode: Mode::Enforce,
+            params: Box::new([]),
+            concurrency: Some(params),
+        }
+    }
+
+    /// A concurrency policy's limit, or `None` for a rate policy. Acquires, peeks, reports,
+    /// refunds and resets are for rate policies only, leases for concurrency policies only.
+    pub fn concurrency(&self) -> Option<concurrency::Params> {
+        self.concurrency
     }
 
     /// The same policy in `mode`.
@@ -189,7 +224,8 @@ impl Policy {
 }
 
 /// A policy as the API shows it and the store keeps it: one limit in the flat form
-/// (`{"name", "algorithm", <fields>…}`), several in the `limits` form. Its schema is in
+/// (`{"name", "algorithm", <fields>…}`, also a concurrency policy's), several in the `limits`
+/// form. Its schema is in
 /// `crate::api::schema`; input is read by [`parse_policy`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyDoc(pub Policy);
@@ -211,14 +247,20 @@ impl Serialize for PolicyDoc {
         let p = &self.0;
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("name", p.name.as_str())?;
-        match p.limits.as_slice() {
-            [one] => {
+        match (p.concurrency, p.limits.as_slice()) {
+            (Some(params), _) => {
+                map.serialize_entry("algorithm", concurrency::NAME)?;
+                for (field, value) in concurrency::values(&params) {
+                    map.serialize_entry(field, &value)?;
+                }
+            }
+            (None, [one]) => {
                 map.serialize_entry("algorithm", &one.algorithm())?;
                 for (field, value) in one.fields() {
                     map.serialize_entry(field, &value)?;
                 }
             }
-            limits => {
+            (None, limits) => {
                 let docs: Vec<LimitDoc<'_>> = limits.iter().map(LimitDoc).collect();
                 map.serialize_entry("limits", &docs)?;
             }

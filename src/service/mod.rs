@@ -3,10 +3,14 @@
 //!
 //! Acquires read the policy from the in-process cache ([`cache`]) and make one store call. When
 //! the store cannot answer, the policy's fail mode decides: `open` allows, `closed` refuses,
-//! `local` decides with an in-process store until the shared one is back. How the cache follows
-//! the store, and policy reads and writes, are in [`policies`]; readiness in [`readiness`].
+//! `local` decides with an in-process store until the shared one is back. Acquires, peeks,
+//! reports, refunds and resets are for rate policies; leases on concurrency policies are in
+//! [`leases`], their ids in [`lease_id`]. How the cache follows the store, and policy reads and
+//! writes, are in [`policies`]; readiness in [`readiness`].
 
 pub mod cache;
+pub mod lease_id;
+pub mod leases;
 pub mod policies;
 pub mod readiness;
 pub mod ticket;
@@ -27,6 +31,8 @@ use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
 use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
+pub use lease_id::LeaseId;
+pub use leases::{Leased, Released};
 pub use policies::PolicySync;
 pub use ticket::Ticket;
 
@@ -59,6 +65,21 @@ pub enum ServiceError {
     /// A refund's `ticket` that this service did not issue, or issued for another subject.
     #[error("`ticket` {0}")]
     BadTicket(&'static str),
+    /// An acquire, peek, report, refund or reset named a concurrency policy.
+    #[error("`policy` `{0}` is a concurrency policy: take a lease with POST /v1/leases")]
+    ConcurrencyPolicy(String),
+    /// A lease was asked of a rate policy.
+    #[error(
+        "`policy` `{0}` is a rate policy, not a concurrency policy: acquire with POST /v1/acquire"
+    )]
+    RatePolicy(String),
+    /// A lease id that names no live lease (expired, released, never issued, its policy no longer
+    /// a concurrency policy), or that is not a lease id at all.
+    #[error("no such lease: {0}")]
+    UnknownLease(&'static str),
+    /// The operating system gave no random bytes for a lease id.
+    #[error(transparent)]
+    NoRandomness(#[from] lease_id::NoRandomness),
     /// The store failed on a policy whose fail mode is `closed`, or on a policy write or a
     /// reset.
     #[error(transparent)]
@@ -178,6 +199,7 @@ pub struct RateLimiter {
     /// Decides for `fail_mode: local` policies while a shared store is unreachable.
     local: Option<MemoryStore>,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
+    leases: leases::LeaseMetrics,
     acquire_seconds: Histogram,
     /// `limits.shadow`: every policy in shadow mode.
     shadow: bool,
@@ -206,6 +228,7 @@ impl RateLimiter {
             sync: PolicySync::new(configured, limits.max_policies, stale_after),
             local,
             counters: RwLock::default(),
+            leases: leases::LeaseMetrics::default(),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
             shadow: limits.shadow,
         }
@@ -252,6 +275,9 @@ impl RateLimiter {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let (policy, etag) = self.policy(name).await?;
+        if policy.concurrency().is_some() {
+            return Err(ServiceError::ConcurrencyPolicy(name.to_owned()));
+        }
         let mut cost = cost;
         if let (Op::Acquire | Op::Peek, Some(tightest)) = (op, policy.tightest()) {
             let quota = tightest.params.quota();
@@ -281,14 +307,7 @@ impl RateLimiter {
             .decide(&policy, key, op, cost, marks, now_us)
             .await
         {
-            Ok(verdict) => Ok((
-                verdict,
-                if self.store.is_shared() {
-                    DecidedBy::Redis
-                } else {
-                    DecidedBy::Embedded
-                },
-            )),
+            Ok(verdict) => Ok((verdict, self.store_decider())),
             Err(e) => self.by_fail_mode(&policy, key, op, cost, marks, now_us, e),
         };
         if op == Op::Acquire {
@@ -353,6 +372,9 @@ impl RateLimiter {
     /// instance's own state, so that the reset holds for what it decides meanwhile).
     pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
         let (policy, _) = self.policy(name).await?;
+        if policy.concurrency().is_some() {
+            return Err(ServiceError::ConcurrencyPolicy(name.to_owned()));
+        }
         if let Some(local) = &self.local {
             local.clear(&policy, key);
         }
@@ -429,6 +451,15 @@ impl RateLimiter {
             .entry(Arc::from(name))
             .or_insert_with(|| Arc::new(DecisionCounters::new(name)))
             .clone()
+    }
+
+    /// Who decides when the store answers.
+    fn store_decider(&self) -> DecidedBy {
+        if self.store.is_shared() {
+            DecidedBy::Redis
+        } else {
+            DecidedBy::Embedded
+        }
     }
 
     /// The in-process store: the main one, or the one `local` fail mode decides with.

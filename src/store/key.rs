@@ -10,6 +10,10 @@
 //! part of the name, so a limit keeps its state across a change to the policy only while its
 //! name and algorithm stay the same, and one script is never handed another's state.
 //!
+//! Leases under a concurrency limit: `<prefix>:{<policy>:<escaped key>}:concurrency`
+//! ([`lease_key`]), escaped and tagged the same way; no algorithm is named `concurrency`, so it
+//! never meets a state key.
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
@@ -27,10 +31,30 @@ pub fn state_key(
     limit: Option<&str>,
     algorithm: Algorithm,
 ) {
-    buf.clear();
     let alg = algorithm.as_str();
     let limit_len = limit.map_or(0, |l| l.len() + 1);
-    buf.reserve(prefix.len() + policy.len() + key.len() + limit_len + alg.len() + 5);
+    subject(buf, prefix, policy, key, limit_len + alg.len());
+    if let Some(limit) = limit {
+        buf.push_str(limit);
+        buf.push(':');
+    }
+    buf.push_str(alg);
+}
+
+/// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):
+/// `<prefix>:{<policy>:<escaped key>}:concurrency`, on the subject's hash tag like its state
+/// keys.
+pub fn lease_key(buf: &mut String, prefix: &str, policy: &str, key: &str) {
+    const KIND: &str = "concurrency";
+    subject(buf, prefix, policy, key, KIND.len());
+    buf.push_str(KIND);
+}
+
+/// Writes `<prefix>:{<policy>:<escaped key>}:` to `buf` (cleared first), with room for `tail`
+/// more bytes.
+fn subject(buf: &mut String, prefix: &str, policy: &str, key: &str, tail: usize) {
+    buf.clear();
+    buf.reserve(prefix.len() + policy.len() + key.len() + tail + 5);
     buf.push_str(prefix);
     buf.push_str(":{");
     buf.push_str(policy);
@@ -51,11 +75,6 @@ pub fn state_key(
         buf.push_str(key);
     }
     buf.push_str("}:");
-    if let Some(limit) = limit {
-        buf.push_str(limit);
-        buf.push(':');
-    }
-    buf.push_str(alg);
 }
 
 /// The state keys of every limit of `policy` for the subject `key`, in policy order: the first
@@ -157,6 +176,14 @@ mod tests {
         );
         assert_eq!(buf, "rl:{api:u}:daily:fixed_window");
         assert_eq!(hash_tag(&buf), "api:u");
+    }
+
+    #[test]
+    fn a_subject_s_leases_share_its_escaping_and_hash_tag() {
+        let mut buf = String::new();
+        lease_key(&mut buf, "rl", "exports", "a}b{c:d%");
+        assert_eq!(buf, "rl:{exports:a%7Db%7Bc%3Ad%25}:concurrency");
+        assert_eq!(hash_tag(&buf), hash_tag(&key("exports", "a}b{c:d%")));
     }
 
     #[test]

@@ -26,6 +26,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
 use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
+use crate::limiter::concurrency::{self, LeaseAnswer, LeaseCall, LeaseOp};
 use crate::limiter::{decide_op, Op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
@@ -39,8 +40,16 @@ pub const SWEEP_EVERY_US: u64 = 100_000;
 
 #[derive(Debug)]
 struct Slot {
-    state: State,
+    state: Kept,
     expires_at_us: u64,
+}
+
+/// What one entry holds: one limit's state, or one subject's leases under a concurrency limit
+/// (their key names differ, see `key`, so one is never read as the other).
+#[derive(Debug)]
+enum Kept {
+    Limit(State),
+    Leases(concurrency::State),
 }
 
 /// The in-process store.
@@ -143,8 +152,8 @@ impl MemoryStore {
         for (i, name) in names.iter().enumerate() {
             if let Some(slot) = shard.remove(name) {
                 taken_out += 1;
-                if slot.expires_at_us > now {
-                    states[i] = Some(slot.state);
+                if let (true, Kept::Limit(state)) = (slot.expires_at_us > now, slot.state) {
+                    states[i] = Some(state);
                     expires[i] = slot.expires_at_us;
                 }
             }
@@ -169,7 +178,7 @@ impl MemoryStore {
                 shard.insert(
                     std::mem::take(name),
                     Slot {
-                        state,
+                        state: Kept::Limit(state),
                         expires_at_us,
                     },
                 );
@@ -179,6 +188,79 @@ impl MemoryStore {
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
         Ok(verdict)
+    }
+
+    /// Decides one lease call at an explicit time under one shard's lock, as
+    /// [`concurrency::decide`] does (the service's `local` fail mode calls it with its own
+    /// clock). The subject's leases are one entry, which expires with its last lease; only a
+    /// take creates one, and fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`]
+    /// does.
+    pub fn lease_at(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now: u64,
+    ) -> Result<LeaseAnswer, StoreError> {
+        if let Some(problem) = call.problem() {
+            return Err(StoreError::server(format!("refused lease call: {problem}")));
+        }
+        let mut name = String::new();
+        key::lease_key(&mut name, &self.prefix, policy, key.as_str());
+        let shard_lock = self.shard(policy, key.as_str());
+        let mut shard = lock(shard_lock);
+        // An entry whose expiry has passed holds only expired leases: absent, as the Redis key
+        // would be.
+        if call.op == LeaseOp::Look {
+            let leases = match shard.get(&name) {
+                Some(Slot {
+                    state: Kept::Leases(state),
+                    expires_at_us,
+                }) if *expires_at_us > now => Some(state),
+                _ => None,
+            };
+            return Ok(concurrency::look(leases, &call, now));
+        }
+        // Only a take can create an entry: it takes a slot first, as an acquire does.
+        let mut reserved = 0;
+        if call.op == LeaseOp::Take {
+            let names = std::slice::from_ref(&name);
+            reserved = match self.reserve(&shard, names) {
+                Some(r) => r,
+                None => {
+                    drop(shard);
+                    self.sweep_when_full(now);
+                    shard = lock(shard_lock);
+                    self.reserve(&shard, names).ok_or_else(|| self.refuse())?
+                }
+            };
+        }
+        let mut taken_out = 0;
+        let mut state = None;
+        let mut expires_at_us = 0;
+        if let Some(slot) = shard.remove(&name) {
+            taken_out = 1;
+            if let (true, Kept::Leases(leases)) = (slot.expires_at_us > now, slot.state) {
+                state = Some(leases);
+                expires_at_us = slot.expires_at_us;
+            }
+        }
+        let (state, answer, ttl) = concurrency::decide(state, &call, now);
+        let mut kept = 0;
+        if let Some(state) = state {
+            let expires_at_us = ttl.map_or(expires_at_us, |ttl| now.saturating_add(ttl));
+            shard.insert(
+                name,
+                Slot {
+                    state: Kept::Leases(state),
+                    expires_at_us,
+                },
+            );
+            kept = 1;
+        }
+        self.subjects
+            .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
+        Ok(answer)
     }
 
     /// Deletes the subject's state for every limit of the policy; returns how many limits had
@@ -284,6 +366,17 @@ impl Store for MemoryStore {
     ) -> Result<Verdict, StoreError> {
         let now = now_us.unwrap_or_else(system_now_us);
         self.decide_at(policy, key, op, cost, marks, now)
+    }
+
+    async fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        let now = now_us.unwrap_or_else(system_now_us);
+        self.lease_at(policy, key, call, now)
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
@@ -418,6 +511,91 @@ mod tests {
         // A subject whose own state expired reuses its slot.
         assert_eq!(allowed("b", 2, 2_000_000), Some(true));
         assert_eq!(store.len(), 2);
+    }
+
+    fn lease(op: LeaseOp, member: &str, cost: u64) -> LeaseCall<'_> {
+        LeaseCall {
+            op,
+            member,
+            cost,
+            lease_us: 1_000_000,
+            limit: 2,
+        }
+    }
+
+    fn member(n: u8) -> String {
+        format!("{n:032x}:1")
+    }
+
+    #[test]
+    fn leases_are_one_entry_that_expires_with_the_last_lease() {
+        let store = MemoryStore::new("rl", 100);
+        let k = key("k");
+        let (a, b) = (member(1), member(2));
+        let take = |m: &str, now| store.lease_at("c", &k, lease(LeaseOp::Take, m, 1), now);
+        assert!(take(&a, 0).expect("room").ok);
+        assert!(take(&b, 500_000).expect("room").ok);
+        assert!(!take(&member(3), 600_000).expect("decided").ok);
+        assert_eq!(store.len(), 1);
+        // a's lease ends at 1 s, b's at 1.5 s: the entry lives until b's.
+        assert_eq!(store.evict_expired(1_499_999), 0);
+        let look = store
+            .lease_at("c", &k, lease(LeaseOp::Look, "", 2), 1_200_000)
+            .expect("decided");
+        assert_eq!(
+            (look.ok, look.in_use, look.retry_after_us),
+            (false, 1, 300_000)
+        );
+        assert_eq!(store.evict_expired(1_500_000), 1);
+        assert!(store.is_empty());
+    }
+
+    #[test]
+    fn releasing_the_last_lease_frees_the_entry_and_a_look_takes_none() {
+        let store = MemoryStore::new("rl", 1);
+        let (k, a) = (key("k"), member(1));
+        let look = store
+            .lease_at("c", &k, lease(LeaseOp::Look, "", 1), 0)
+            .expect("decided");
+        assert!(look.ok);
+        assert!(store.is_empty());
+        assert!(
+            store
+                .lease_at("c", &k, lease(LeaseOp::Take, &a, 1), 0)
+                .expect("room")
+                .ok
+        );
+        // Full: another subject's take is refused, its look and release still answered.
+        let other = key("other");
+        assert!(matches!(
+            store.lease_at("c", &other, lease(LeaseOp::Take, &a, 1), 0),
+            Err(StoreError::Full(1))
+        ));
+        assert!(
+            !store
+                .lease_at("c", &other, lease(LeaseOp::Release, &a, 1), 0)
+                .expect("decided")
+                .ok
+        );
+        let released = store
+            .lease_at("c", &k, lease(LeaseOp::Release, &a, 1), 10)
+            .expect("decided");
+        assert!(released.ok);
+        assert!(store.is_empty());
+        assert!(
+            store
+                .lease_at("c", &other, lease(LeaseOp::Take, &a, 1), 20)
+                .expect("room")
+                .ok
+        );
+    }
+
+    #[test]
+    fn a_lease_call_the_script_could_not_read_back_is_refused() {
+        let store = MemoryStore::new("rl", 10);
+        let wrong_cost = lease(LeaseOp::Take, "0123456789abcdef0123456789abcdef:2", 1);
+        assert!(store.lease_at("c", &key("k"), wrong_cost, 0).is_err());
+        assert!(store.is_empty());
     }
 
     #[test]

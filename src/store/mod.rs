@@ -17,6 +17,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
 use crate::limiter::{Op, Verdict};
 use crate::policy::{LimitKey, Policy, PolicyName};
 
@@ -439,6 +440,19 @@ pub trait Store: Send + Sync {
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
+    /// Decides one lease call on the subject's leases under the concurrency policy named
+    /// `policy`, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look` writes
+    /// nothing, on Redis with a read-only script call). `now_us` is for tests that drive time
+    /// explicitly; `None` uses the store's clock (Redis `TIME`, or the system clock for the
+    /// embedded store).
+    fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> impl Future<Output = Result<LeaseAnswer, StoreError>> + Send;
+
     /// Deletes the subject's state for every limit of the policy, atomically.
     fn reset(
         &self,
@@ -545,6 +559,16 @@ impl Store for AnyStore {
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
         dispatch!(self, s => s.decide(policy, key, op, cost, marks, now_us))
+    }
+
+    async fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        dispatch!(self, s => s.lease(policy, key, call, now_us))
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

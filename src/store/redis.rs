@@ -16,6 +16,7 @@ use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
 };
+use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp};
 use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
@@ -457,16 +458,13 @@ fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> 
 async fn read_only(
     script: &redis::Script,
     keys: &[String],
-    argv: impl Iterator<Item = Option<u64>>,
+    argv: impl Iterator<Item = impl redis::ToRedisArgs>,
     conn: &mut Conn,
 ) -> redis::RedisResult<Value> {
     let mut cmd = redis::cmd("EVALSHA_RO");
     cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
     for arg in argv {
-        match arg {
-            Some(v) => cmd.arg(v),
-            None => cmd.arg(""),
-        };
+        cmd.arg(arg);
     }
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -474,6 +472,56 @@ async fn read_only(
             cmd.query_async(conn).await
         }
         other => other,
+    }
+}
+
+/// One script argument: a number, a string, or (for `None`) the empty string.
+enum Arg<'a> {
+    Num(Option<u64>),
+    Str(&'a str),
+}
+
+impl From<Option<u64>> for Arg<'_> {
+    fn from(n: Option<u64>) -> Self {
+        Arg::Num(n)
+    }
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Arg::Num(Some(n)) => n.write_redis_args(out),
+            Arg::Num(None) => out.write_arg(b""),
+            Arg::Str(s) => s.write_redis_args(out),
+        }
+    }
+}
+
+/// `lua/concurrency.lua`'s reply, `{ok, in_use, expires_in_us, retry_after_us, expired, now}`,
+/// as an answer.
+fn lease_answer(reply: &Value) -> Result<LeaseAnswer, StoreError> {
+    let numbers = match reply {
+        Value::Array(items) if items.len() == 6 => items
+            .iter()
+            .map(|item| match item {
+                Value::Int(i) => u64::try_from(*i).ok(),
+                _ => None,
+            })
+            .collect::<Option<Vec<u64>>>(),
+        _ => None,
+    };
+    match numbers.as_deref() {
+        Some(&[ok, in_use, expires_in_us, retry_after_us, expired, at_us]) => Ok(LeaseAnswer {
+            ok: ok == 1,
+            in_use,
+            expires_in_us,
+            retry_after_us,
+            expired,
+            at_us,
+        }),
+        _ => Err(StoreError::corrupt(format!(
+            "concurrency.lua answered {reply:?}"
+        ))),
     }
 }
 
@@ -525,7 +573,8 @@ impl Store for RedisStore {
         let reply: Value = self
             .with_conn(async |conn| {
                 if op == Op::Peek {
-                    return Ok(read_only(&script, &names[..n], argv(), conn).await?);
+                    let argv = argv().map(Arg::from);
+                    return Ok(read_only(&script, &names[..n], argv, conn).await?);
                 }
                 let mut call = script.prepare_invoke();
                 for name in &names[..n] {
@@ -541,6 +590,47 @@ impl Store for RedisStore {
             })
             .await?;
         verdict(&reply, n, op)
+    }
+
+    async fn lease(
+        &self,
+        policy: &str,
+        key: &LimitKey,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        if let Some(problem) = call.problem() {
+            return Err(StoreError::server(format!("refused lease call: {problem}")));
+        }
+        let mut name = String::new();
+        key::lease_key(&mut name, &self.prefix, policy, key.as_str());
+        let keys = std::slice::from_ref(&name);
+        // ARGV as lua/concurrency.lua lays it out.
+        let argv = || {
+            [
+                Arg::Str(call.op.as_str()),
+                Arg::Str(call.member),
+                Arg::Num(Some(call.cost)),
+                Arg::Num(Some(call.lease_us)),
+                Arg::Num(Some(call.limit)),
+                Arg::Num(now_us),
+            ]
+        };
+        let reply: Value = self
+            .with_conn(async |conn| {
+                if call.op == LeaseOp::Look {
+                    let script = &self.scripts.lease_look;
+                    return Ok(read_only(script, keys, argv().into_iter(), conn).await?);
+                }
+                let mut invoke = self.scripts.lease_change.prepare_invoke();
+                invoke.key(&name);
+                for arg in argv() {
+                    invoke.arg(arg);
+                }
+                Ok(invoke.invoke_async(conn).await?)
+            })
+            .await?;
+        lease_answer(&reply)
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

@@ -10,6 +10,9 @@
 //! Redis, or a combination of algorithms not used before), loads the script and retries, so a
 //! script is loaded once per Redis and never sent again in steady state.
 //!
+//! A concurrency limit is not composed: `lua/concurrency.lua` makes two scripts
+//! ([`lease_sources`]), its look (flagged `no-writes`, like a peek's) and its change.
+//!
 //! The flags line makes every decision script a Redis 7 flagged script, which Redis checks as a
 //! whole before running it: while Redis is over `maxmemory` it refuses the call with an `OOM`
 //! error and runs none of it. (An unflagged script is checked only up to its first write, so a
@@ -191,6 +194,25 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
     s
 }
 
+/// The concurrency limit's file, split into its head, the look and the change sections (see
+/// its header).
+const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
+const LOOK_SPLIT: &str = "\n--- look\n";
+const CHANGE_SPLIT: &str = "\n--- change\n";
+
+/// The two scripts of a concurrency limit: `(look, change)`. The look is flagged `no-writes`
+/// and called with `EVALSHA_RO`; the change (take, renew, release) may write.
+pub fn lease_sources() -> (String, String) {
+    let (head, rest) = CONCURRENCY
+        .split_once(LOOK_SPLIT)
+        .unwrap_or((CONCURRENCY, ""));
+    let (look, change) = rest.split_once(CHANGE_SPLIT).unwrap_or((rest, ""));
+    (
+        format!("{PEEK_FLAGS}\n{head}\n{look}"),
+        format!("{DECISION_FLAGS}\n{head}\n{change}"),
+    )
+}
+
 /// The policy scripts, which are not composed.
 const POLICY_WRITE: &str = include_str!("../../lua/policy_write.lua");
 const POLICY_READ: &str = include_str!("../../lua/policy_read.lua");
@@ -202,6 +224,7 @@ pub fn sources() -> impl Iterator<Item = String> {
         .into_iter()
         .flat_map(|op| Algorithm::ALL.into_iter().map(move |a| compose(&[a], op)))
         .chain([POLICY_WRITE.to_owned(), POLICY_READ.to_owned()])
+        .chain(<[String; 2]>::from(lease_sources()))
 }
 
 /// An operation and a combination of algorithms as one number: each algorithm's index plus one,
@@ -220,6 +243,10 @@ pub struct Scripts {
     composed: RwLock<HashMap<u32, Arc<Script>>>,
     pub policy_write: Script,
     pub policy_read: Script,
+    /// A concurrency limit's look (no writes, `EVALSHA_RO`).
+    pub lease_look: Script,
+    /// A concurrency limit's take, renew and release.
+    pub lease_change: Script,
 }
 
 /// A decision script, borrowed or shared.
@@ -246,6 +273,8 @@ impl Scripts {
             composed: RwLock::default(),
             policy_write: Script::new(POLICY_WRITE),
             policy_read: Script::new(POLICY_READ),
+            lease_look: Script::new(&lease_sources().0),
+            lease_change: Script::new(&lease_sources().1),
         }
     }
 
@@ -356,6 +385,26 @@ mod tests {
             let one = compose(&[a], Op::Acquire);
             assert!(!one.contains("redis.call('MGET'"), "{}", a.as_str());
         }
+    }
+
+    #[test]
+    fn the_lease_scripts_are_the_head_and_one_section_each_the_look_read_only() {
+        let (look, change) = lease_sources();
+        assert!(CONCURRENCY.starts_with("-- concurrency.lua"));
+        for part in ["KEYS[1]", "ARGV[1]", "ARGV[6]", "Reply"] {
+            assert!(CONCURRENCY.contains(part), "concurrency.lua lacks {part}");
+        }
+        assert_eq!(CONCURRENCY.matches(LOOK_SPLIT).count(), 1);
+        assert_eq!(CONCURRENCY.matches(CHANGE_SPLIT).count(), 1);
+        assert_eq!(look.lines().next(), Some(PEEK_FLAGS));
+        assert_eq!(change.lines().next(), Some(DECISION_FLAGS));
+        // The look's text holds no command that writes.
+        for write in ["'ZADD'", "'ZREM", "'DEL'", "'PEXPIRE"] {
+            assert!(!look.contains(write), "look has {write}");
+            assert!(change.contains(write), "change lacks {write}");
+        }
+        assert!(look.contains("local in_use = held - dead_cost"));
+        assert!(change.contains("local in_use = held - dead_cost"));
     }
 
     #[test]

@@ -31,6 +31,9 @@ async fn committed_openapi_matches_the_served_spec() {
         .is_some_and(|v| v.starts_with("3.1")));
     for path in [
         "/v1/acquire",
+        "/v1/leases",
+        "/v1/leases/{id}",
+        "/v1/leases/{id}/renew",
         "/v1/policies",
         "/v1/policies/{name}",
         "/healthz",

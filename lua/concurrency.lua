@@ -1,0 +1,136 @@
+-- concurrency.lua: one call on one subject's leases under a concurrency limit. Mirrors
+-- src/limiter/concurrency.rs (`decide`), whose module doc states the rules. src/store/scripts.rs
+-- makes two scripts of this file, split at the line `--- look`/`--- change`: the head and the
+-- look section, flagged `no-writes` and called with EVALSHA_RO (look), and the head and the
+-- change section (take, renew, release).
+--
+-- KEYS[1]  <prefix>:{<policy>:<escaped key>}:concurrency, a sorted set: each lease's member
+--          string, `<32 hex>:<cost>`, scored by its expiry in µs; and the member `in_use`,
+--          scored -(sum of the costs of every lease in the set, expired or not) - 1, so that
+--          the sum never needs a walk over the live leases and its score is below every
+--          expiry (>= 1). The key expires when its last lease does (PEXPIREAT the latest
+--          expiry in ms, rounded up; with an explicit time, PEXPIRE the same from that time).
+-- ARGV[1]  'take', 'renew', 'release' or 'look'
+-- ARGV[2]  the lease's member string (unused by look); the stores check its form, and that a
+--          take's names its cost, before calling
+-- ARGV[3]  cost: the units a take holds or a look asks about, 1..10000
+-- ARGV[4]  lease_us: a take's or a renewal's lifetime from now, µs
+-- ARGV[5]  limit: the policy's limit now
+-- ARGV[6]  the current time in µs, or empty for Redis TIME (explicit times are for tests)
+-- Reply    {ok (0|1), in_use, expires_in_us, retry_after_us, expired, now}, as
+--          LeaseAnswer's fields
+-- Flags    `#!lua` (refused whole, with OOM, while Redis is over maxmemory); look's
+--          `#!lua flags=no-writes`
+--
+-- Every value is an integer below 2^53 (times about 1.8e15 µs, sums at most 10000), so Lua's
+-- doubles and the set's scores hold them exactly; numbers go back to Redis through
+-- string.format('%d'), never tostring (see common.lua).
+
+local key = KEYS[1]
+local op, member = ARGV[1], ARGV[2]
+local cost, lease, limit = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local clock = ARGV[6] == ''
+local now
+if clock then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+else
+  now = tonumber(ARGV[6])
+end
+local NOW = string.format('%d', now)
+local SUM = 'in_use'
+
+-- The cost a member holds, from its string. (Every member in the set came through a take,
+-- whose member the store checked; this fails the script, before any write, on one that did not.)
+local function cost_of(m)
+  local c = tonumber(string.match(m, ':(%d+)$'))
+  if not c then
+    error('concurrency.lua: a lease member without a cost: ' .. m)
+  end
+  return c
+end
+
+-- The costs of every lease in the set, then of the expired ones (expiry <= now), and the
+-- live ones' sum.
+local held = 0
+local score = redis.call('ZSCORE', key, SUM)
+if score then
+  held = -tonumber(score) - 1
+end
+local dead = redis.call('ZRANGEBYSCORE', key, 0, NOW)
+local dead_cost = 0
+for _, m in ipairs(dead) do
+  dead_cost = dead_cost + cost_of(m)
+end
+local in_use = held - dead_cost
+
+-- The time until the earliest live lease expires; 0 when none is live.
+local function earliest_wait()
+  local first = redis.call('ZRANGEBYSCORE', key, '(' .. NOW, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if first[2] then
+    return tonumber(first[2]) - now
+  end
+  return 0
+end
+
+--- look
+local ok, retry = 0, 0
+if in_use + cost <= limit then
+  ok = 1
+else
+  retry = earliest_wait()
+end
+return {ok, in_use, 0, retry, 0, now}
+--- change
+if member == SUM then
+  error('concurrency.lua: ' .. SUM .. ' is not a lease member')
+end
+local expired = #dead
+local changed = expired > 0
+if changed then
+  redis.call('ZREMRANGEBYSCORE', key, 0, NOW)
+end
+local ok, expires_in, retry = 0, 0, 0
+local expiry = string.format('%d', now + lease)
+if op == 'take' or op == 'renew' then
+  -- Live, or not there at all: the expired ones are gone, and `in_use`'s score is below now.
+  local at = redis.call('ZSCORE', key, member)
+  if at and tonumber(at) > now then
+    redis.call('ZADD', key, 'XX', expiry, member)
+    ok = 1
+  elseif op == 'take' and in_use + cost <= limit then
+    redis.call('ZADD', key, expiry, member)
+    in_use = in_use + cost
+    ok = 1
+  elseif op == 'take' then
+    retry = earliest_wait()
+  end
+  if ok == 1 then
+    expires_in = lease
+    changed = true
+  end
+elseif op == 'release' then
+  local at = redis.call('ZSCORE', key, member)
+  if at and tonumber(at) > now then
+    local c = cost_of(member)
+    redis.call('ZREM', key, member)
+    in_use = in_use - c
+    ok = 1
+    changed = true
+  end
+end
+if changed then
+  if redis.call('ZCARD', key) <= 1 then
+    -- No lease left (at most the sum's member): nothing to keep.
+    redis.call('DEL', key)
+  else
+    redis.call('ZADD', key, string.format('%d', -in_use - 1), SUM)
+    local last = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+    if clock then
+      redis.call('PEXPIREAT', key, string.format('%d', math.ceil(last / 1000)))
+    else
+      redis.call('PEXPIRE', key, string.format('%d', math.ceil((last - now) / 1000)))
+    end
+  end
+end
+return {ok, in_use, expires_in, retry, expired, now}
