@@ -10,14 +10,17 @@ cases are brought within these rules, and only these; negative cases are never t
 - The limits of a policy have distinct names.
 - The `key` of an acquire, peek, report, refund, reset or lease is at most 256 bytes of UTF-8,
   and a policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
-- A policy is of one kind: a lease call on a rate policy, and an acquire, peek, report, refund
+- A policy is of one kind: taking a lease of a rate policy, and an acquire, peek, report, refund
   or reset on a concurrency policy, are 422 naming `policy`, which the schema cannot say (both
-  kinds of call take any policy name). A positive lease call that names one of the fixed rate
-  policies (FUZZ_FIXED_POLICIES minus FUZZ_LEASE_POLICIES: names Schemathesis generates, such as
-  "0" or "a") is sent to the first of FUZZ_LEASE_POLICIES instead, and a positive decision that
-  names a fixed concurrency policy to the rate policy "a" (a GCRA whose quota holds any cost the
-  schema allows). Their `cost` fits: the fixed concurrency policies' `limit` is the largest the
-  schema allows for a lease's `cost`.
+  kinds of call take any policy name); and a lease's `cost` above its policy's `limit` is a 422
+  naming `cost`. The policy a positive case names may be a fixed one (FUZZ_FIXED_POLICIES: names
+  Schemathesis generates, such as "0" or "a") or one a policy write of this run created, of
+  either kind, so the hook asks the service (GET /v1/policies/{name}, FUZZ_BASE_URL): a positive
+  take that names a rate policy, or a concurrency policy whose `limit` is below its `cost`, is
+  sent to the first of FUZZ_LEASE_POLICIES ("exports", whose `limit` is the largest a `cost` may
+  be); a positive decision that names a concurrency policy is sent to the rate policy "a" (a
+  GCRA whose quota holds any cost the schema allows). A policy that does not exist is left
+  alone: the 404 is documented.
 - A refund's `ticket`, when given, is one this service issued for the same policy and key (422
   otherwise). A generated one never is, so a positive refund gets a real ticket instead: the
   hook reports the refund's `cost` for its policy and key (FUZZ_BASE_URL) and sends the report's
@@ -39,6 +42,7 @@ cases are brought within these rules, and only these; negative cases are never t
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import schemathesis
@@ -52,7 +56,6 @@ DECISIONS = frozenset(["/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/
 # The fixed concurrency policies, and the one whose leases the hook takes for renewals and
 # releases of real ids (not among the fixed names Schemathesis generates).
 LEASE_POLICIES = sorted(os.environ.get("FUZZ_LEASE_POLICIES", "").split())
-RATE_POLICIES = FIXED - frozenset(LEASE_POLICIES)
 LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
 # The operations on one lease, by its id.
 LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
@@ -73,6 +76,18 @@ def _real_ticket(policy, key, cost):
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read()).get("ticket")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _policy(name):
+    """The policy document named `name`, or None when there is none (or no answer)."""
+    if not BASE_URL or not isinstance(name, str):
+        return None
+    url = f"{BASE_URL}/v1/policies/{urllib.parse.quote(name, safe='')}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -138,11 +153,17 @@ def before_call(context, case, kwargs):
             and isinstance(body.get("key"), str):
         body["key"] = _utf8_prefix(body["key"], KEY_BYTES)
 
-    if path in DECISIONS and body is not None and body.get("policy") in LEASE_POLICIES:
-        body["policy"] = "a"
-    if path == "/v1/leases" and body is not None and body.get("policy") in RATE_POLICIES \
-            and LEASE_POLICIES:
-        body["policy"] = LEASE_POLICIES[0]
+    if path in DECISIONS and body is not None:
+        policy = _policy(body.get("policy"))
+        if policy is not None and policy.get("algorithm") == "concurrency":
+            body["policy"] = "a"
+    if path == "/v1/leases" and body is not None and LEASE_POLICIES:
+        policy = _policy(body.get("policy"))
+        cost = body.get("cost")
+        if policy is not None and (
+                policy.get("algorithm") != "concurrency"
+                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0))):
+            body["policy"] = LEASE_POLICIES[0]
 
     if path in LEASE_PATHS and meta.phase.name != "stateful" and case.path_parameters:
         _lease_cases += 1
