@@ -3,8 +3,10 @@
 The API's spec states in prose a few rules JSON Schema cannot express, and the server answers
 422 (or 400) when a request breaks them. Left alone, schema-valid ("positive") cases that break
 them by chance would fail `positive_data_acceptance` although the server is right. So positive
-cases are brought within these rules, and only these; negative cases are never touched, so
-`negative_data_rejection` still sees every violation Schemathesis generates.
+cases are brought within these rules, and only these; negative cases are touched only to keep
+them off the fixed policies (below), which changes no violation (a fixed name is a valid name, so
+the violation is elsewhere), so `negative_data_rejection` still sees every violation
+Schemathesis generates.
 
 - A PUT body's `name`, when given, equals the path's name.
 - The limits of a policy have distinct names.
@@ -32,11 +34,18 @@ cases are brought within these rules, and only these; negative cases are never t
   renewals and releases of live leases are exercised too, every other positive renewal and
   release outside the stateful phase gets a real id: the hook takes a lease of FUZZ_LEASE_HOOK_POLICY
   for a subject of its own (FUZZ_BASE_URL). The stateful phase is left alone: its ids come from
-  the `Location` of the takes it made.
+  the `Location` of the takes it made. For it to have takes to follow, a positive take of the
+  stateful phase that names no existing policy is sent to "exports" (a random name almost never
+  exists, and there is no link from a policy's creation to a take), and its `lease_ms`, and a
+  stateful renewal's, is raised to at least STATEFUL_LEASE_MS: a lease that expires before the
+  scenario's next step is gone, as it should be, and ensure_resource_availability would take that
+  404 for a lease lost at once.
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
-  cannot foresee).
+  cannot foresee). Negative writes are kept off them too: Schemathesis reuses names it has seen
+  in answers (the policy list, lease ids), and a case negative only in a way the server may
+  ignore, such as a `Content-Type` on a `DELETE` without a body, would delete one.
 """
 
 import json
@@ -60,6 +69,7 @@ LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
 # The operations on one lease, by its id.
 LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
 _lease_cases = 0
+STATEFUL_LEASE_MS = 60_000
 
 
 def _utf8_prefix(text, limit):
@@ -128,7 +138,7 @@ def before_call(context, case, kwargs):
     have filled it in); Schemathesis revalidates what is changed here."""
     global _lease_cases
     meta = case.meta
-    if meta is None or not meta.generation.mode.is_positive:
+    if meta is None:
         return
     method = case.operation.method.upper()
     path = case.operation.path
@@ -138,7 +148,12 @@ def before_call(context, case, kwargs):
         params = case.path_parameters
         if params and params.get("name") in FIXED:
             params["name"] = f"{params['name'][:60]}-w"
-        if method == "PUT" and params and body is not None and isinstance(body.get("name"), str):
+    if not meta.generation.mode.is_positive:
+        return
+
+    if path == "/v1/policies/{name}" and method == "PUT":
+        params = case.path_parameters
+        if params and body is not None and isinstance(body.get("name"), str):
             body["name"] = params["name"]
 
     if path.startswith("/v1/policies") and body is not None:
@@ -157,15 +172,19 @@ def before_call(context, case, kwargs):
         policy = _policy(body.get("policy"))
         if policy is not None and policy.get("algorithm") == "concurrency":
             body["policy"] = "a"
+    stateful = meta.phase.name == "stateful"
     if path == "/v1/leases" and body is not None and LEASE_POLICIES:
         policy = _policy(body.get("policy"))
         cost = body.get("cost")
-        if policy is not None and (
+        if (policy is None and stateful) or (policy is not None and (
                 policy.get("algorithm") != "concurrency"
-                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0))):
+                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0)))):
             body["policy"] = LEASE_POLICIES[0]
+    if stateful and path in ("/v1/leases", "/v1/leases/{id}/renew") and body is not None \
+            and isinstance(body.get("lease_ms"), (int, float)):
+        body["lease_ms"] = max(body["lease_ms"], STATEFUL_LEASE_MS)
 
-    if path in LEASE_PATHS and meta.phase.name != "stateful" and case.path_parameters:
+    if path in LEASE_PATHS and not stateful and case.path_parameters:
         _lease_cases += 1
         if _lease_cases % 2 == 0:
             lease = _real_lease()
