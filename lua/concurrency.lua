@@ -120,11 +120,11 @@ elseif op == 'release' then
   end
 end
 if changed then
-  if redis.call('ZCARD', key) <= 1 then
-    -- No lease left (at most the sum's member): nothing to keep.
+  redis.call('ZADD', key, string.format('%d', -in_use - 1), SUM)
+  if redis.call('ZCARD', key) == 1 then
+    -- No lease left, only the sum's member: nothing to keep.
     redis.call('DEL', key)
   else
-    redis.call('ZADD', key, string.format('%d', -in_use - 1), SUM)
     local last = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     if clock then
       redis.call('PEXPIREAT', key, string.format('%d', math.ceil(last / 1000)))

@@ -25,7 +25,9 @@ pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
 pub const LEASES: &str = "ratelimiter_leases_total";
 /// Leases held, labelled `policy`: granted minus released minus expired as this instance counted
 /// them (a lease may be granted through one instance and released through another: sum over
-/// instances).
+/// instances). Expiries are counted only when the store finds them, and a subject's state goes
+/// with its last lease's expiry: leases that expire when no other lease of their subject is live
+/// are never counted as expired, and stay in this gauge.
 pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";

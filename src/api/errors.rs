@@ -291,6 +291,28 @@ mod tests {
     use crate::store::StoreError;
 
     #[test]
+    fn lease_errors_are_404_unknown_lease_and_kind_mismatches_422_naming_policy() {
+        let unknown = ApiError::Service(ServiceError::UnknownLease("gone"));
+        let (s, k, _, field) = unknown.parts();
+        assert_eq!(
+            (s.as_u16(), k, field),
+            (404, "urn:ratelimiter:problem:unknown-lease", None)
+        );
+        for e in [
+            ServiceError::ConcurrencyPolicy("c".into()),
+            ServiceError::RatePolicy("r".into()),
+        ] {
+            let e = ApiError::Service(e);
+            let (s, k, _, field) = e.parts();
+            assert_eq!(
+                (s.as_u16(), k, field),
+                (422, "urn:ratelimiter:problem:invalid-field", Some("policy")),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn store_errors_are_answered_as_their_class_says() {
         // The HTTP column of `ErrorClass`'s table, one error of each kind.
         let table = [

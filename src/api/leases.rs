@@ -321,7 +321,9 @@ pub async fn release(
 
 /// The lease id of a path; anything else names no lease.
 fn lease_id(raw: &str) -> Result<LeaseId, ApiError> {
-    LeaseId::parse(raw).map_err(|r| ServiceError::UnknownLease(r).into())
+    LeaseId::parse(raw).map_err(|_| {
+        ServiceError::UnknownLease("the id is not a lease id this service issued").into()
+    })
 }
 
 /// `RateLimit-Policy`, `RateLimit` (unless fail-open: nothing was counted), `Decided-By` and

@@ -18,7 +18,9 @@
 //! forgot); `fail_open` counts calls answered without any store. `ratelimiter_leases_in_use` is
 //! granted minus released minus expired as this instance counted them: a lease granted by one
 //! instance and released through another moves two instances' gauges, so sum it over
-//! instances.
+//! instances. The store sees an expiry only while another lease keeps the subject's state: the
+//! state expires with its last lease, and those last expiries are never counted (so the gauge
+//! overstates by them).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -308,10 +310,12 @@ impl RateLimiter {
             // anyway.
             FailMode::Closed => Err(error.outcome_known().into()),
             FailMode::Open | FailMode::Local => {
+                // A take is granted and a renewal succeeds; a release is done, but whether the
+                // lease was live is not known.
                 let holds = matches!(call.op, LeaseOp::Take | LeaseOp::Renew);
                 Ok((
                     LeaseAnswer {
-                        ok: true,
+                        ok: holds,
                         in_use: if holds { call.cost } else { 0 },
                         expires_in_us: if holds { call.lease_us } else { 0 },
                         retry_after_us: 0,
@@ -333,4 +337,4 @@ impl Released {
 }
 
 /// Why a lease is unknown.
-const GONE: &str = "it has expired, was released, or never existed: take a new one";
+const GONE: &str = "the lease has expired, was released, or never existed: take a new one";

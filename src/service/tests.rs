@@ -200,3 +200,360 @@ async fn configured_policies_are_seeded_once_and_a_deletion_sticks() {
     ));
     assert_eq!(s.unready().await, None, "the deleted one is not missing");
 }
+
+fn concurrency(name: &str, limit: u64, lease_ms: u64, fail_mode: FailMode) -> Policy {
+    Policy::concurrent(
+        PolicyName::parse(name).expect("valid name"),
+        crate::policy::concurrency::Params {
+            limit,
+            lease_us: lease_ms * 1_000,
+        },
+        None,
+        fail_mode,
+    )
+}
+
+const T0: u64 = 1_000_000_000;
+
+#[tokio::test]
+async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends_it() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("c", 2, 1_000, FailMode::Open)).await;
+    let a = s
+        .take_lease("c", key("k"), 1, None, Some(T0))
+        .await
+        .expect("answered");
+    assert!(a.granted(), "{a:?}");
+    assert_eq!(a.decided_by, DecidedBy::Embedded);
+    assert_eq!((a.answer.in_use, a.remaining()), (1, 1));
+    assert_eq!(a.answer.expires_in_us, 1_000_000, "the policy's lease_ms");
+    let a = a.lease.expect("an id");
+    let b = s
+        .take_lease("c", key("k"), 1, Some(5_000), Some(T0))
+        .await
+        .expect("answered");
+    assert_eq!(b.answer.expires_in_us, 5_000_000, "the call's lease_ms");
+    let b = b.lease.expect("an id");
+    let denied = s
+        .take_lease("c", key("k"), 1, None, Some(T0 + 100_000))
+        .await
+        .expect("answered");
+    assert!(!denied.granted() && denied.lease.is_none(), "{denied:?}");
+    assert_eq!(denied.answer.retry_after_us, 900_000, "until `a` expires");
+    assert_eq!(denied.remaining(), 0);
+    // Other subjects are independent.
+    assert!(s
+        .take_lease("c", key("other"), 2, None, Some(T0))
+        .await
+        .expect("answered")
+        .granted());
+
+    let renewed = s
+        .renew_lease(a.clone(), Some(2_000), Some(T0 + 500_000))
+        .await
+        .expect("live");
+    assert_eq!(renewed.answer.expires_in_us, 2_000_000);
+    assert_eq!(renewed.lease.as_ref(), Some(&a));
+    // Past its first expiry, `a` is still held.
+    assert!(!s
+        .take_lease("c", key("k"), 1, None, Some(T0 + 1_500_000))
+        .await
+        .expect("answered")
+        .granted());
+    // Past its renewed expiry, it is gone: not renewable, and its slot is free.
+    assert!(matches!(
+        s.renew_lease(a.clone(), None, Some(T0 + 2_500_000)).await,
+        Err(ServiceError::UnknownLease(_))
+    ));
+    let c = s
+        .take_lease("c", key("k"), 1, None, Some(T0 + 2_500_000))
+        .await
+        .expect("answered");
+    assert!(c.granted(), "{c:?}");
+    assert_eq!(c.answer.in_use, 2, "b and c");
+
+    // Release is idempotent, and only a live lease counts as released.
+    let released = s
+        .release_lease(b.clone(), Some(T0 + 2_600_000))
+        .await
+        .expect("answered");
+    assert_eq!(
+        released,
+        Released {
+            was_live: true,
+            decided_by: Some(DecidedBy::Embedded)
+        }
+    );
+    let again = s
+        .release_lease(b.clone(), Some(T0 + 2_600_000))
+        .await
+        .expect("answered");
+    assert!(!again.was_live);
+    assert!(matches!(
+        s.renew_lease(b, None, Some(T0 + 2_700_000)).await,
+        Err(ServiceError::UnknownLease(_))
+    ));
+}
+
+#[tokio::test]
+async fn a_lease_id_names_one_subject_and_one_lease() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("c", 5, 60_000, FailMode::Open)).await;
+    let a = s
+        .take_lease("c", key("k"), 2, None, Some(T0))
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    let text = a.to_string();
+    // The same random part with another cost, or for another subject: no such lease.
+    let other_cost = format!("{}~1", text.rsplit_once('~').expect("cost").0);
+    let other_key = text.replace(
+        &format!("~{}~", "aw"), // base64url of "k"
+        &format!("~{}~", "bw"), // of "o"
+    );
+    assert_ne!(other_key, text);
+    for forged in [other_cost, other_key] {
+        let id = LeaseId::parse(&forged).expect("well-formed");
+        assert!(matches!(
+            s.renew_lease(id.clone(), None, Some(T0 + 1)).await,
+            Err(ServiceError::UnknownLease(_))
+        ));
+        assert!(
+            !s.release_lease(id, Some(T0 + 1))
+                .await
+                .expect("answered")
+                .was_live
+        );
+    }
+    // Untouched by either.
+    assert!(s.renew_lease(a, None, Some(T0 + 2)).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_lowered_limit_keeps_leases_and_refuses_new_ones_until_enough_end() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("c", 3, 60_000, FailMode::Open)).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let l = s
+            .take_lease("c", key("k"), 1, None, Some(T0))
+            .await
+            .expect("answered");
+        held.push(l.lease.expect("granted"));
+    }
+    let name = PolicyName::parse("c").expect("valid");
+    s.change_policy(
+        WriteKind::Put,
+        &name,
+        Some(concurrency("c", 1, 60_000, FailMode::Open)),
+        &Precondition::None,
+    )
+    .await
+    .expect("replaced");
+    let take = || s.take_lease("c", key("k"), 1, None, Some(T0 + 1));
+    let denied = take().await.expect("answered");
+    assert!(!denied.granted());
+    assert_eq!((denied.answer.in_use, denied.remaining()), (3, 0));
+    assert!(s
+        .renew_lease(held[0].clone(), None, Some(T0 + 1))
+        .await
+        .is_ok());
+    for id in held.drain(..2) {
+        s.release_lease(id, Some(T0 + 1)).await.expect("released");
+    }
+    assert!(!take().await.expect("answered").granted(), "1 held of 1");
+    s.release_lease(held.remove(0), Some(T0 + 1))
+        .await
+        .expect("released");
+    assert!(take().await.expect("answered").granted());
+}
+
+#[tokio::test]
+async fn deleting_a_concurrency_policy_makes_its_leases_unknown() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("c", 3, 60_000, FailMode::Open)).await;
+    let a = s
+        .take_lease("c", key("k"), 1, None, Some(T0))
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    let name = PolicyName::parse("c").expect("valid");
+    s.change_policy(WriteKind::Delete, &name, None, &Precondition::None)
+        .await
+        .expect("deleted");
+    assert!(matches!(
+        s.renew_lease(a.clone(), None, Some(T0 + 1)).await,
+        Err(ServiceError::UnknownPolicy(_))
+    ));
+    assert_eq!(
+        s.release_lease(a.clone(), Some(T0 + 1))
+            .await
+            .expect("answered"),
+        Released {
+            was_live: false,
+            decided_by: None
+        }
+    );
+    // A rate policy of the same name does not know it either.
+    create(&s, policy("c", 3, FailMode::Open)).await;
+    assert!(matches!(
+        s.renew_lease(a.clone(), None, Some(T0 + 1)).await,
+        Err(ServiceError::UnknownLease(_))
+    ));
+    assert!(
+        !s.release_lease(a, Some(T0 + 1))
+            .await
+            .expect("answered")
+            .was_live
+    );
+}
+
+#[tokio::test]
+async fn rate_and_concurrency_policies_refuse_each_others_operations() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("c", 3, 60_000, FailMode::Open)).await;
+    create(&s, policy("r", 3, FailMode::Open)).await;
+    for op in [Op::Acquire, Op::Peek, Op::Report, Op::Refund] {
+        assert!(matches!(
+            s.decide(op, "c", &key("k"), 1, None, Some(T0)).await,
+            Err(ServiceError::ConcurrencyPolicy(_))
+        ));
+    }
+    assert!(matches!(
+        s.reset("c", &key("k")).await,
+        Err(ServiceError::ConcurrencyPolicy(_))
+    ));
+    assert!(matches!(
+        s.take_lease("r", key("k"), 1, None, Some(T0)).await,
+        Err(ServiceError::RatePolicy(_))
+    ));
+    assert!(matches!(
+        s.take_lease("c", key("k"), 4, None, Some(T0)).await,
+        Err(ServiceError::CostAboveQuota {
+            quota: 3,
+            field: "limit",
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_full_embedded_store_answers_leases_by_fail_mode() {
+    let s = service(&limits(10, 1), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("open", 5, 60_000, FailMode::Open)).await;
+    create(&s, concurrency("closed", 5, 60_000, FailMode::Closed)).await;
+    create(&s, concurrency("local", 5, 60_000, FailMode::Local)).await;
+    let held = s
+        .take_lease("open", key("a"), 1, None, Some(T0))
+        .await
+        .expect("answered");
+    assert_eq!(held.decided_by, DecidedBy::Embedded);
+    // The one subject the store may hold is taken: a new subject is answered by fail mode.
+    let open = s
+        .take_lease("open", key("b"), 2, None, Some(T0))
+        .await
+        .expect("answered");
+    assert!(open.granted(), "{open:?}");
+    assert_eq!(open.decided_by, DecidedBy::FailOpen);
+    assert!(open.decided_by.is_degraded());
+    assert_eq!((open.answer.in_use, open.remaining()), (2, 3));
+    // Stored nowhere: the store, asked, does not know it; releasing it never fails.
+    let id = open.lease.expect("an id");
+    assert!(matches!(
+        s.renew_lease(id.clone(), None, Some(T0 + 1)).await,
+        Err(ServiceError::UnknownLease(_))
+    ));
+    assert!(
+        !s.release_lease(id, Some(T0 + 1))
+            .await
+            .expect("answered")
+            .was_live
+    );
+    assert!(matches!(
+        s.take_lease("closed", key("c"), 1, None, Some(T0)).await,
+        Err(ServiceError::Store(StoreError::Full(_)))
+    ));
+    // `local` on the embedded store has no other store to decide with: it answers as `open`.
+    let local = s
+        .take_lease("local", key("d"), 1, None, Some(T0))
+        .await
+        .expect("answered");
+    assert_eq!(local.decided_by, DecidedBy::FailOpen);
+}
+
+/// The value of one series in the Prometheus text, 0 when absent.
+fn series(text: &str, name: &str, labels: &str) -> f64 {
+    let prefix = format!("{name}{{{labels}}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn lease_metrics_count_each_event_and_the_leases_in_use() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("metered-leases", 2, 1_000, FailMode::Open)).await;
+    let take = |at: u64, lease_ms: u64| {
+        s.take_lease("metered-leases", key("k"), 1, Some(lease_ms), Some(at))
+    };
+    let _a = take(T0, 1_000)
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    let b = take(T0, 5_000)
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    assert!(take(T0, 1_000).await.expect("answered").lease.is_none());
+    s.renew_lease(b.clone(), Some(5_000), Some(T0 + 1))
+        .await
+        .expect("renewed");
+    // `a` expires while `b` keeps the subject's state: the next take finds it expired and takes
+    // its slot. (A subject whose last lease expires goes with it, uncounted.)
+    let c = take(T0 + 2_000_000, 1_000)
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    for id in [b.clone(), b, c] {
+        s.release_lease(id, Some(T0 + 2_000_001))
+            .await
+            .expect("released");
+    }
+    let text = s.render_metrics();
+    let event = |e: &str| {
+        series(
+            &text,
+            m::LEASES,
+            &format!("policy=\"metered-leases\",event=\"{e}\""),
+        )
+    };
+    assert_eq!(
+        [
+            event("granted"),
+            event("denied"),
+            event("renewed"),
+            event("released"),
+            event("expired")
+        ],
+        [3.0, 1.0, 1.0, 2.0, 1.0],
+        "{text}"
+    );
+    assert_eq!(
+        series(&text, m::LEASES_IN_USE, "policy=\"metered-leases\""),
+        0.0,
+        "{text}"
+    );
+}

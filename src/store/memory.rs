@@ -7,8 +7,9 @@
 //! second by the service) frees them, so memory stays bounded by the live subjects.
 //!
 //! A subject's limits (one per limit of its policy) are in one shard and decided together under
-//! its lock, as one script decides them on Redis. Each limit's state is one entry, and "subjects"
-//! below counts entries.
+//! its lock, as one script decides them on Redis. Each limit's state is one entry, and so are a
+//! subject's leases under a concurrency limit (expiring with the last of them); "subjects" below
+//! counts entries.
 //!
 //! The number of subjects is capped (`limits.max_embedded_subjects`). At the cap, a subject that
 //! has no state yet first makes the store free what has expired (at most every

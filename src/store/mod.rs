@@ -3,7 +3,10 @@
 //!
 //! Both implement [`Store`] and give the same answers: the embedded store runs the pure
 //! functions of `limiter` under a lock, Redis runs one Lua script per decision, composed from
-//! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call. [`AnyStore`] picks one at start-up. Nothing here knows about HTTP.
+//! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call. A concurrency
+//! limit's leases ([`Store::lease`]) go the same two ways: `limiter::concurrency::decide` under
+//! a lock, or one call of `lua/concurrency.lua`. [`AnyStore`] picks one at start-up. Nothing
+//! here knows about HTTP.
 
 pub mod breaker;
 pub mod connection;

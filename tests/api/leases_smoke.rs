@@ -105,6 +105,30 @@ async fn a_lease_is_taken_renewed_and_released_on_the_embedded_store() {
         .await;
     assert_eq!(again.status(), 201);
 
+    // Other methods: 405 naming the ones each path takes.
+    for (method, path, allow) in [
+        (reqwest::Method::GET, "/v1/leases", "POST"),
+        (reqwest::Method::GET, location.as_str(), "DELETE"),
+        (
+            reqwest::Method::DELETE,
+            &format!("{location}/renew"),
+            "POST",
+        ),
+    ] {
+        let r = app
+            .client
+            .request(method.clone(), app.url(path))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 405, "{method} {path}");
+        assert_eq!(
+            r.headers().get("allow").and_then(|v| v.to_str().ok()),
+            Some(allow),
+            "{method} {path}"
+        );
+    }
+
     // A malformed id: 404 for both.
     assert_eq!(app.delete("/v1/leases/not-a-lease").await.status(), 404);
     assert_eq!(
@@ -155,4 +179,79 @@ async fn rate_and_concurrency_policies_refuse_each_others_calls() {
     assert_eq!(r.status(), 422);
     let problem: serde_json::Value = r.json().await.expect("JSON");
     assert_eq!(problem["field"], "cost", "{problem}");
+}
+
+#[tokio::test]
+async fn leases_on_redis_and_by_each_fail_mode_while_redis_is_down() {
+    let redis = std::sync::Arc::new(crate::helpers::TestRedis::start());
+    let app = crate::helpers::spawn_app_with(
+        Some(redis.clone()),
+        &[("RATELIMITER__REDIS__TIMEOUT_MS", "300")],
+    )
+    .await;
+    for mode in ["open", "closed", "local"] {
+        app.create_policy(json!({"name": mode, "algorithm": "concurrency", "limit": 1, "lease_ms": 60000, "fail_mode": mode}))
+            .await;
+    }
+    let take = |policy: &'static str| {
+        let app = &app;
+        async move {
+            app.post("/v1/leases", &json!({"policy": policy, "key": "k"}))
+                .await
+        }
+    };
+    // On Redis: one lease each, and it is held.
+    let mut held = Vec::new();
+    for mode in ["open", "closed", "local"] {
+        let r = take(mode).await;
+        assert_eq!(r.status(), 201, "{mode}");
+        let body: serde_json::Value = r.json().await.expect("JSON");
+        assert_eq!(body["decided_by"], "redis", "{body}");
+        held.push(body["lease"].as_str().expect("id").to_owned());
+        let denied: serde_json::Value = take(mode).await.json().await.expect("JSON");
+        assert_eq!(denied["allowed"], false, "{denied}");
+    }
+
+    redis.kill();
+    // open: granted, renewed and released without the store, visibly degraded.
+    let r = take("open").await;
+    assert_eq!(r.status(), 201);
+    assert!(
+        r.headers().get("ratelimit").is_none(),
+        "nothing was counted"
+    );
+    let open: serde_json::Value = r.json().await.expect("JSON");
+    assert_eq!(
+        (&open["decided_by"], &open["degraded"]),
+        (&json!("fail_open"), &json!(true))
+    );
+    let id = open["lease"].as_str().expect("id").to_owned();
+    let r = app
+        .post(&format!("/v1/leases/{id}/renew"), &json!({}))
+        .await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(app.delete(&format!("/v1/leases/{id}")).await.status(), 204);
+    // closed: 503 for all three.
+    assert_eq!(take("closed").await.status(), 503);
+    let closed = &held[1];
+    assert_eq!(
+        app.post(&format!("/v1/leases/{closed}/renew"), &json!({}))
+            .await
+            .status(),
+        503
+    );
+    assert_eq!(
+        app.delete(&format!("/v1/leases/{closed}")).await.status(),
+        503
+    );
+    // local: this instance's own limit of 1.
+    let r = take("local").await;
+    assert_eq!(r.status(), 201);
+    let local: serde_json::Value = r.json().await.expect("JSON");
+    assert_eq!(local["decided_by"], "fail_local", "{local}");
+    let denied: serde_json::Value = take("local").await.json().await.expect("JSON");
+    assert_eq!(
+        (&denied["allowed"], &denied["decided_by"]),
+        (&json!(false), &json!("fail_local"))
+    );
 }

@@ -14,6 +14,7 @@ mod errors;
 mod faults;
 mod gcra;
 mod instances;
+mod lease_scripts;
 mod leases_smoke;
 mod limits;
 mod openapi;
