@@ -102,13 +102,20 @@ fi
 # "api-per-user" (acquire, peek), "llm-tokens" (report, refund) and "login-failures" (reset) are
 # the policies named in the spec's examples, so the examples phase of every decision hits an
 # existing policy; the other names are among those Schemathesis generates for `policy` (random
-# names get 404, which is documented). Every quota is the largest the schema allows for `cost`,
+# names get 404, which is documented); "exports" (leases) likewise. Every quota is the largest the schema allows for `cost`,
 # so a schema-valid acquire or peek always fits; sliding_window_log (at most 10,000) is left out
 # for that reason. Reports of large costs put subjects into debt, so later acquires and peeks of
 # the same subjects can be denied, and the denials' fields are checked too. "A" has several
 # limits, so the `limits`, `violated` and per-limit `units` fields of the answers are checked;
-# "0" is in shadow mode, so `shadow` and `would_allow` are. The hooks keep writes off these
-# names, and give positive refunds a real ticket (FUZZ_BASE_URL).
+# "0" is in shadow mode, so `shadow` and `would_allow` are. "exports" is a concurrency policy whose
+# `limit` is the largest a lease's `cost` may be, so any schema-valid take fits it (and takes of
+# one subject that fill it are denied, which checks the denials' fields); its leases last 10
+# minutes, longer than the run, so a lease the stateful phase takes is still there when it
+# renews or releases it. "fuzz-lease-ids" (FUZZ_LEASE_HOOK_POLICY) is the hooks' own, never a
+# generated name: they take its leases to give positive renewals and releases real ids. The hooks
+# keep writes off these names, give positive refunds a real ticket (FUZZ_BASE_URL), and send
+# positive lease takes that name a rate policy to "exports" (and decisions that name "exports"
+# to "a"): each kind of call refuses the other kind of policy with a 422 the schema cannot say.
 create_policy() {
     local code
     code=$(curl -sS -o "$WORK/body" -w '%{http_code}' -H 'Content-Type: application/json' \
@@ -118,7 +125,9 @@ create_policy() {
         exit 2
     fi
 }
-FIXED_POLICIES="api-per-user llm-tokens login-failures login a A 0"
+FIXED_POLICIES="api-per-user llm-tokens login-failures login a A 0 exports fuzz-lease-ids"
+LEASE_POLICIES="exports fuzz-lease-ids"
+LEASE_HOOK_POLICY=fuzz-lease-ids
 create_policy api-per-user '{"name":"api-per-user","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000000000,"refill_period_ms":1000}'
 create_policy llm-tokens '{"name":"llm-tokens","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000000000,"refill_period_ms":60000}'
 create_policy login-failures '{"name":"login-failures","algorithm":"fixed_window","limit":1000000000,"window_ms":900000}'
@@ -126,6 +135,8 @@ create_policy login '{"name":"login","algorithm":"fixed_window","limit":10000000
 create_policy a '{"name":"a","algorithm":"gcra","rate":1000000000,"period_ms":1000,"burst":1000000000}'
 create_policy A '{"name":"A","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000,"refill_period_ms":1000},{"name":"daily","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":86400000}]}'
 create_policy 0 '{"name":"0","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":1000,"mode":"shadow"}'
+create_policy exports '{"name":"exports","algorithm":"concurrency","limit":10000,"lease_ms":600000}'
+create_policy fuzz-lease-ids '{"name":"fuzz-lease-ids","algorithm":"concurrency","limit":10000,"lease_ms":600000}'
 
 # --- Schemathesis ---------------------------------------------------------------------------
 seed_args=()
@@ -143,7 +154,8 @@ CONFIG="$PWD/fuzz/schemathesis.toml"
 
 echo "==> schemathesis: $BASE/openapi.json, checks $CHECKS, max $EXAMPLES examples"
 set +e
-(cd "$ST_DIR" && FUZZ_FIXED_POLICIES=$FIXED_POLICIES FUZZ_BASE_URL=$BASE SCHEMATHESIS_HOOKS="$HOOKS" \
+(cd "$ST_DIR" && FUZZ_FIXED_POLICIES=$FIXED_POLICIES FUZZ_LEASE_POLICIES=$LEASE_POLICIES \
+    FUZZ_LEASE_HOOK_POLICY=$LEASE_HOOK_POLICY FUZZ_BASE_URL=$BASE SCHEMATHESIS_HOOKS="$HOOKS" \
     "$ST" --config-file "$CONFIG" run "$BASE/openapi.json" \
     --checks "$CHECKS" \
     --max-examples "$EXAMPLES" \
@@ -160,6 +172,20 @@ if ! kill -0 "$RL_PID" 2>/dev/null; then
     echo "schemathesis.sh: ratelimiter died during the run:" >&2
     tail -n 50 "$LOG" >&2
     [[ $status -eq 0 ]] && status=1
+fi
+
+# The lease operations must have been exercised for real, not only with ids that name no lease:
+# the service's own counters say whether leases were granted, renewed and released.
+if [[ $status -eq 0 ]]; then
+    curl -fsS --max-time 5 "$BASE/metrics" >"$WORK/metrics" || { echo "schemathesis.sh: GET /metrics failed" >&2; status=1; }
+    for event in granted denied renewed released; do
+        count=$(awk -v e="event=\"$event\"" '/^ratelimiter_leases_total\{/ && index($0, e) { n += $NF } END { print n + 0 }' "$WORK/metrics")
+        echo "==> leases $event: $count"
+        if [[ $count -eq 0 ]]; then
+            echo "schemathesis.sh: no lease was $event during the run: the lease operations were not exercised" >&2
+            status=1
+        fi
+    done
 fi
 
 if [[ $status -ne 0 ]]; then

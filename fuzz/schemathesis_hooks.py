@@ -3,28 +3,55 @@
 The API's spec states in prose a few rules JSON Schema cannot express, and the server answers
 422 (or 400) when a request breaks them. Left alone, schema-valid ("positive") cases that break
 them by chance would fail `positive_data_acceptance` although the server is right. So positive
-cases are brought within these rules, and only these; negative cases are never touched, so
-`negative_data_rejection` still sees every violation Schemathesis generates.
+cases are brought within these rules, and only these; negative cases are touched only to keep
+them off the fixed policies (below), which changes no violation (a fixed name is a valid name, so
+the violation is elsewhere), so `negative_data_rejection` still sees every violation
+Schemathesis generates.
 
 - A PUT body's `name`, when given, equals the path's name.
 - The limits of a policy have distinct names.
-- The `key` of an acquire, peek, report, refund or reset is at most 256 bytes of UTF-8, and a
-  policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+- The `key` of an acquire, peek, report, refund, reset or lease is at most 256 bytes of UTF-8,
+  and a policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+- A policy is of one kind: taking a lease of a rate policy, and an acquire, peek, report, refund
+  or reset on a concurrency policy, are 422 naming `policy`, which the schema cannot say (both
+  kinds of call take any policy name); and a lease's `cost` above its policy's `limit` is a 422
+  naming `cost`. The policy a positive case names may be a fixed one (FUZZ_FIXED_POLICIES: names
+  Schemathesis generates, such as "0" or "a") or one a policy write of this run created, of
+  either kind, so the hook asks the service (GET /v1/policies/{name}, FUZZ_BASE_URL): a positive
+  take that names a rate policy, or a concurrency policy whose `limit` is below its `cost`, is
+  sent to the first of FUZZ_LEASE_POLICIES ("exports", whose `limit` is the largest a `cost` may
+  be); a positive decision that names a concurrency policy is sent to the rate policy "a" (a
+  GCRA whose quota holds any cost the schema allows). A policy that does not exist is left
+  alone: the 404 is documented.
 - A refund's `ticket`, when given, is one this service issued for the same policy and key (422
   otherwise). A generated one never is, so a positive refund gets a real ticket instead: the
   hook reports the refund's `cost` for its policy and key (FUZZ_BASE_URL) and sends the report's
   `ticket`, so that refunds with tickets are exercised for real. When the report gives no ticket
   (no such policy, and the refund is a 404 whatever it carries; or a subject already at its debt
   bound, where a report records nothing), the ticket is left out.
+- Renewing or releasing a lease needs a lease id that the service granted; a generated one never
+  is (a 404 for a renewal, a 204 that touches nothing for a release, both documented). So that
+  renewals and releases of live leases are exercised too, every other positive renewal and
+  release outside the stateful phase gets a real id: the hook takes a lease of FUZZ_LEASE_HOOK_POLICY
+  for a subject of its own (FUZZ_BASE_URL). The stateful phase is left alone: its ids come from
+  the `Location` of the takes it made. For it to have takes to follow, a positive take of the
+  stateful phase that names no existing policy is sent to "exports" (a random name almost never
+  exists, and there is no link from a policy's creation to a take), and its `lease_ms`, and a
+  stateful renewal's, is raised to at least STATEFUL_LEASE_MS: a lease that expires before the
+  scenario's next step is gone, as it should be, and ensure_resource_availability would take that
+  404 for a lease lost at once.
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
-  cannot foresee).
+  cannot foresee). Negative writes are kept off them too: Schemathesis reuses names it has seen
+  in answers (the policy list, lease ids), and a case negative only in a way the server may
+  ignore, such as a `Content-Type` on a `DELETE` without a body, would delete one.
 """
 
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import schemathesis
@@ -35,6 +62,14 @@ FIXED = frozenset(os.environ.get("FUZZ_FIXED_POLICIES", "").split())
 BASE_URL = os.environ.get("FUZZ_BASE_URL", "").rstrip("/")
 # The operations whose body names a subject: `policy` and `key`.
 DECISIONS = frozenset(["/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset"])
+# The fixed concurrency policies, and the one whose leases the hook takes for renewals and
+# releases of real ids (not among the fixed names Schemathesis generates).
+LEASE_POLICIES = sorted(os.environ.get("FUZZ_LEASE_POLICIES", "").split())
+LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
+# The operations on one lease, by its id.
+LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
+_lease_cases = 0
+STATEFUL_LEASE_MS = 60_000
 
 
 def _utf8_prefix(text, limit):
@@ -51,6 +86,33 @@ def _real_ticket(policy, key, cost):
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read()).get("ticket")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _policy(name):
+    """The policy document named `name`, or None when there is none (or no answer)."""
+    if not BASE_URL or not isinstance(name, str):
+        return None
+    url = f"{BASE_URL}/v1/policies/{urllib.parse.quote(name, safe='')}"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def _real_lease():
+    """The id of a lease of LEASE_HOOK_POLICY, for a subject no other case uses, or None."""
+    if not BASE_URL or not LEASE_HOOK_POLICY:
+        return None
+    key = f"hook-{os.getpid()}-{_lease_cases}"
+    body = json.dumps({"policy": LEASE_HOOK_POLICY, "key": key}).encode()
+    request = urllib.request.Request(f"{BASE_URL}/v1/leases", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read()).get("lease")
     except (urllib.error.URLError, OSError, ValueError):
         return None
 
@@ -74,8 +136,9 @@ def _distinct_names(limits):
 def before_call(context, case, kwargs):
     """Every case of every phase, as it is about to be sent (after the stateful phase's links
     have filled it in); Schemathesis revalidates what is changed here."""
+    global _lease_cases
     meta = case.meta
-    if meta is None or not meta.generation.mode.is_positive:
+    if meta is None:
         return
     method = case.operation.method.upper()
     path = case.operation.path
@@ -85,7 +148,12 @@ def before_call(context, case, kwargs):
         params = case.path_parameters
         if params and params.get("name") in FIXED:
             params["name"] = f"{params['name'][:60]}-w"
-        if method == "PUT" and params and body is not None and isinstance(body.get("name"), str):
+    if not meta.generation.mode.is_positive:
+        return
+
+    if path == "/v1/policies/{name}" and method == "PUT":
+        params = case.path_parameters
+        if params and body is not None and isinstance(body.get("name"), str):
             body["name"] = params["name"]
 
     if path.startswith("/v1/policies") and body is not None:
@@ -96,8 +164,32 @@ def before_call(context, case, kwargs):
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
 
-    if path in DECISIONS and body is not None and isinstance(body.get("key"), str):
+    if (path in DECISIONS or path == "/v1/leases") and body is not None \
+            and isinstance(body.get("key"), str):
         body["key"] = _utf8_prefix(body["key"], KEY_BYTES)
+
+    if path in DECISIONS and body is not None:
+        policy = _policy(body.get("policy"))
+        if policy is not None and policy.get("algorithm") == "concurrency":
+            body["policy"] = "a"
+    stateful = meta.phase.name == "stateful"
+    if path == "/v1/leases" and body is not None and LEASE_POLICIES:
+        policy = _policy(body.get("policy"))
+        cost = body.get("cost")
+        if (policy is None and stateful) or (policy is not None and (
+                policy.get("algorithm") != "concurrency"
+                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0)))):
+            body["policy"] = LEASE_POLICIES[0]
+    if stateful and path in ("/v1/leases", "/v1/leases/{id}/renew") and body is not None \
+            and isinstance(body.get("lease_ms"), (int, float)):
+        body["lease_ms"] = max(body["lease_ms"], STATEFUL_LEASE_MS)
+
+    if path in LEASE_PATHS and not stateful and case.path_parameters:
+        _lease_cases += 1
+        if _lease_cases % 2 == 0:
+            lease = _real_lease()
+            if lease is not None:
+                case.path_parameters["id"] = lease
 
     if path == "/v1/refund" and body is not None and isinstance(body.get("ticket"), str):
         ticket = _real_ticket(body.get("policy"), body.get("key"), body.get("cost"))

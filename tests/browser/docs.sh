@@ -228,8 +228,12 @@ for path, item in spec.get("paths", {}).items():
                 expected.add((tag, method, path))
 # Required whatever the spec says.
 must_paths = {"/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset",
-              "/v1/policies", "/v1/policies/{name}"}
-must_tags = {"decisions", "policies", "operations"}
+              "/v1/policies", "/v1/policies/{name}",
+              "/v1/leases", "/v1/leases/{id}/renew", "/v1/leases/{id}"}
+must_tags = {"decisions", "policies", "leases", "operations"}
+# The lease operations, each under the lease tag, in the spec and on the page.
+must_ops = {("leases", "post", "/v1/leases"), ("leases", "post", "/v1/leases/{id}/renew"),
+            ("leases", "delete", "/v1/leases/{id}")}
 
 problems = []
 if not dom.ops:
@@ -240,6 +244,10 @@ for t in sorted(must_tags - set(dom.tags)):
     problems.append(f"no rendered tag section {t!r}")
 for p in sorted(must_paths - {path for _, _, path in expected}):
     problems.append(f"/openapi.json has no operation for {p}")
+for t, m, p in sorted(must_ops - expected):
+    problems.append(f"/openapi.json has no operation {m.upper()} {p} under tag {t!r}")
+for t, m, p in sorted(must_ops - rendered):
+    problems.append(f"operation {m.upper()} {p} is not rendered under tag {t!r}")
 for t, m, p in sorted(expected - rendered):
     problems.append(f"spec operation {m.upper()} {p} (tag {t}) is not rendered under its tag")
 for o in dom.ops:
