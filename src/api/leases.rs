@@ -92,7 +92,8 @@ pub struct TakeLeaseResponse {
     #[schema(example = 30000)]
     pub expires_in_ms: u64,
     /// Granted: 0. Denied: milliseconds until the earliest current lease of the subject
-    /// expires, an upper bound on the wait (a release may free a slot sooner).
+    /// expires unless renewed: the earliest time a slot frees by itself (a release may free one
+    /// sooner; a renewal, a larger `cost` or a lowered `limit` may need more than one).
     #[schema(example = 0)]
     pub retry_after_ms: u64,
     /// True when the store could not be reached and the policy's fail mode (`open` or `local`)
@@ -150,8 +151,8 @@ pub struct RenewLeaseResponse {
 /// /v1/leases/{id}`) holds its units until it is released (`DELETE /v1/leases/{id}`) or expires
 /// after `lease_ms` (default the policy's) without a renewal (`POST /v1/leases/{id}/renew`): a
 /// holder that dies frees its slot at the expiry. A denial is a 200 with `"allowed": false`,
-/// `retry_after_ms` (the time until the earliest current lease expires: an upper bound on the
-/// wait, since a release frees a slot sooner) and `Retry-After`. Both carry `RateLimit-Policy`
+/// `retry_after_ms` (the time until the earliest current lease expires unless renewed: when a
+/// slot frees by itself at the earliest; a release may free one sooner) and `Retry-After`. Both carry `RateLimit-Policy`
 /// (`q` the limit, `qu="concurrent-requests"`) and `RateLimit` (`r` the units free). Expiry is
 /// measured on the store's clock (Redis `TIME`).
 #[utoipa::path(

@@ -90,7 +90,8 @@ pub struct LeaseAnswer {
     /// `Take` or `Renew` that succeeded: the lease's expiry, from now. Otherwise 0.
     pub expires_in_us: u64,
     /// `Take` denied, or `Look` that would be: the time until the earliest live lease expires,
-    /// an upper bound on the wait (a release may free a slot sooner). Otherwise 0.
+    /// the earliest a slot frees by itself (a release may free one sooner; a renewal, a larger
+    /// cost or a lowered limit may need more). Otherwise 0.
     pub retry_after_us: u64,
     /// Leases this call found expired and dropped (a holder that died or forgot). `Look`
     /// drops nothing.
