@@ -265,8 +265,9 @@ pub async fn renew(
     body: OptionalJsonBody<RenewLeaseRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let OptionalJsonBody(req) = body;
-    let lease_ms = req.lease_ms.as_ref().map(parse_lease_ms).transpose()?;
+    // The id first: a malformed one is a 404 whatever the body says.
     let id = lease_id(&path.id)?;
+    let lease_ms = req.lease_ms.as_ref().map(parse_lease_ms).transpose()?;
     let leased = limiter.renew_lease(id, lease_ms, None).await?;
     let mut response = HttpResponse::Ok();
     headers(&mut response, &leased);

@@ -93,7 +93,7 @@ impl RootSpanBuilder for EdgeRootSpan {
             "HTTP request",
             http.method = %request.method(),
             http.route = ?route,
-            http.target = ?request.path(),
+            http.target = ?loggable_path(request.path()),
             http.host = ?escaped(header::HOST),
             http.client_ip = %client_ip,
             http.user_agent = ?escaped(header::USER_AGENT),
@@ -128,6 +128,30 @@ impl RootSpanBuilder for EdgeRootSpan {
             // Error messages quote client input (field names), so they are escaped too.
             span.record("exception.message", tracing::field::debug(message));
         }
+    }
+}
+
+/// The path as logs may show it: a lease id is its holder's bearer secret (whoever has it can
+/// renew or release the lease), so `/v1/leases/<id>…` is logged with the id's random part
+/// replaced.
+fn loggable_path(path: &str) -> std::borrow::Cow<'_, str> {
+    const LEASES: &str = "/v1/leases/";
+    let Some(rest) = path.strip_prefix(LEASES) else {
+        return path.into();
+    };
+    let (id, tail) = rest.split_once('/').map_or((rest, ""), |(id, t)| (id, t));
+    // `l1~<policy>~<key>~<random>~<cost>`: keep the subject, hide the random part.
+    let mut parts: Vec<&str> = id.split('~').collect();
+    if let Some(random) = parts.get_mut(3) {
+        *random = "…";
+    } else if !id.is_empty() {
+        return format!("{LEASES}…").into();
+    }
+    let id = parts.join("~");
+    if tail.is_empty() {
+        format!("{LEASES}{id}").into()
+    } else {
+        format!("{LEASES}{id}/{tail}").into()
     }
 }
 
@@ -174,5 +198,21 @@ mod tests {
         );
         assert_eq!(client(&t, "10.0.0.1", &[]), ip("10.0.0.1"));
         assert_eq!(client(&t, "10.0.0.1", &["garbage"]), ip("10.0.0.1"));
+    }
+
+    #[test]
+    fn a_lease_id_is_logged_without_its_secret() {
+        let id = "l1~exports~dXNlci00Mg~0123456789abcdef0123456789abcdef~1";
+        assert_eq!(
+            loggable_path(&format!("/v1/leases/{id}/renew")),
+            "/v1/leases/l1~exports~dXNlci00Mg~…~1/renew"
+        );
+        assert_eq!(
+            loggable_path(&format!("/v1/leases/{id}")),
+            "/v1/leases/l1~exports~dXNlci00Mg~…~1"
+        );
+        assert_eq!(loggable_path("/v1/leases/whatever"), "/v1/leases/…");
+        assert_eq!(loggable_path("/v1/leases"), "/v1/leases");
+        assert_eq!(loggable_path("/v1/acquire"), "/v1/acquire");
     }
 }

@@ -32,7 +32,7 @@ use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp, Params};
 use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Policy};
 use crate::store::memory::system_now_us;
-use crate::store::{Etag, Store, StoreError};
+use crate::store::{ErrorClass, Etag, Store, StoreError};
 use crate::telemetry::Summarized;
 
 /// One answered take or renewal.
@@ -273,7 +273,10 @@ impl RateLimiter {
             .await
         {
             Ok(answer) => (answer, self.store_decider()),
-            Err(e) => self.lease_by_fail_mode(policy, key, call, now_us, e)?,
+            Err(e) => {
+                self.lease_by_fail_mode(policy, key, call, now_us, e)
+                    .await?
+            }
         };
         self.leases
             .of(policy.name.as_str())
@@ -282,7 +285,7 @@ impl RateLimiter {
     }
 
     /// The answer when the store failed: the answer and who gave it, or the error, by fail mode.
-    fn lease_by_fail_mode(
+    async fn lease_by_fail_mode(
         &self,
         policy: &Policy,
         key: &LimitKey,
@@ -299,16 +302,35 @@ impl RateLimiter {
         }
         let now = now_us.unwrap_or_else(system_now_us);
         if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
-            // A full local store (`StoreError::Full`) answers as `open` does, below.
+            // A full local store (`StoreError::Full`) answers as `open` does, below. So does a
+            // renewal or a release the local store does not know: the lease was most likely
+            // taken on the shared store before it failed, and a 404 would tell a holder whose
+            // lease is still live there to stop its work.
             if let Ok(answer) = local.lease_at(policy.name.as_str(), key, call, now) {
-                return Ok((answer, DecidedBy::FailLocal));
+                if answer.ok || matches!(call.op, LeaseOp::Take | LeaseOp::Look) {
+                    return Ok((answer, DecidedBy::FailLocal));
+                }
             }
         }
         match policy.fail_mode {
-            // Whether a call that got no answer took effect does not matter to the client: a
-            // take was not granted, a renewal or a release is retried, and the lease expires
-            // anyway.
-            FailMode::Closed => Err(error.outcome_known().into()),
+            // A take that got no answer may have been granted by a lease nobody holds, which
+            // would keep its units for the whole lease: release it, on a best effort (the
+            // store is failing), before refusing. A renewal or a release is retried by its
+            // holder, and the lease expires anyway.
+            FailMode::Closed => {
+                if call.op == LeaseOp::Take && error.class() == ErrorClass::OutcomeUnknown {
+                    let release = LeaseCall {
+                        op: LeaseOp::Release,
+                        ..call
+                    };
+                    let undone = self
+                        .store()
+                        .lease(policy.name.as_str(), key, release, now_us)
+                        .await;
+                    tracing::debug!(policy = %policy.name, undone = undone.is_ok(), "released a take whose outcome is unknown");
+                }
+                Err(error.outcome_known().into())
+            }
             FailMode::Open | FailMode::Local => {
                 // A take is granted and a renewal succeeds; a release is done, but whether the
                 // lease was live is not known.

@@ -1043,6 +1043,11 @@ async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
     let third = local.granted("leases-local", "k", 1, MINUTE_MS).await;
     assert_eq!(third.n("in_use"), 2, "{third}");
     local.denied("leases-local", "k", MINUTE_MS).await;
+    // A lease taken on Redis before the outage is unknown to this instance's own store: its
+    // renewal succeeds degraded, as `open`'s would, rather than telling a live holder its lease
+    // is gone.
+    let r = open.renewed(&before[1], None, MINUTE_MS).await;
+    assert_eq!(r.body["degraded"], true, "{r}");
 
     // closed: refused, release included (the client retries; the lease expires anyway).
     let closed = Api::decided_by(&app, "redis");
