@@ -1102,6 +1102,49 @@ async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
 // ---- 8. Headers and refusals -----------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_take_that_got_no_answer_leaves_no_slot_held_by_nobody() {
+    // A hung Redis: the take is sent, no answer comes within the deadline, and Redis runs it
+    // when it wakes. The service released it meanwhile (queued behind it), so the only slot
+    // is free again, not held for an hour by a lease nobody has.
+    let redis = Arc::new(TestRedis::start());
+    let app = spawn_app_with(
+        Some(redis.clone()),
+        &[
+            ("RATELIMITER__REDIS__TIMEOUT_MS", "250"),
+            ("RATELIMITER__REDIS__BREAKER_FAILURES", "100"),
+        ],
+    )
+    .await;
+    let mut policy = concurrency("ghost", 1, HOUR_MS);
+    policy["fail_mode"] = json!("closed");
+    app.create_policy(policy).await;
+    let api = Api::decided_by(&app, "redis");
+
+    redis.signal("STOP");
+    let r = api.take("ghost", "k", None, None).await;
+    redis.signal("CONT");
+    assert_eq!(r.status, 503, "{r}");
+
+    let start = Instant::now();
+    loop {
+        let r = api.take("ghost", "k", None, None).await;
+        if r.status == 201 {
+            assert_eq!(r.n("in_use"), 1, "only this lease holds the slot: {r}");
+            break;
+        }
+        assert_eq!(
+            r.status, 503,
+            "the unanswered take still holds the slot: {r}"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(8),
+            "Redis decides again within 8 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_answers_carry_the_concurrency_headers() {
     let app = spawn_app(Backend::Embedded).await;
     let api = Api::new(&app, Backend::Embedded);
