@@ -41,7 +41,7 @@ fn classic_source(a: Algorithm) -> &'static str {
 
 /// One limit as a test writes it: the algorithm and its fields' values in the algorithm's order
 /// (`window_ms` and the like in ms, as a user gives them).
-type Spec = (Algorithm, Vec<u64>);
+pub(crate) type Spec = (Algorithm, Vec<u64>);
 
 /// A private Redis, our store on it, and a plain connection for the classic scripts.
 struct Lab {
@@ -495,7 +495,9 @@ struct Step {
     cost_pick: u64,
 }
 
-fn limits() -> impl Strategy<Value = Spec> {
+/// One random limit of any algorithm, its fields at and between their bounds (shared with
+/// `settle.rs`).
+pub(crate) fn limits() -> impl Strategy<Value = Spec> {
     let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
     let windows = prop_oneof![
         1u64..=20,

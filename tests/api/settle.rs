@@ -14,12 +14,10 @@ use ratelimiter::store::key::state_key;
 use ratelimiter::store::scripts;
 
 use crate::helpers::TestRedis;
+use crate::scripts::{limits, Spec};
 
 /// A plausible current time in µs: large enough that float truncation would show.
 const T0: u64 = 1_764_460_800_123_457;
-
-/// One limit as a test writes it: the algorithm and its fields' values.
-type Spec = (Algorithm, Vec<u64>);
 
 /// A private Redis, a connection to it, and the scripts loaded so far.
 struct Lab {
@@ -180,35 +178,6 @@ fn as_reply(v: &Verdict, op: Op) -> Vec<u64> {
     reply
 }
 
-fn limit() -> impl Strategy<Value = Spec> {
-    let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
-    let windows = prop_oneof![
-        1u64..=20,
-        Just(1_000u64),
-        Just(2_678_400_000u64),
-        1u64..=2_678_400_000
-    ];
-    let log_units = prop_oneof![1u64..=12, Just(10_000u64)];
-    prop_oneof![
-        (units.clone(), windows.clone())
-            .prop_map(|(limit, window_ms)| (Algorithm::FixedWindow, vec![limit, window_ms])),
-        (log_units, windows.clone())
-            .prop_map(|(limit, window_ms)| (Algorithm::SlidingWindowLog, vec![limit, window_ms])),
-        (units.clone(), windows.clone()).prop_map(|(limit, window_ms)| (
-            Algorithm::SlidingWindowCounter,
-            vec![limit, window_ms]
-        )),
-        (units.clone(), units.clone(), windows.clone()).prop_map(
-            |(capacity, refill_tokens, refill_period_ms)| (
-                Algorithm::TokenBucket,
-                vec![capacity, refill_tokens, refill_period_ms]
-            )
-        ),
-        (units.clone(), windows, units)
-            .prop_map(|(rate, period_ms, burst)| (Algorithm::Gcra, vec![rate, period_ms, burst])),
-    ]
-}
-
 /// One step: move the clock (sometimes back), pick an operation, a cost and, for a refund, which
 /// marks.
 #[derive(Debug, Clone)]
@@ -265,7 +234,7 @@ fn every_operation_decides_exactly_as_decide_op() {
         cases: 384,
         ..Config::default()
     });
-    let specs = proptest::collection::vec(limit(), 1..=3);
+    let specs = proptest::collection::vec(limits(), 1..=3);
     let result = runner.run(&(specs, steps()), |(specs, steps)| {
         let mut lab = lab.borrow_mut();
         let mut seen = seen.borrow_mut();
