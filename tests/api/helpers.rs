@@ -470,3 +470,41 @@ pub async fn clear_of_window_edges(windows_ms: &[u64]) {
         }
     }
 }
+
+/// The servers that own state on `app`'s store: its Redis, or each master of its cluster.
+/// None on the embedded store.
+pub fn masters(app: &TestApp) -> Option<Vec<redis::Connection>> {
+    if let Some(redis) = &app._redis {
+        return Some(vec![redis.conn()]);
+    }
+    let cluster = app.cluster.as_ref()?;
+    Some(
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| n.conn())
+            .filter_map(|mut conn| {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut conn)
+                    .expect("INFO replication");
+                info.contains("role:master").then_some(conn)
+            })
+            .collect(),
+    )
+}
+
+/// The value of one sample of `/metrics`, found by its name and labels; 0 when absent.
+pub async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let text = app.get("/metrics").await.text().await.expect("metrics");
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
+        .find(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .map(|v| v.parse().expect("a number"))
+        .unwrap_or(0.0)
+}

@@ -22,7 +22,7 @@ use futures_util::future::join_all;
 use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
-use crate::helpers::{spawn_app, spawn_app_with, Backend, TestApp, TestRedis};
+use crate::helpers::{masters, metric, spawn_app, spawn_app_with, Backend, TestApp, TestRedis};
 
 crate::on_every_store!(
     concurrent_takes_grant_exactly_the_limit_and_releases_free_exactly_their_slots,
@@ -385,29 +385,6 @@ async fn wait_for_store_clock(app: &TestApp, at_ms: u64) {
     }
 }
 
-/// The servers that own state on `app`'s store: its Redis, or each master of its cluster.
-/// None on the embedded store.
-fn masters(app: &TestApp) -> Option<Vec<::redis::Connection>> {
-    if let Some(redis) = &app._redis {
-        return Some(vec![redis.conn()]);
-    }
-    let cluster = app.cluster.as_ref()?;
-    Some(
-        cluster
-            .nodes()
-            .iter()
-            .map(|n| n.conn())
-            .filter_map(|mut conn| {
-                let info: String = ::redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut conn)
-                    .expect("INFO replication");
-                info.contains("role:master").then_some(conn)
-            })
-            .collect(),
-    )
-}
-
 /// Every Redis key of `policy`'s subject `key` (for the keys used here, which need no
 /// escaping), with its absolute expiry (`PEXPIRETIME`, ms); None on the embedded store.
 fn subject_keys(app: &TestApp, policy: &str, key: &str) -> Option<Vec<(String, i64)>> {
@@ -426,21 +403,6 @@ fn subject_keys(app: &TestApp, policy: &str, key: &str) -> Option<Vec<(String, i
         }
     }
     Some(found)
-}
-
-/// The value of one sample of `/metrics`, found by its name and labels; 0 when absent.
-async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = app.get("/metrics").await.text().await.expect("metrics");
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(0.0)
 }
 
 /// `ratelimiter_leases_total{policy, event}` for each event, in the order

@@ -23,8 +23,8 @@ use reqwest::header::HeaderMap;
 use serde_json::{json, Value};
 
 use crate::helpers::{
-    clear_of_window_edges, policies_of_every_algorithm, spawn_app, spawn_app_with, Backend,
-    TestApp, TestRedis,
+    clear_of_window_edges, masters, metric, policies_of_every_algorithm, spawn_app, spawn_app_with,
+    Backend, TestApp, TestRedis,
 };
 
 crate::on_every_store!(
@@ -255,29 +255,6 @@ async fn create_every_shape(app: &TestApp, prefix: &str, quota: u64) -> Vec<(Str
 /// its absolute expiry (`PEXPIRETIME`, ms).
 type Snapshot = BTreeMap<String, (Vec<u8>, i64)>;
 
-/// The servers that own state on `app`'s store: its Redis, or each master of its cluster.
-/// None on the embedded store.
-fn masters(app: &TestApp) -> Option<Vec<::redis::Connection>> {
-    if let Some(redis) = &app._redis {
-        return Some(vec![redis.conn()]);
-    }
-    let cluster = app.cluster.as_ref()?;
-    Some(
-        cluster
-            .nodes()
-            .iter()
-            .map(|n| n.conn())
-            .filter_map(|mut conn| {
-                let info: String = ::redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut conn)
-                    .expect("INFO replication");
-                info.contains("role:master").then_some(conn)
-            })
-            .collect(),
-    )
-}
-
 /// Every state key of `policy`'s subject `key` on the masters (see [`Snapshot`]); None on the
 /// embedded store, whose state only answers can show.
 fn snapshot(app: &TestApp, policy: &str, key: &str) -> Option<Snapshot> {
@@ -297,21 +274,6 @@ fn snapshot(app: &TestApp, policy: &str, key: &str) -> Option<Snapshot> {
         }
     }
     Some(found)
-}
-
-/// The value of one sample of `/metrics`, found by its name and labels; 0 when absent.
-async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
-    let text = app.get("/metrics").await.text().await.expect("metrics");
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .map(|v| v.parse().expect("a number"))
-        .unwrap_or(0.0)
 }
 
 /// `ratelimiter_operations_total` and `ratelimiter_operation_units_total` of `policy`'s
