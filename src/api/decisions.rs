@@ -199,6 +199,58 @@ pub struct LimitState {
     pub units: Option<u64>,
 }
 
+/// The headers of every decision answer, as the OpenAPI spec lists them: name, description, and
+/// whether the value is an integer. Added to the 200 answer of each decision operation by
+/// [`document_headers`], in one place rather than written out on each handler.
+const HEADERS: [(&str, &str, bool); 5] = [
+    ("RateLimit-Policy", "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order", false),
+    ("RateLimit", "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer", false),
+    ("Retry-After", "On a denial (not in shadow mode): seconds until the request would be allowed", true),
+    ("Decided-By", "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`", false),
+    ("Policy-ETag", "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force", false),
+];
+
+/// Adds [`HEADERS`] to the 200 answers of `/v1/acquire` and `/v1/peek`, and all but
+/// `Retry-After` to those of `/v1/report` and `/v1/refund`, which are never denials.
+pub fn document_headers(spec: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    use utoipa::openapi::{header::HeaderBuilder, RefOr};
+    for (path, denies) in [
+        ("/v1/acquire", true),
+        ("/v1/peek", true),
+        ("/v1/report", false),
+        ("/v1/refund", false),
+    ] {
+        let ok = spec
+            .paths
+            .paths
+            .get_mut(path)
+            .and_then(|item| item.post.as_mut())
+            .and_then(|op| op.responses.responses.get_mut("200"));
+        let Some(RefOr::T(ok)) = ok else { continue };
+        for (name, description, integer) in HEADERS {
+            if name == "Retry-After" && !denies {
+                continue;
+            }
+            let schema = if integer {
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                        utoipa::openapi::KnownFormat::Int64,
+                    )))
+                    .minimum(Some(0))
+            } else {
+                ObjectBuilder::new().schema_type(Type::String)
+            };
+            let header = HeaderBuilder::new()
+                .schema(Some(schema))
+                .description(Some(description))
+                .build();
+            ok.headers.insert(name.to_owned(), RefOr::T(header));
+        }
+    }
+}
+
 /// Acquire units from a policy for a subject.
 ///
 /// Atomically takes `cost` units for `key` under `policy`, or takes nothing: for a policy of
@@ -214,13 +266,7 @@ pub struct LimitState {
     security((), ("bearer" = [])),
     request_body = AcquireRequest,
     responses(
-        (status = 200, description = "The decision, allowed or denied", body = AcquireResponse, headers(
-            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
-            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
-            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
-            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
-            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
-        )),
+        (status = 200, description = "The decision, allowed or denied", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
@@ -251,13 +297,7 @@ pub async fn acquire(
     security((), ("bearer" = [])),
     request_body = AcquireRequest,
     responses(
-        (status = 200, description = "What an acquire would answer now", body = AcquireResponse, headers(
-            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
-            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
-            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
-            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
-            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
-        )),
+        (status = 200, description = "What an acquire would answer now", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
@@ -293,13 +333,7 @@ pub async fn peek(
     security((), ("bearer" = [])),
     request_body = ReportRequest,
     responses(
-        (status = 200, description = "The subject after the report", body = AcquireResponse, headers(
-            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
-            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
-            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
-            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
-            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
-        )),
+        (status = 200, description = "The subject after the report", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
@@ -336,13 +370,7 @@ pub async fn report(
     security((), ("bearer" = [])),
     request_body = RefundRequest,
     responses(
-        (status = 200, description = "The subject after the refund, and how many units it got back", body = AcquireResponse, headers(
-            ("RateLimit-Policy" = String, description = "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order"),
-            ("RateLimit" = String, description = "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer"),
-            ("Retry-After" = u64, description = "On a denial (not in shadow mode): seconds until the request would be allowed"),
-            ("Decided-By" = String, description = "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`"),
-            ("Policy-ETag" = String, description = "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force"),
-        )),
+        (status = 200, description = "The subject after the refund, and how many units it got back", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),

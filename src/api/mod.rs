@@ -29,7 +29,8 @@ use errors::ApiError;
 
 /// The OpenAPI document generated from the handlers, as served at `/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    let (_, spec) = routes(App::new()).split_for_parts();
+    let (_, mut spec) = routes(App::new()).split_for_parts();
+    decisions::document_headers(&mut spec);
     spec
 }
 
@@ -113,7 +114,8 @@ pub fn app(
         .app_data(limiter)
         .app_data(edge.tokens)
         .app_data(edge.trusted_proxies);
-    let (app, spec) = routes(app).split_for_parts();
+    let (app, mut spec) = routes(app).split_for_parts();
+    decisions::document_headers(&mut spec);
     app.service(SwaggerUi::new("/docs/{_:.*}").url("/openapi.json", spec))
         .configure(docs::configure_redirect)
         .default_service(web::to(|req: HttpRequest| async move {
