@@ -130,6 +130,12 @@ pub struct Policy {
     params: Box<[Params]>,
     /// A concurrency policy's limit; `None` for a rate policy.
     concurrency: Option<concurrency::Params>,
+    /// The store's version of the write that created the policy (0 for a policy not read from a
+    /// store, or created before stores kept it): kept by every replacement, new after a delete
+    /// and a create. Not part of the document. It names a concurrency policy's lease keys, so
+    /// that deleting the policy makes its leases unknown even to a policy of the same name
+    /// created later.
+    incarnation: u64,
 }
 
 impl Policy {
@@ -148,6 +154,7 @@ impl Policy {
             fail_mode,
             mode: Mode::Enforce,
             concurrency: None,
+            incarnation: 0,
         }
     }
 
@@ -166,6 +173,7 @@ impl Policy {
             mode: Mode::Enforce,
             params: Box::new([]),
             concurrency: Some(params),
+            incarnation: 0,
         }
     }
 
@@ -173,6 +181,17 @@ impl Policy {
     /// refunds and resets are for rate policies only, leases for concurrency policies only.
     pub fn concurrency(&self) -> Option<concurrency::Params> {
         self.concurrency
+    }
+
+    /// The store's version of the write that created this policy (see the field).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The same policy as created by the store's write of version `incarnation`.
+    pub fn with_incarnation(mut self, incarnation: u64) -> Self {
+        self.incarnation = incarnation;
+        self
     }
 
     /// The same policy in `mode`.
