@@ -117,7 +117,10 @@ impl Limit {
 /// A validated policy, of one of two kinds: a rate policy, one to [`MAX_LIMITS`] rate limits on
 /// the same subjects, decided together (acquire, peek, report, refund); or a concurrency policy,
 /// one concurrency limit held by leases ([`Policy::concurrency`]), which has no `limits`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two policies are equal when their documents are: the incarnation is left out (see the
+/// `PartialEq` impl).
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub name: PolicyName,
     /// The rate limits; empty for a concurrency policy.
@@ -137,6 +140,35 @@ pub struct Policy {
     /// created later.
     incarnation: u64,
 }
+
+// By hand, to leave `incarnation` out: it is store metadata, like the ETag's version, not part of
+// the document, so a policy read back from a store equals the one that was written (and a
+// policy parsed from input equals a stored one with the same document). Code that cares which
+// creation a policy comes from compares `incarnation()` itself. Every other field is compared;
+// the destructuring makes a new field a compile error here until it is decided on.
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        let Policy {
+            name,
+            limits,
+            description,
+            fail_mode,
+            mode,
+            params,
+            concurrency,
+            incarnation: _,
+        } = self;
+        *name == other.name
+            && *limits == other.limits
+            && *description == other.description
+            && *fail_mode == other.fail_mode
+            && *mode == other.mode
+            && *params == other.params
+            && *concurrency == other.concurrency
+    }
+}
+
+impl Eq for Policy {}
 
 impl Policy {
     /// A policy of `limits`, which the caller has checked: 1 to [`MAX_LIMITS`], unique names.
@@ -290,5 +322,34 @@ impl Serialize for PolicyDoc {
         map.serialize_entry("fail_mode", &p.fail_mode)?;
         map.serialize_entry("mode", &p.mode)?;
         map.end()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(limit: u64) -> Policy {
+        let name = PolicyName::parse("p").expect("valid");
+        Policy::single(
+            name,
+            Algorithm::FixedWindow,
+            &[limit, 1_000],
+            None,
+            FailMode::Open,
+        )
+    }
+
+    #[test]
+    fn equality_is_of_the_document_not_of_the_incarnation() {
+        let stored = policy(5).with_incarnation(7);
+        assert_eq!(stored.incarnation(), 7);
+        assert_eq!(stored, policy(5), "the incarnation is store metadata");
+        assert_eq!(stored.to_doc(), policy(5).to_doc());
+        assert_ne!(stored, policy(6).with_incarnation(7));
+        assert_ne!(
+            stored,
+            policy(5).with_mode(Mode::Shadow).with_incarnation(7)
+        );
     }
 }
