@@ -12,7 +12,10 @@
 -- KEYS[3]  <prefix>:{policies}:deleted  sorted set: deleted name -> version of its deletion; the
 --                                       newest MAX_DELETED are kept
 -- KEYS[4]  <prefix>:{policies}:seeded   set: names the configuration file has created once
--- KEYS[5]  <prefix>:{policies}:policy:<name>  hash: the policy's fields
+-- KEYS[5]  <prefix>:{policies}:policy:<name>  hash: the policy's fields (its JSON document in
+--                                       `doc`), and `born`: the version of the write that created
+--                                       the policy, kept by every replacement (absent in a hash
+--                                       written before policies had it, and then kept absent)
 -- KEYS[6]  <prefix>:{policies}:index    set of names written by versions before the change log;
 -- KEYS[7]  <prefix>:{policies}:version  and their counter: adopted, then deleted, by the write
 --                                       that gives the store its generation
@@ -23,10 +26,13 @@
 --          '<generation>.<version>' it must exist at exactly that version (an ETag)
 -- ARGV[4]  the most policies the store may hold
 -- ARGV[5]  a fresh random generation id, used only if the store has none yet
--- ARGV[6…] create, put and seed: the hash's field, value pairs
--- Reply    {status, generation, version}: status is one of created, replaced, deleted, exists,
---          missing, full, precondition_failed, probed; version is the version the change was
---          given, or for a refusal the policy's current version (0 when absent)
+-- ARGV[6…] create, put and seed: the hash's field, value pairs (never `born`: the script keeps it)
+-- Reply    {status, generation, version, born}: status is one of created, replaced, deleted,
+--          exists, missing, full, precondition_failed, probed; version is the version the change
+--          was given, or for a refusal the policy's current version (0 when absent); born is the
+--          written policy's `born` (its incarnation): the new version when the write created it,
+--          the one kept when it replaced it, 0 for a replaced hash without one and for every
+--          other status
 
 local MAX_DELETED = 10000
 
@@ -48,7 +54,7 @@ if not generation then
   redis.call('DEL', KEYS[6], KEYS[7])
 end
 if mode == 'probe' then
-  return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0')}
+  return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0'), 0}
 end
 
 local current = redis.call('ZSCORE', names, name)
@@ -56,7 +62,7 @@ if current then
   current = tonumber(current)
 end
 local refuse = function(status)
-  return {status, generation, current or 0}
+  return {status, generation, current or 0, 0}
 end
 
 if precondition == '*' then
@@ -86,7 +92,7 @@ if mode == 'delete' then
     redis.call('ZREMRANGEBYRANK', deleted, 0, 0)
     redis.call('HSET', meta, 'floor', oldest[2])
   end
-  return {'deleted', generation, version}
+  return {'deleted', generation, version, 0}
 end
 
 if mode == 'seed' and (current or redis.call('SISMEMBER', seeded, name) == 1) then
@@ -101,12 +107,23 @@ if mode == 'seed' then
   redis.call('SADD', seeded, name)
 end
 
+-- A replacement keeps the incarnation of the policy it replaces; a creation's is its version.
+local born = false
+if current then
+  born = redis.call('HGET', hash, 'born')
+end
 redis.call('DEL', hash)
 redis.call('HSET', hash, unpack(ARGV, 6))
 local version = redis.call('HINCRBY', meta, 'version', 1)
+if not current then
+  born = string.format('%d', version)
+end
+if born then
+  redis.call('HSET', hash, 'born', born)
+end
 redis.call('ZADD', names, version, name)
 redis.call('ZREM', deleted, name)
 if current then
-  return {'replaced', generation, version}
+  return {'replaced', generation, version, tonumber(born or '0')}
 end
-return {'created', generation, version}
+return {'created', generation, version, tonumber(born)}

@@ -375,6 +375,10 @@ impl WriteStatus {
 pub struct Written {
     pub status: WriteStatus,
     pub etag: Etag,
+    /// The written policy's incarnation ([`Policy::incarnation`]), as the store now hands it
+    /// out: the change's version for a creation, the replaced policy's for a replacement; 0 for
+    /// a deletion, a refusal or a probe.
+    pub incarnation: u64,
 }
 
 /// One policy changed after a given version: its state now.

@@ -55,6 +55,7 @@ impl PolicySet {
                 generation: generation.clone(),
                 version,
             },
+            incarnation: 0,
         };
         if w.kind == WriteKind::Probe {
             return done(WriteStatus::Probed, self.version);

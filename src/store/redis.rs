@@ -350,6 +350,9 @@ fn unsent(e: StoreError, conn: &Conn) -> StoreError {
 
 /// The hash field that holds a policy's document, as JSON.
 const DOC_FIELD: &str = "doc";
+/// The hash field that holds a policy's incarnation, which `lua/policy_write.lua` keeps: not
+/// part of the document.
+const BORN_FIELD: &str = "born";
 
 /// A policy as the fields of its hash: its document, as JSON, in one field, so that every value
 /// keeps its JSON type.
@@ -360,8 +363,23 @@ fn encode(policy: &Policy) -> Vec<(String, String)> {
 
 /// A policy from the fields of its hash, validated like any input: the JSON document, or, in a
 /// hash written by a version before it (one field per policy field, every value a string), the
-/// fields, numbers read back from the fields that hold them.
-fn decode(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
+/// fields, numbers read back from the fields that hold them. Its incarnation is the `born`
+/// field, 0 in a hash written before policies had one.
+fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
+    let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
+    let incarnation = match fields.iter().position(|(k, _)| k == BORN_FIELD) {
+        Some(i) => {
+            let (_, born) = fields.swap_remove(i);
+            born.parse::<u64>()
+                .map_err(|e| corrupt(&format!("{BORN_FIELD} {born:?}: {e}")))?
+        }
+        None => 0,
+    };
+    Ok(decode_doc(fields)?.with_incarnation(incarnation))
+}
+
+/// The document part of [`decode`]: the fields without `born`.
+fn decode_doc(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
     if let Some((_, doc)) = fields.iter().find(|(k, _)| k == DOC_FIELD) {
         let doc: Json = serde_json::from_str(doc).map_err(|e| corrupt(&e))?;
@@ -658,7 +676,7 @@ impl Store for RedisStore {
         };
         let fields = w.policy.map(encode).unwrap_or_default();
         let generation = new_generation();
-        let (status, generation, version): (String, String, u64) = self
+        let (status, generation, version, incarnation): (String, String, u64, u64) = self
             .with_conn(async |conn| {
                 let mut call = self.scripts.policy_write.prepare_invoke();
                 call.key(&keys.meta)
@@ -687,6 +705,7 @@ impl Store for RedisStore {
                 generation: generation.into(),
                 version,
             },
+            incarnation,
         })
     }
 
@@ -785,6 +804,41 @@ mod tests {
         let policy = decode(fields).expect("decodes");
         assert_eq!(policy.params()[0].quota(), 5);
         assert_eq!(policy.description.as_deref(), Some("5 a minute"));
+    }
+
+    #[test]
+    fn the_incarnation_is_read_from_its_own_field_in_either_layout() {
+        let name = PolicyName::parse("p").expect("valid");
+        let policy = Policy::single(
+            name,
+            Algorithm::FixedWindow,
+            &[5, 1_000],
+            None,
+            FailMode::Open,
+        );
+        let mut fields = encode(&policy);
+        assert_eq!(decode(fields.clone()).expect("decodes").incarnation(), 0);
+        fields.push((BORN_FIELD.to_owned(), "42".to_owned()));
+        let read = decode(fields).expect("decodes");
+        assert_eq!((read.incarnation(), read.to_doc()), (42, policy.to_doc()));
+
+        // A hash of the earlier layout, one field per policy field, never hands `born` to the
+        // validation, which would refuse it as an unknown field.
+        let legacy = [
+            ("name", "p"),
+            ("algorithm", "fixed_window"),
+            ("limit", "5"),
+            ("window_ms", "1000"),
+            ("fail_mode", "open"),
+            ("born", "9"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .to_vec();
+        let read = decode(legacy).expect("decodes");
+        assert_eq!((read.incarnation(), read.to_doc()), (9, policy.to_doc()));
+
+        let bad = vec![(BORN_FIELD.to_owned(), "x".to_owned())];
+        assert!(matches!(decode(bad), Err(StoreError::Corrupt(_))));
     }
 
     #[test]
