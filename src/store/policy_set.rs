@@ -17,6 +17,7 @@ pub struct PolicySet {
     generation: Arc<str>,
     version: u64,
     floor: u64,
+    /// Live policies, each carrying its incarnation, and the version of its last write.
     live: HashMap<PolicyName, (Policy, u64)>,
     /// Deleted names by the version of their deletion, and the reverse.
     deleted: BTreeMap<u64, PolicyName>,
@@ -108,16 +109,21 @@ impl PolicySet {
             self.seeded.insert(w.name.clone());
         }
         self.version += 1;
-        self.live
-            .insert(w.name.clone(), (policy.clone(), self.version));
+        // A replacement keeps the incarnation of the policy it replaces; a creation's is its
+        // version, as in `policy_write.lua`.
+        let (status, incarnation) = match self.live.get(w.name) {
+            Some((old, _)) => (WriteStatus::Replaced, old.incarnation()),
+            None => (WriteStatus::Created, self.version),
+        };
+        let policy = policy.clone().with_incarnation(incarnation);
+        self.live.insert(w.name.clone(), (policy, self.version));
         if let Some(v) = self.deleted_at.remove(w.name) {
             self.deleted.remove(&v);
         }
-        let status = match current {
-            Some(_) => WriteStatus::Replaced,
-            None => WriteStatus::Created,
-        };
-        done(status, self.version)
+        Written {
+            incarnation,
+            ..done(status, self.version)
+        }
     }
 
     pub fn changes(&self, since: u64, max: usize) -> ChangePage {
@@ -148,5 +154,110 @@ impl PolicySet {
 
     pub fn read(&self, name: &PolicyName) -> Option<(Policy, Etag)> {
         self.live.get(name).map(|(p, v)| (p.clone(), self.etag(*v)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Algorithm, FailMode};
+
+    fn name(n: &str) -> PolicyName {
+        PolicyName::parse(n).expect("valid")
+    }
+
+    fn policy(n: &str, limit: u64) -> Policy {
+        Policy::single(
+            name(n),
+            Algorithm::FixedWindow,
+            &[limit, 1_000],
+            None,
+            FailMode::Open,
+        )
+    }
+
+    fn write(set: &mut PolicySet, kind: WriteKind, p: &Policy) -> Written {
+        set.write(PolicyWrite {
+            kind,
+            name: &p.name,
+            policy: (kind != WriteKind::Delete).then_some(p),
+            precondition: &Precondition::None,
+            max_policies: 10,
+        })
+    }
+
+    /// The incarnation `read` and `changes` hand out for `n`.
+    fn incarnations(set: &PolicySet, n: &str) -> (Option<u64>, Option<u64>) {
+        let read = set.read(&name(n)).map(|(p, _)| p.incarnation());
+        let changed = set
+            .changes(0, 100)
+            .changes
+            .into_iter()
+            .find(|c| c.name == n)
+            .and_then(|c| c.policy)
+            .map(|p| p.incarnation());
+        (read, changed)
+    }
+
+    #[test]
+    fn a_policy_carries_the_version_of_the_write_that_created_it() {
+        let mut set = PolicySet::default();
+        write(&mut set, WriteKind::Create, &policy("other", 1));
+        let created = write(&mut set, WriteKind::Create, &policy("p", 1));
+        assert_eq!(created.status, WriteStatus::Created);
+        assert_eq!(created.incarnation, created.etag.version);
+        assert_eq!(created.incarnation, 2);
+        assert_eq!(incarnations(&set, "p"), (Some(2), Some(2)));
+
+        let replaced = write(&mut set, WriteKind::Put, &policy("p", 2));
+        assert_eq!(replaced.status, WriteStatus::Replaced);
+        assert_eq!((replaced.etag.version, replaced.incarnation), (3, 2));
+        assert_eq!(incarnations(&set, "p"), (Some(2), Some(2)));
+        assert_eq!(set.read(&name("p")).map(|(p, _)| p), Some(policy("p", 2)));
+
+        let deleted = write(&mut set, WriteKind::Delete, &policy("p", 2));
+        assert_eq!(
+            (deleted.status, deleted.incarnation),
+            (WriteStatus::Deleted, 0)
+        );
+        assert_eq!(incarnations(&set, "p"), (None, None));
+
+        let again = write(&mut set, WriteKind::Put, &policy("p", 3));
+        assert_eq!(again.status, WriteStatus::Created);
+        assert_eq!((again.etag.version, again.incarnation), (5, 5));
+        assert_eq!(incarnations(&set, "p"), (Some(5), Some(5)));
+    }
+
+    #[test]
+    fn a_seed_creates_an_incarnation_and_refusals_and_probes_carry_none() {
+        let mut set = PolicySet::default();
+        let seeded = write(&mut set, WriteKind::Seed, &policy("p", 1));
+        assert_eq!(
+            (seeded.status, seeded.incarnation),
+            (WriteStatus::Created, 1)
+        );
+        assert_eq!(incarnations(&set, "p"), (Some(1), Some(1)));
+        for kind in [WriteKind::Create, WriteKind::Seed, WriteKind::Probe] {
+            let refused = write(&mut set, kind, &policy("p", 2));
+            assert_ne!(refused.status, WriteStatus::Created, "{kind:?}");
+            assert_eq!(refused.incarnation, 0, "{kind:?}");
+        }
+        let missing = write(&mut set, WriteKind::Delete, &policy("q", 1));
+        assert_eq!(
+            (missing.status, missing.incarnation),
+            (WriteStatus::Missing, 0)
+        );
+        let failed = set.write(PolicyWrite {
+            kind: WriteKind::Put,
+            name: &name("p"),
+            policy: Some(&policy("p", 2)),
+            precondition: &Precondition::Absent,
+            max_policies: 10,
+        });
+        assert_eq!(
+            (failed.status, failed.incarnation),
+            (WriteStatus::PreconditionFailed, 0)
+        );
+        assert_eq!(incarnations(&set, "p"), (Some(1), Some(1)), "unchanged");
     }
 }
