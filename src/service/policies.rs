@@ -379,6 +379,9 @@ impl RateLimiter {
         let current = (written.etag.version > 0).then(|| written.etag.clone());
         match written.status {
             WriteStatus::Created | WriteStatus::Replaced | WriteStatus::Deleted => {
+                // As the store now hands it out, so that this instance's cache agrees with what
+                // the others read.
+                let policy = policy.map(|p| p.with_incarnation(written.incarnation));
                 self.cache.apply_own(&written.etag, name.as_str(), policy);
                 Ok(written)
             }

@@ -71,6 +71,30 @@ async fn acquires_decide_with_the_policy_this_instance_just_wrote() {
 }
 
 #[tokio::test]
+async fn the_cache_holds_the_incarnation_this_instance_just_wrote_as_the_store_does() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    let name = PolicyName::parse("p").expect("valid");
+    let created = create(&s, policy("p", 2, FailMode::Open)).await;
+    let replaced = s
+        .change_policy(
+            WriteKind::Put,
+            &name,
+            Some(policy("p", 3, FailMode::Open)),
+            &Precondition::None,
+        )
+        .await
+        .expect("replaced");
+    assert_eq!(replaced.status, WriteStatus::Replaced);
+    assert!(created.incarnation > 0);
+    assert_eq!(replaced.incarnation, created.incarnation);
+    let (cached, _) = s.policy("p").await.expect("cached");
+    let (stored, _) = s.get_policy(&name).await.expect("stored");
+    assert_eq!(cached.incarnation(), replaced.incarnation);
+    assert_eq!(stored.incarnation(), replaced.incarnation);
+}
+
+#[tokio::test]
 async fn a_full_embedded_store_answers_new_subjects_by_fail_mode() {
     let s = service(&limits(10, 1), vec![]);
     s.refresh().await.expect("loads");
