@@ -13,6 +13,7 @@ mod edge;
 mod errors;
 mod faults;
 mod gcra;
+mod incarnation;
 mod instances;
 mod lease_scripts;
 mod leases;
