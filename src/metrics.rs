@@ -20,14 +20,12 @@ pub const SHADOW_DENIED: &str = "ratelimiter_shadow_denied_total";
 /// The units those acquires asked for, labelled `policy`.
 pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
 /// Lease events, labelled `policy` and `event`: `granted`, `denied`, `renewed`, `released`,
-/// `expired` (leases the store found expired when it next touched their subject: a holder that
-/// died or forgot), and `fail_open` (calls answered without any store).
+/// `expired` (a holder died or forgot: each expiry counted once over all instances, within about
+/// a second of it), and `fail_open` (calls answered without any store). Sum over instances.
 pub const LEASES: &str = "ratelimiter_leases_total";
-/// Leases held, labelled `policy`: granted minus released minus expired as this instance counted
-/// them (a lease may be granted through one instance and released through another: sum over
-/// instances). Expiries are counted only when the store finds them, and a subject's state goes
-/// with its last lease's expiry: leases that expire when no other lease of their subject is live
-/// are never counted as expired, and stay in this gauge.
+/// Live leases of the policy in the store, over all instances (its ledger's size), labelled
+/// `policy`, as of this instance's latest lease call or once-a-second sweep. Every instance
+/// reports the same number: aggregate with `max`, not `sum`.
 pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
@@ -126,13 +124,14 @@ fn describe() {
     );
     describe_counter!(
         LEASES,
-        "Lease events by policy: granted, denied, renewed, released, expired (found expired: a \
-         holder died or forgot), fail_open (answered without any store)"
+        "Lease events by policy: granted, denied, renewed, released, expired (a holder died or \
+         forgot; each expiry counted once over all instances), fail_open (answered without any \
+         store)"
     );
     describe_gauge!(
         LEASES_IN_USE,
-        "Leases held by policy, as this instance counted grants, releases and expiries (sum over \
-         instances)"
+        "Live leases of the policy in the store, over all instances (every instance reports the \
+         same number: aggregate with max)"
     );
     describe_counter!(
         SHADOW_DENIED,

@@ -24,13 +24,26 @@
 //! - The subject's key expires when its last lease would: every call that changes the leases
 //!   sets the key's expiry to the latest lease expiry; a call that changes nothing leaves it,
 //!   and a call that leaves no lease deletes the key.
+//!
+//! A policy also keeps a [`Ledger`] of every live lease of all its subjects, by expiry: it is
+//! what `ratelimiter_leases_in_use` and the count of expired leases are read from, exactly and
+//! whichever instance asks. A lease enters it when taken, moves when renewed, and leaves when
+//! released, or when any call on the policy but `Look` finds its expiry passed: that removal is
+//! the one moment an expiry is counted (`expired`), so each is counted once, even when its
+//! subject's key has expired with it and no call will ever touch that subject again. `Sweep`
+//! does only that, for the service's periodic count.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// The largest `limit`: it bounds a subject's leases (each holds at least one unit).
 pub const MAX_LIMIT: u64 = 10_000;
 /// The longest `lease_ms`, one day: a holder that needs longer renews.
 pub const MAX_LEASE_MS: u64 = 86_400_000;
+
+/// How long a policy's ledger outlives its last lease, in ms: the service sweeps every ledger
+/// once a second, and must find the leases that expire last to count them (`lua/concurrency.lua`
+/// has the same constant).
+pub const LEDGER_GRACE_MS: u64 = 60_000;
 
 /// A concurrency limit's validated parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,6 +65,8 @@ pub enum LeaseOp {
     Release,
     /// Say whether `cost` units would fit now, writing nothing.
     Look,
+    /// Drop the policy's expired leases from its ledger and count them, touching no subject.
+    Sweep,
 }
 
 impl LeaseOp {
@@ -61,6 +76,7 @@ impl LeaseOp {
             LeaseOp::Renew => "renew",
             LeaseOp::Release => "release",
             LeaseOp::Look => "look",
+            LeaseOp::Sweep => "sweep",
         }
     }
 }
@@ -93,9 +109,12 @@ pub struct LeaseAnswer {
     /// the earliest a slot frees by itself (a release may free one sooner; a renewal, a larger
     /// cost or a lowered limit may need more). Otherwise 0.
     pub retry_after_us: u64,
-    /// Leases this call found expired and dropped (a holder that died or forgot). `Look`
+    /// Leases of the policy, any subject's, that this call found expired and dropped from the
+    /// ledger (holders that died or forgot): each expiry is counted by one call only. `Look`
     /// drops nothing.
     pub expired: u64,
+    /// Live leases of the whole policy after the call, every subject's (the ledger's size).
+    pub leases: u64,
     /// The decision's time, µs.
     pub at_us: u64,
 }
@@ -108,6 +127,15 @@ pub struct State {
 }
 
 impl LeaseCall<'_> {
+    /// A sweep of a policy's ledger: it names no lease, cost or limit.
+    pub const SWEEP: LeaseCall<'static> = LeaseCall {
+        op: LeaseOp::Sweep,
+        member: "",
+        cost: 0,
+        lease_us: 0,
+        limit: 0,
+    };
+
     /// What makes this call one that the stores must not make, if anything: a member that is
     /// not `<32 lowercase hex>:<cost>` (except for `Look`, which names none), a `Take` whose
     /// member names another cost than the call's, a cost of 0 or above [`MAX_LIMIT`]
@@ -117,7 +145,7 @@ impl LeaseCall<'_> {
     pub fn problem(&self) -> Option<&'static str> {
         let member = member_cost(self.member);
         match self.op {
-            LeaseOp::Look => {}
+            LeaseOp::Look | LeaseOp::Sweep => {}
             _ if member.is_none() => return Some("the member is not <32 lowercase hex>:<cost>"),
             LeaseOp::Take if member != Some(self.cost) => {
                 return Some("the member names another cost than the call's")
@@ -156,34 +184,109 @@ pub fn member_cost(member: &str) -> Option<u64> {
     }
 }
 
-/// Decides one lease call on a subject's leases at `now_us` (see the module doc for the rules):
-/// what to keep (`None`: no leases left, the key is deleted), the answer, and the key's new
-/// expiry from now (`Some(ttl)`: when its last lease would expire; `None`: unchanged, because
-/// the call changed nothing or kept nothing).
+/// A concurrency policy's live leases, every subject's, by expiry (see the module doc). A lease
+/// is named by its member string alone: its 128 random bits make it unique in the policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ledger {
+    by_expiry: BTreeSet<(u64, String)>,
+    expiry_of: HashMap<String, u64>,
+}
+
+impl Ledger {
+    /// Drops the leases whose expiry is at or before `now` and says how many.
+    pub fn sweep(&mut self, now: u64) -> u64 {
+        let mut dropped = 0;
+        while self.by_expiry.first().is_some_and(|(e, _)| *e <= now) {
+            if let Some((_, member)) = self.by_expiry.pop_first() {
+                self.expiry_of.remove(&member);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
+    /// Records `member` as expiring at `expiry`, replacing its previous expiry.
+    pub fn set(&mut self, member: &str, expiry: u64) {
+        if let Some(old) = self.expiry_of.insert(member.to_owned(), expiry) {
+            self.by_expiry.remove(&(old, member.to_owned()));
+        }
+        self.by_expiry.insert((expiry, member.to_owned()));
+    }
+
+    /// Forgets `member`.
+    pub fn remove(&mut self, member: &str) {
+        if let Some(old) = self.expiry_of.remove(member) {
+            self.by_expiry.remove(&(old, member.to_owned()));
+        }
+    }
+
+    /// Leases held, live or expired but not swept yet.
+    pub fn len(&self) -> u64 {
+        self.expiry_of.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.expiry_of.is_empty()
+    }
+
+    /// Leases live at `now` (expiry after it), reading only.
+    pub fn live(&self, now: u64) -> u64 {
+        let expired = self.by_expiry.iter().take_while(|(e, _)| *e <= now).count();
+        self.len() - expired as u64
+    }
+
+    /// The latest expiry, if any lease is held: the ledger's key expires [`LEDGER_GRACE_MS`]
+    /// after it.
+    pub fn last(&self) -> Option<u64> {
+        self.by_expiry.last().map(|(e, _)| *e)
+    }
+
+    /// Every lease and its expiry, earliest first.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, u64)> + '_ {
+        self.by_expiry.iter().map(|(e, m)| (m.as_str(), *e))
+    }
+}
+
+/// Decides one lease call on a subject's leases at `now_us` (see the module doc for the rules),
+/// keeping the policy's `ledger` in step: what to keep (`None`: no leases left, the key is
+/// deleted), the answer, and the key's new expiry from now (`Some(ttl)`: when its last lease
+/// would expire; `None`: unchanged, because the call changed nothing or kept nothing). A `Sweep`
+/// touches only the ledger (see [`sweep`]).
 pub fn decide(
     state: Option<State>,
+    ledger: &mut Ledger,
     call: &LeaseCall<'_>,
     now_us: u64,
 ) -> (Option<State>, LeaseAnswer, Option<u64>) {
-    if call.op == LeaseOp::Look {
-        let answer = look(state.as_ref(), call, now_us);
-        return (state.filter(|s| !s.leases.is_empty()), answer, None);
+    match call.op {
+        LeaseOp::Look => {
+            let answer = look(state.as_ref(), ledger, call, now_us);
+            return (state.filter(|s| !s.leases.is_empty()), answer, None);
+        }
+        LeaseOp::Sweep => {
+            return (
+                state.filter(|s| !s.leases.is_empty()),
+                sweep(ledger, now_us),
+                None,
+            );
+        }
+        LeaseOp::Take | LeaseOp::Renew | LeaseOp::Release => {}
     }
     let now = now_us;
     let mut state = state.unwrap_or_default();
     let before = state.leases.len();
     state.leases.retain(|_, (expiry, _)| *expiry > now);
-    let expired = (before - state.leases.len()) as u64;
+    let mut changed = state.leases.len() < before;
     let mut in_use: u64 = state.leases.values().map(|(_, cost)| cost).sum();
     let mut answer = LeaseAnswer {
         ok: false,
         in_use: 0,
         expires_in_us: 0,
         retry_after_us: 0,
-        expired,
+        expired: ledger.sweep(now),
+        leases: 0,
         at_us: now,
     };
-    let mut changed = expired > 0;
     let expiry = now.saturating_add(call.lease_us);
     match call.op {
         LeaseOp::Take | LeaseOp::Renew => {
@@ -200,20 +303,23 @@ pub fn decide(
                 answer.retry_after_us = earliest_wait(&state, now);
             }
             if answer.ok {
+                ledger.set(call.member, expiry);
                 answer.expires_in_us = call.lease_us;
                 changed = true;
             }
         }
         LeaseOp::Release => {
             if let Some((_, cost)) = state.leases.remove(call.member) {
+                ledger.remove(call.member);
                 in_use -= cost;
                 answer.ok = true;
                 changed = true;
             }
         }
-        LeaseOp::Look => {}
+        LeaseOp::Look | LeaseOp::Sweep => {}
     }
     answer.in_use = in_use;
+    answer.leases = ledger.len();
     let last = state.leases.values().map(|(expiry, _)| *expiry).max();
     match last {
         None => (None, answer, None),
@@ -221,14 +327,21 @@ pub fn decide(
     }
 }
 
-/// A `Look`: whether `cost` would fit among the live leases now, reading the state only.
-pub fn look(state: Option<&State>, call: &LeaseCall<'_>, now_us: u64) -> LeaseAnswer {
+/// A `Look`: whether `cost` would fit among the subject's live leases now, and the policy's
+/// live leases, reading only.
+pub fn look(
+    state: Option<&State>,
+    ledger: &Ledger,
+    call: &LeaseCall<'_>,
+    now_us: u64,
+) -> LeaseAnswer {
     let mut answer = LeaseAnswer {
         ok: false,
         in_use: 0,
         expires_in_us: 0,
         retry_after_us: 0,
         expired: 0,
+        leases: ledger.live(now_us),
         at_us: now_us,
     };
     if let Some(state) = state {
@@ -244,6 +357,21 @@ pub fn look(state: Option<&State>, call: &LeaseCall<'_>, now_us: u64) -> LeaseAn
         answer.retry_after_us = state.map_or(0, |s| earliest_wait(s, now_us));
     }
     answer
+}
+
+/// A `Sweep`: the ledger's expired leases dropped and counted (`expired`), and the live ones
+/// left (`leases`); every other field is 0.
+pub fn sweep(ledger: &mut Ledger, now_us: u64) -> LeaseAnswer {
+    let expired = ledger.sweep(now_us);
+    LeaseAnswer {
+        ok: false,
+        in_use: 0,
+        expires_in_us: 0,
+        retry_after_us: 0,
+        expired,
+        leases: ledger.len(),
+        at_us: now_us,
+    }
 }
 
 /// The time from `now` until the earliest live lease expires; 0 when none is live.
@@ -280,10 +408,11 @@ mod tests {
     /// Runs calls in order on one subject, each at its time; returns the answers and the TTLs.
     fn run(calls: &[(LeaseCall<'_>, u64)]) -> (Vec<LeaseAnswer>, Vec<Option<u64>>, Option<State>) {
         let mut state = None;
+        let mut ledger = Ledger::default();
         let mut answers = Vec::new();
         let mut ttls = Vec::new();
         for (c, now) in calls {
-            let (next, answer, ttl) = decide(state, c, *now);
+            let (next, answer, ttl) = decide(state, &mut ledger, c, *now);
             state = next;
             answers.push(answer);
             ttls.push(ttl);
@@ -405,13 +534,28 @@ mod tests {
         };
         let (_, _, state) = run(&[(call(LeaseOp::Take, &a, 1, 2), 0), (long, 0)]);
         let before = state.clone();
-        let (kept, answer, ttl) = decide(state, &call(LeaseOp::Look, "", 2, 2), 20 * SECOND);
+        let mut ledger = Ledger::default();
+        ledger.set(&a, 10 * SECOND);
+        ledger.set(&b, 60 * SECOND);
+        let (kept, answer, ttl) = decide(
+            state,
+            &mut ledger,
+            &call(LeaseOp::Look, "", 2, 2),
+            20 * SECOND,
+        );
         assert_eq!(kept, before);
         assert_eq!(ttl, None);
         assert!(!answer.ok);
-        assert_eq!((answer.in_use, answer.expired), (1, 0));
+        assert_eq!((answer.in_use, answer.expired, answer.leases), (1, 0, 1));
+        assert_eq!(ledger.len(), 2, "a look sweeps nothing");
         assert_eq!(answer.retry_after_us, 40 * SECOND);
-        let fits = decide(kept, &call(LeaseOp::Look, "", 1, 2), 20 * SECOND).1;
+        let fits = decide(
+            kept,
+            &mut ledger,
+            &call(LeaseOp::Look, "", 1, 2),
+            20 * SECOND,
+        )
+        .1;
         assert!(fits.ok);
         assert_eq!(fits.retry_after_us, 0);
     }
@@ -435,7 +579,12 @@ mod tests {
 
     #[test]
     fn a_cost_above_the_limit_with_nothing_held_waits_for_nothing() {
-        let (kept, answer, ttl) = decide(None, &call(LeaseOp::Take, &member(1, 3), 3, 2), 5);
+        let (kept, answer, ttl) = decide(
+            None,
+            &mut Ledger::default(),
+            &call(LeaseOp::Take, &member(1, 3), 3, 2),
+            5,
+        );
         assert_eq!((kept, ttl), (None, None));
         assert!(!answer.ok);
         assert_eq!(answer.retry_after_us, 0);
@@ -451,6 +600,63 @@ mod tests {
         assert!(!answers[1].ok);
         assert_eq!(answers[1].retry_after_us, 15 * SECOND);
         assert_eq!(ttls[1], None);
+    }
+
+    #[test]
+    fn the_ledger_counts_each_expiry_once_whichever_subject_or_sweep_finds_it() {
+        let mut ledger = Ledger::default();
+        let (a, b, c) = (member(1, 1), member(2, 1), member(3, 2));
+        fn take(m: &str, cost: u64, lease_us: u64) -> LeaseCall<'_> {
+            LeaseCall {
+                lease_us,
+                ..call(LeaseOp::Take, m, cost, 5)
+            }
+        }
+        // Two subjects: x holds a (1 s) and b (3 s), y holds c (2 s).
+        let (x, first, _) = decide(None, &mut ledger, &take(&a, 1, SECOND), 0);
+        let (x, _, _) = decide(x, &mut ledger, &take(&b, 1, 3 * SECOND), 0);
+        let (y, last, _) = decide(None, &mut ledger, &take(&c, 2, 2 * SECOND), 0);
+        assert_eq!((first.leases, last.leases), (1, 3));
+        // At 1.5 s a look still reads a's expiry without dropping it: 2 live of 3 held.
+        let peeked = decide(
+            x.clone(),
+            &mut ledger,
+            &call(LeaseOp::Look, "", 1, 5),
+            1_500_000,
+        )
+        .1;
+        assert_eq!((peeked.leases, peeked.expired, ledger.len()), (2, 0, 3));
+        // y's call at 1.5 s counts a, which is x's: the policy's expiries, not the subject's.
+        let (y, answer, _) = decide(y, &mut ledger, &call(LeaseOp::Renew, &c, 0, 5), 1_500_000);
+        assert!(answer.ok);
+        assert_eq!((answer.expired, answer.leases), (1, 2));
+        // x's next call finds a expired in its own leases, but it was counted already.
+        let (x, answer, _) = decide(x, &mut ledger, &call(LeaseOp::Renew, &b, 0, 5), 1_600_000);
+        assert_eq!((answer.ok, answer.expired, answer.in_use), (true, 0, 1));
+        // Nobody calls again: a sweep after both leases' ends counts them, once.
+        assert_eq!(ledger.last(), Some(11_600_000));
+        let swept = sweep(&mut ledger, 20 * SECOND);
+        assert_eq!((swept.expired, swept.leases), (2, 0));
+        assert_eq!(sweep(&mut ledger, 30 * SECOND).expired, 0);
+        assert!(ledger.is_empty() && x.is_some() && y.is_some());
+    }
+
+    #[test]
+    fn a_released_lease_leaves_the_ledger_and_never_counts_as_expired() {
+        let mut ledger = Ledger::default();
+        let a = member(1, 1);
+        let (x, _, _) = decide(None, &mut ledger, &call(LeaseOp::Take, &a, 1, 2), 0);
+        let (x, answer, _) = decide(x, &mut ledger, &call(LeaseOp::Release, &a, 0, 2), SECOND);
+        assert_eq!((answer.ok, answer.leases, x), (true, 0, None));
+        assert_eq!(sweep(&mut ledger, 60 * SECOND).expired, 0);
+        // A denied take and a refused renewal leave it as it was.
+        let full = LeaseCall {
+            limit: 0,
+            ..call(LeaseOp::Take, &a, 1, 0)
+        };
+        decide(None, &mut ledger, &full, 0);
+        decide(None, &mut ledger, &call(LeaseOp::Renew, &a, 0, 2), 0);
+        assert!(ledger.is_empty());
     }
 
     #[test]

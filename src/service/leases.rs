@@ -13,14 +13,16 @@
 //!   the lease expires anyway.
 //!
 //! Metrics, per policy: `ratelimiter_leases_total{event}` counts what the store (or `local`'s)
-//! did: `granted`, `denied`, `renewed`, `released` (a live lease ended) and `expired` (leases
-//! the store found expired and dropped when it next touched their subject: holders that died or
-//! forgot); `fail_open` counts calls answered without any store. `ratelimiter_leases_in_use` is
-//! granted minus released minus expired as this instance counted them: a lease granted by one
-//! instance and released through another moves two instances' gauges, so sum it over
-//! instances. The store sees an expiry only while another lease keeps the subject's state: the
-//! state expires with its last lease, and those last expiries are never counted (so the gauge
-//! overstates by them).
+//! did: `granted`, `denied`, `renewed`, `released` (a live lease ended) and `expired` (holders
+//! that died or forgot); `fail_open` counts calls answered without any store. Expiries are read
+//! from the policy's ledger (see [`crate::limiter::concurrency::Ledger`]): the call that drops an
+//! expired lease from it counts it, once over all instances, so the counter sums over instances.
+//! Every instance also sweeps each concurrency policy's ledger once a second
+//! ([`RateLimiter::sweep_leases`]), which counts the expiries that no call would find (a subject
+//! whose last lease expired with its key) within a second of them. `ratelimiter_leases_in_use` is
+//! the policy's live leases in the shared store, over all instances, as of the latest answer or
+//! sweep this instance saw: every instance reports the same number, so aggregate it with `max`,
+//! not `sum`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -100,28 +102,24 @@ impl LeaseCounters {
 
     /// Counts one answer to `op`.
     fn count(&self, op: LeaseOp, answer: &LeaseAnswer, decided_by: DecidedBy) {
-        if decided_by == DecidedBy::FailOpen {
-            // Nothing stored, nothing to release or expire later: kept out of the gauge.
-            self.fail_open.increment(1);
-            return;
+        match decided_by {
+            // Nothing stored, nothing to release or expire later.
+            DecidedBy::FailOpen => {
+                self.fail_open.increment(1);
+                return;
+            }
+            // This instance's own leases, not the policy's: counted, but not the gauge.
+            DecidedBy::FailLocal => {}
+            _ => self.in_use.set(answer.leases as f64),
         }
         match (op, answer.ok) {
-            (LeaseOp::Take, true) => {
-                self.granted.increment(1);
-                self.in_use.increment(1.0);
-            }
+            (LeaseOp::Take, true) => self.granted.increment(1),
             (LeaseOp::Take, false) => self.denied.increment(1),
             (LeaseOp::Renew, true) => self.renewed.increment(1),
-            (LeaseOp::Release, true) => {
-                self.released.increment(1);
-                self.in_use.decrement(1.0);
-            }
-            (LeaseOp::Renew | LeaseOp::Release | LeaseOp::Look, _) => {}
+            (LeaseOp::Release, true) => self.released.increment(1),
+            (LeaseOp::Renew | LeaseOp::Release | LeaseOp::Look | LeaseOp::Sweep, _) => {}
         }
-        if answer.expired > 0 {
-            self.expired.increment(answer.expired);
-            self.in_use.decrement(answer.expired as f64);
-        }
+        self.expired.increment(answer.expired);
     }
 }
 
@@ -130,6 +128,19 @@ impl LeaseCounters {
 pub(super) struct LeaseMetrics(RwLock<HashMap<Arc<str>, Arc<LeaseCounters>>>);
 
 impl LeaseMetrics {
+    /// Zeroes and forgets the gauges of policies that are not among `live`: a deleted policy's
+    /// leases are unknown, none in use.
+    fn retain(&self, live: &[Arc<Policy>]) {
+        let mut all = self.0.write().unwrap_or_else(|e| e.into_inner());
+        all.retain(|name, counters| {
+            let kept = live.iter().any(|p| p.name.as_str() == &**name);
+            if !kept {
+                counters.in_use.set(0.0);
+            }
+            kept
+        });
+    }
+
     fn of(&self, policy: &str) -> Arc<LeaseCounters> {
         if let Some(c) = self.0.read().unwrap_or_else(|e| e.into_inner()).get(policy) {
             return c.clone();
@@ -259,6 +270,31 @@ impl RateLimiter {
         })
     }
 
+    /// Sweeps the ledger of every concurrency policy this instance knows, on the store, and
+    /// counts what the sweeps found (see the module doc): one script call per concurrency
+    /// policy. A store that fails is left for the next sweep.
+    pub async fn sweep_leases(&self) {
+        let policies: Vec<Arc<Policy>> = self
+            .cache
+            .list()
+            .into_iter()
+            .filter_map(|(p, _)| p.concurrency().is_some().then_some(p))
+            .collect();
+        for policy in &policies {
+            match self.store.sweep_leases(policy, None).await {
+                Ok(answer) => self.leases.of(policy.name.as_str()).count(
+                    LeaseOp::Sweep,
+                    &answer,
+                    self.store_decider(),
+                ),
+                Err(e) => {
+                    tracing::debug!(policy = %policy.name, error = %e, "could not sweep a policy's leases");
+                }
+            }
+        }
+        self.leases.retain(&policies);
+    }
+
     /// One lease call to the store, or by fail mode when it fails; counted.
     async fn lease_call(
         &self,
@@ -267,11 +303,7 @@ impl RateLimiter {
         call: LeaseCall<'_>,
         now_us: Option<u64>,
     ) -> Result<(LeaseAnswer, DecidedBy), ServiceError> {
-        let (answer, decided_by) = match self
-            .store
-            .lease(policy.name.as_str(), key, call, now_us)
-            .await
-        {
+        let (answer, decided_by) = match self.store.lease(policy, key, call, now_us).await {
             Ok(answer) => (answer, self.store_decider()),
             Err(e) => {
                 self.lease_by_fail_mode(policy, key, call, now_us, e)
@@ -306,7 +338,7 @@ impl RateLimiter {
             // renewal or a release the local store does not know: the lease was most likely
             // taken on the shared store before it failed, and a 404 would tell a holder whose
             // lease is still live there to stop its work.
-            if let Ok(answer) = local.lease_at(policy.name.as_str(), key, call, now) {
+            if let Ok(answer) = local.lease_at(policy, key, call, now) {
                 if answer.ok || matches!(call.op, LeaseOp::Take | LeaseOp::Look) {
                     return Ok((answer, DecidedBy::FailLocal));
                 }
@@ -323,10 +355,7 @@ impl RateLimiter {
                         op: LeaseOp::Release,
                         ..call
                     };
-                    let undone = self
-                        .store()
-                        .lease(policy.name.as_str(), key, release, now_us)
-                        .await;
+                    let undone = self.store().lease(policy, key, release, now_us).await;
                     tracing::debug!(policy = %policy.name, undone = undone.is_ok(), "released a take whose outcome is unknown");
                 }
                 Err(error.outcome_known().into())
@@ -342,6 +371,7 @@ impl RateLimiter {
                         expires_in_us: if holds { call.lease_us } else { 0 },
                         retry_after_us: 0,
                         expired: 0,
+                        leases: 0,
                         at_us: now,
                     },
                     DecidedBy::FailOpen,

@@ -517,6 +517,7 @@ impl RateLimiter {
                         let evicted = memory.evict_expired(now);
                         tracing::trace!(evicted, "evicted expired state");
                     }
+                    this.sweep_leases().await;
                     m::handle().run_upkeep();
                 }
             }

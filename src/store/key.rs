@@ -10,9 +10,16 @@
 //! part of the name, so a limit keeps its state across a change to the policy only while its
 //! name and algorithm stay the same, and one script is never handed another's state.
 //!
-//! Leases under a concurrency limit: `<prefix>:{<policy>:<escaped key>}:concurrency`
-//! ([`lease_key`]), escaped and tagged the same way; no algorithm is named `concurrency`, so it
-//! never meets a state key.
+//! Leases under a concurrency policy live on the policy's own hash tag,
+//! `{<policy>@<incarnation>}`, so that one script can keep a subject's leases and the policy's
+//! ledger of every lease together (the ledger is what the gauge of leases in use and the count of
+//! expiries are read from; see `lua/concurrency.lua`): `<prefix>:{<policy>@<incarnation>}:lease:<escaped key>`
+//! for a subject ([`lease_key`]), `<prefix>:{<policy>@<incarnation>}:leases` for the ledger
+//! ([`lease_ledger`]). No state key's tag holds `@` (policy names cannot), so the two never
+//! meet. The incarnation (see `Policy::incarnation`) changes when the policy is deleted and
+//! created again, which makes the old leases unknown. On a Cluster, a concurrency policy's leases
+//! are all on one slot: lease calls are per unit of work, not per request, so one node serves
+//! them, and different policies spread over the nodes.
 //!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
@@ -42,12 +49,31 @@ pub fn state_key(
 }
 
 /// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):
-/// `<prefix>:{<policy>:<escaped key>}:concurrency`, on the subject's hash tag like its state
-/// keys.
-pub fn lease_key(buf: &mut String, prefix: &str, policy: &str, key: &str) {
-    const KIND: &str = "concurrency";
-    subject(buf, prefix, policy, key, KIND.len());
-    buf.push_str(KIND);
+/// `<prefix>:{<policy>@<incarnation>}:lease:<escaped key>`, on the policy's hash tag.
+pub fn lease_key(buf: &mut String, prefix: &str, policy: &str, incarnation: u64, key: &str) {
+    lease_tag(buf, prefix, policy, incarnation, key.len() + 6);
+    buf.push_str("lease:");
+    push_escaped(buf, key);
+}
+
+/// Writes the key of a concurrency policy's ledger to `buf` (cleared first):
+/// `<prefix>:{<policy>@<incarnation>}:leases`.
+pub fn lease_ledger(buf: &mut String, prefix: &str, policy: &str, incarnation: u64) {
+    lease_tag(buf, prefix, policy, incarnation, 6);
+    buf.push_str("leases");
+}
+
+/// Writes `<prefix>:{<policy>@<incarnation>}:` to `buf` (cleared first), with room for `tail`
+/// more bytes.
+fn lease_tag(buf: &mut String, prefix: &str, policy: &str, incarnation: u64, tail: usize) {
+    use std::fmt::Write;
+    buf.clear();
+    buf.reserve(prefix.len() + policy.len() + tail + 26);
+    buf.push_str(prefix);
+    buf.push_str(":{");
+    buf.push_str(policy);
+    // Writing to a String cannot fail.
+    let _ = write!(buf, "@{incarnation}}}:");
 }
 
 /// Writes `<prefix>:{<policy>:<escaped key>}:` to `buf` (cleared first), with room for `tail`
@@ -59,21 +85,7 @@ fn subject(buf: &mut String, prefix: &str, policy: &str, key: &str, tail: usize)
     buf.push_str(":{");
     buf.push_str(policy);
     buf.push(':');
-    if key.bytes().any(needs_escape) {
-        for c in key.chars() {
-            if c.is_ascii() && needs_escape(c as u8) {
-                const HEX: &[u8; 16] = b"0123456789ABCDEF";
-                let b = c as u8;
-                buf.push('%');
-                buf.push(HEX[usize::from(b >> 4)] as char);
-                buf.push(HEX[usize::from(b & 0xF)] as char);
-            } else {
-                buf.push(c);
-            }
-        }
-    } else {
-        buf.push_str(key);
-    }
+    push_escaped(buf, key);
     buf.push_str("}:");
 }
 
@@ -93,6 +105,25 @@ pub fn state_keys(prefix: &str, policy: &Policy, key: &LimitKey) -> ([String; MA
         );
     }
     (names, params.len().min(MAX_LIMITS))
+}
+
+/// Appends `key` to `buf` with `%`, `{`, `}`, `:` and ASCII control bytes as `%XX`.
+fn push_escaped(buf: &mut String, key: &str) {
+    if key.bytes().any(needs_escape) {
+        for c in key.chars() {
+            if c.is_ascii() && needs_escape(c as u8) {
+                const HEX: &[u8; 16] = b"0123456789ABCDEF";
+                let b = c as u8;
+                buf.push('%');
+                buf.push(HEX[usize::from(b >> 4)] as char);
+                buf.push(HEX[usize::from(b & 0xF)] as char);
+            } else {
+                buf.push(c);
+            }
+        }
+    } else {
+        buf.push_str(key);
+    }
 }
 
 fn needs_escape(b: u8) -> bool {
@@ -179,11 +210,19 @@ mod tests {
     }
 
     #[test]
-    fn a_subject_s_leases_share_its_escaping_and_hash_tag() {
+    fn a_policy_s_leases_and_ledger_share_its_incarnation_s_hash_tag() {
         let mut buf = String::new();
-        lease_key(&mut buf, "rl", "exports", "a}b{c:d%");
-        assert_eq!(buf, "rl:{exports:a%7Db%7Bc%3Ad%25}:concurrency");
-        assert_eq!(hash_tag(&buf), hash_tag(&key("exports", "a}b{c:d%")));
+        lease_key(&mut buf, "rl", "exports", 7, "a}b{c:d%");
+        assert_eq!(buf, "rl:{exports@7}:lease:a%7Db%7Bc%3Ad%25");
+        let mut ledger = String::new();
+        lease_ledger(&mut ledger, "rl", "exports", 7);
+        assert_eq!(ledger, "rl:{exports@7}:leases");
+        assert_eq!(hash_tag(&buf), hash_tag(&ledger));
+        lease_key(&mut buf, "rl", "exports", 8, "a}b{c:d%");
+        assert_ne!(hash_tag(&buf), hash_tag(&ledger));
+        // No subject's key is the ledger's, whatever its key.
+        lease_key(&mut buf, "rl", "exports", 7, "s");
+        assert_ne!(buf, ledger);
     }
 
     #[test]

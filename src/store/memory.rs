@@ -9,7 +9,8 @@
 //! A subject's limits (one per limit of its policy) are in one shard and decided together under
 //! its lock, as one script decides them on Redis. Each limit's state is one entry, and so are a
 //! subject's leases under a concurrency limit (expiring with the last of them); "subjects" below
-//! counts entries.
+//! counts entries. Each concurrency policy's ledger of leases (see `limiter::concurrency`) is kept
+//! beside the shards, under its own lock, taken after a shard's.
 //!
 //! The number of subjects is capped (`limits.max_embedded_subjects`). At the cap, a subject that
 //! has no state yet first makes the store free what has expired (at most every
@@ -67,6 +68,9 @@ pub struct MemoryStore {
     /// Refusals, logged one line a second with their count.
     refused: Summarized,
     policies: Mutex<PolicySet>,
+    /// Each concurrency policy's ledger, by its Redis key name: locked after a shard, never
+    /// before one. Not counted as subjects: it holds only what the subjects' entries hold.
+    ledgers: Mutex<HashMap<String, concurrency::Ledger>>,
 }
 
 /// Microseconds since the Unix epoch by the system clock.
@@ -94,6 +98,7 @@ impl MemoryStore {
             swept_at_us: AtomicU64::new(u64::MAX),
             refused: Summarized::per_second(),
             policies: Mutex::new(PolicySet::default()),
+            ledgers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -191,14 +196,14 @@ impl MemoryStore {
         Ok(verdict)
     }
 
-    /// Decides one lease call at an explicit time under one shard's lock, as
-    /// [`concurrency::decide`] does (the service's `local` fail mode calls it with its own
-    /// clock). The subject's leases are one entry, which expires with its last lease; only a
-    /// take creates one, and fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`]
-    /// does.
+    /// Decides one lease call at an explicit time under one shard's lock, with the policy's
+    /// ledger, as [`concurrency::decide`] does (the service's `local` fail mode calls it with
+    /// its own clock). The subject's leases are one entry, which expires with its last lease;
+    /// only a take creates one, and fails with [`StoreError::Full`] as
+    /// [`MemoryStore::acquire_at`] does.
     pub fn lease_at(
         &self,
-        policy: &str,
+        policy: &Policy,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now: u64,
@@ -206,8 +211,16 @@ impl MemoryStore {
         if let Some(problem) = call.problem() {
             return Err(StoreError::server(format!("refused lease call: {problem}")));
         }
+        if call.op == LeaseOp::Sweep {
+            return Err(StoreError::server(
+                "refused lease call: a sweep names no subject",
+            ));
+        }
+        let (policy, incarnation) = (policy.name.as_str(), policy.incarnation());
         let mut name = String::new();
-        key::lease_key(&mut name, &self.prefix, policy, key.as_str());
+        key::lease_key(&mut name, &self.prefix, policy, incarnation, key.as_str());
+        let mut ledger_name = String::new();
+        key::lease_ledger(&mut ledger_name, &self.prefix, policy, incarnation);
         let shard_lock = self.shard(policy, key.as_str());
         let mut shard = lock(shard_lock);
         // An entry whose expiry has passed holds only expired leases: absent, as the Redis key
@@ -220,7 +233,10 @@ impl MemoryStore {
                 }) if *expires_at_us > now => Some(state),
                 _ => None,
             };
-            return Ok(concurrency::look(leases, &call, now));
+            let ledgers = lock(&self.ledgers);
+            let empty = concurrency::Ledger::default();
+            let ledger = ledgers.get(&ledger_name).unwrap_or(&empty);
+            return Ok(concurrency::look(leases, ledger, &call, now));
         }
         // Only a take can create an entry: it takes a slot first, as an acquire does.
         let mut reserved = 0;
@@ -246,7 +262,15 @@ impl MemoryStore {
                 expires_at_us = slot.expires_at_us;
             }
         }
-        let (state, answer, ttl) = concurrency::decide(state, &call, now);
+        let (state, answer, ttl) = {
+            let mut ledgers = lock(&self.ledgers);
+            let ledger = ledgers.entry(ledger_name.clone()).or_default();
+            let decided = concurrency::decide(state, ledger, &call, now);
+            if ledger.is_empty() {
+                ledgers.remove(&ledger_name);
+            }
+            decided
+        };
         let mut kept = 0;
         if let Some(state) = state {
             let expires_at_us = ttl.map_or(expires_at_us, |ttl| now.saturating_add(ttl));
@@ -262,6 +286,27 @@ impl MemoryStore {
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
         Ok(answer)
+    }
+
+    /// Sweeps a concurrency policy's ledger at an explicit time, as [`concurrency::sweep`]
+    /// does.
+    pub fn sweep_leases_at(&self, policy: &Policy, now: u64) -> LeaseAnswer {
+        let mut ledger_name = String::new();
+        key::lease_ledger(
+            &mut ledger_name,
+            &self.prefix,
+            policy.name.as_str(),
+            policy.incarnation(),
+        );
+        let mut ledgers = lock(&self.ledgers);
+        let Some(ledger) = ledgers.get_mut(&ledger_name) else {
+            return concurrency::sweep(&mut concurrency::Ledger::default(), now);
+        };
+        let answer = concurrency::sweep(ledger, now);
+        if ledger.is_empty() {
+            ledgers.remove(&ledger_name);
+        }
+        answer
     }
 
     /// Deletes the subject's state for every limit of the policy; returns how many limits had
@@ -324,6 +369,10 @@ impl MemoryStore {
 
     /// Frees every entry that has expired by `now`; returns how many there were.
     pub fn evict_expired(&self, now: u64) -> usize {
+        // A ledger lives on a grace after its last lease, as on Redis; one that no sweep reaches
+        // any more (its policy deleted) goes then.
+        let grace = concurrency::LEDGER_GRACE_MS * 1_000;
+        lock(&self.ledgers).retain(|_, l| l.last().is_some_and(|last| last + grace > now));
         self.shards
             .iter()
             .map(|shard| {
@@ -371,13 +420,21 @@ impl Store for MemoryStore {
 
     async fn lease(
         &self,
-        policy: &str,
+        policy: &Policy,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now_us: Option<u64>,
     ) -> Result<LeaseAnswer, StoreError> {
         let now = now_us.unwrap_or_else(system_now_us);
         self.lease_at(policy, key, call, now)
+    }
+
+    async fn sweep_leases(
+        &self,
+        policy: &Policy,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        Ok(self.sweep_leases_at(policy, now_us.unwrap_or_else(system_now_us)))
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
@@ -528,12 +585,72 @@ mod tests {
         format!("{n:032x}:1")
     }
 
+    /// A concurrency policy `c` of incarnation 1.
+    fn c() -> Policy {
+        let name = PolicyName::parse("c").expect("valid");
+        let params = concurrency::Params {
+            limit: 2,
+            lease_us: 1_000_000,
+        };
+        Policy::concurrent(name, params, None, FailMode::Closed).with_incarnation(1)
+    }
+
+    #[test]
+    fn the_ledger_counts_an_expiry_whose_subject_expired_with_it_once() {
+        let store = MemoryStore::new("rl", 100);
+        let (k, a) = (key("k"), member(1));
+        let took = store
+            .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+            .expect("room");
+        assert_eq!((took.ok, took.leases), (true, 1));
+        // The subject's entry goes with its lease; the ledger still counts the expiry, once.
+        assert_eq!(store.evict_expired(1_000_000), 1);
+        assert_eq!(store.sweep_leases_at(&c(), 999_999).leases, 1);
+        let swept = store.sweep_leases_at(&c(), 1_000_000);
+        assert_eq!((swept.expired, swept.leases), (1, 0));
+        assert_eq!(store.sweep_leases_at(&c(), 2_000_000).expired, 0);
+        // A ledger no sweep reaches goes a grace after its last lease.
+        let took = store
+            .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+            .expect("room");
+        assert_eq!(took.leases, 1);
+        let grace = concurrency::LEDGER_GRACE_MS * 1_000;
+        store.evict_expired(1_000_000 + grace - 1);
+        assert_eq!(lock(&store.ledgers).len(), 1);
+        store.evict_expired(1_000_000 + grace);
+        assert!(lock(&store.ledgers).is_empty());
+    }
+
+    #[test]
+    fn a_policy_created_again_does_not_know_its_predecessor_s_leases() {
+        let store = MemoryStore::new("rl", 100);
+        let (k, a) = (key("k"), member(1));
+        let full = |p: &Policy| {
+            store
+                .lease_at(p, &k, lease(LeaseOp::Take, &member(2), 1), 0)
+                .expect("room")
+        };
+        assert!(
+            store
+                .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+                .expect("room")
+                .ok
+        );
+        let again = c().with_incarnation(2);
+        let renewed = store
+            .lease_at(&again, &k, lease(LeaseOp::Renew, &a, 1), 10)
+            .expect("decided");
+        assert_eq!((renewed.ok, renewed.leases), (false, 0));
+        assert_eq!(full(&again).in_use, 1);
+        assert_eq!(full(&c()).in_use, 2);
+    }
+
     #[test]
     fn leases_are_one_entry_that_expires_with_the_last_lease() {
         let store = MemoryStore::new("rl", 100);
         let k = key("k");
         let (a, b) = (member(1), member(2));
-        let take = |m: &str, now| store.lease_at("c", &k, lease(LeaseOp::Take, m, 1), now);
+        let take = |m: &str, now| store.lease_at(&c(), &k, lease(LeaseOp::Take, m, 1), now);
         assert!(take(&a, 0).expect("room").ok);
         assert!(take(&b, 500_000).expect("room").ok);
         assert!(!take(&member(3), 600_000).expect("decided").ok);
@@ -541,7 +658,7 @@ mod tests {
         // a's lease ends at 1 s, b's at 1.5 s: the entry lives until b's.
         assert_eq!(store.evict_expired(1_499_999), 0);
         let look = store
-            .lease_at("c", &k, lease(LeaseOp::Look, "", 2), 1_200_000)
+            .lease_at(&c(), &k, lease(LeaseOp::Look, "", 2), 1_200_000)
             .expect("decided");
         assert_eq!(
             (look.ok, look.in_use, look.retry_after_us),
@@ -556,36 +673,36 @@ mod tests {
         let store = MemoryStore::new("rl", 1);
         let (k, a) = (key("k"), member(1));
         let look = store
-            .lease_at("c", &k, lease(LeaseOp::Look, "", 1), 0)
+            .lease_at(&c(), &k, lease(LeaseOp::Look, "", 1), 0)
             .expect("decided");
         assert!(look.ok);
         assert!(store.is_empty());
         assert!(
             store
-                .lease_at("c", &k, lease(LeaseOp::Take, &a, 1), 0)
+                .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
                 .expect("room")
                 .ok
         );
         // Full: another subject's take is refused, its look and release still answered.
         let other = key("other");
         assert!(matches!(
-            store.lease_at("c", &other, lease(LeaseOp::Take, &a, 1), 0),
+            store.lease_at(&c(), &other, lease(LeaseOp::Take, &a, 1), 0),
             Err(StoreError::Full(1))
         ));
         assert!(
             !store
-                .lease_at("c", &other, lease(LeaseOp::Release, &a, 1), 0)
+                .lease_at(&c(), &other, lease(LeaseOp::Release, &a, 1), 0)
                 .expect("decided")
                 .ok
         );
         let released = store
-            .lease_at("c", &k, lease(LeaseOp::Release, &a, 1), 10)
+            .lease_at(&c(), &k, lease(LeaseOp::Release, &a, 1), 10)
             .expect("decided");
         assert!(released.ok);
         assert!(store.is_empty());
         assert!(
             store
-                .lease_at("c", &other, lease(LeaseOp::Take, &a, 1), 20)
+                .lease_at(&c(), &other, lease(LeaseOp::Take, &a, 1), 20)
                 .expect("room")
                 .ok
         );
@@ -595,7 +712,7 @@ mod tests {
     fn a_lease_call_the_script_could_not_read_back_is_refused() {
         let store = MemoryStore::new("rl", 10);
         let wrong_cost = lease(LeaseOp::Take, "0123456789abcdef0123456789abcdef:2", 1);
-        assert!(store.lease_at("c", &key("k"), wrong_cost, 0).is_err());
+        assert!(store.lease_at(&c(), &key("k"), wrong_cost, 0).is_err());
         assert!(store.is_empty());
     }
 

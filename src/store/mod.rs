@@ -447,16 +447,24 @@ pub trait Store: Send + Sync {
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
-    /// Decides one lease call on the subject's leases under the concurrency policy named
-    /// `policy`, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look` writes
-    /// nothing, on Redis with a read-only script call). `now_us` is for tests that drive time
-    /// explicitly; `None` uses the store's clock (Redis `TIME`, or the system clock for the
-    /// embedded store).
+    /// Decides one lease call on the subject's leases under the concurrency policy `policy`,
+    /// with its ledger, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look`
+    /// writes nothing, on Redis with a read-only script call; a `Sweep` is refused: it is
+    /// [`Store::sweep_leases`]). `now_us` is for tests that drive time explicitly; `None` uses
+    /// the store's clock (Redis `TIME`, or the system clock for the embedded store).
     fn lease(
         &self,
-        policy: &str,
+        policy: &Policy,
         key: &LimitKey,
         call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> impl Future<Output = Result<LeaseAnswer, StoreError>> + Send;
+
+    /// Drops the concurrency policy's expired leases from its ledger and counts them, as
+    /// [`crate::limiter::concurrency::sweep`] does: `expired` and the live `leases` left.
+    fn sweep_leases(
+        &self,
+        policy: &Policy,
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<LeaseAnswer, StoreError>> + Send;
 
@@ -570,12 +578,20 @@ impl Store for AnyStore {
 
     async fn lease(
         &self,
-        policy: &str,
+        policy: &Policy,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now_us: Option<u64>,
     ) -> Result<LeaseAnswer, StoreError> {
         dispatch!(self, s => s.lease(policy, key, call, now_us))
+    }
+
+    async fn sweep_leases(
+        &self,
+        policy: &Policy,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        dispatch!(self, s => s.sweep_leases(policy, now_us))
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

@@ -515,11 +515,11 @@ impl redis::ToRedisArgs for Arg<'_> {
     }
 }
 
-/// `lua/concurrency.lua`'s reply, `{ok, in_use, expires_in_us, retry_after_us, expired, now}`,
-/// as an answer.
+/// `lua/concurrency.lua`'s reply, `{ok, in_use, expires_in_us, retry_after_us, expired, leases,
+/// now}`, as an answer.
 fn lease_answer(reply: &Value) -> Result<LeaseAnswer, StoreError> {
     let numbers = match reply {
-        Value::Array(items) if items.len() == 6 => items
+        Value::Array(items) if items.len() == 7 => items
             .iter()
             .map(|item| match item {
                 Value::Int(i) => u64::try_from(*i).ok(),
@@ -529,14 +529,17 @@ fn lease_answer(reply: &Value) -> Result<LeaseAnswer, StoreError> {
         _ => None,
     };
     match numbers.as_deref() {
-        Some(&[ok, in_use, expires_in_us, retry_after_us, expired, at_us]) => Ok(LeaseAnswer {
-            ok: ok == 1,
-            in_use,
-            expires_in_us,
-            retry_after_us,
-            expired,
-            at_us,
-        }),
+        Some(&[ok, in_use, expires_in_us, retry_after_us, expired, leases, at_us]) => {
+            Ok(LeaseAnswer {
+                ok: ok == 1,
+                in_use,
+                expires_in_us,
+                retry_after_us,
+                expired,
+                leases,
+                at_us,
+            })
+        }
         _ => Err(StoreError::corrupt(format!(
             "concurrency.lua answered {reply:?}"
         ))),
@@ -544,6 +547,62 @@ fn lease_answer(reply: &Value) -> Result<LeaseAnswer, StoreError> {
 }
 
 impl RedisStore {
+    /// One call of `lua/concurrency.lua`: on the subject `key`'s leases and the policy's ledger,
+    /// or, for a sweep (`key` `None`), on the ledger alone.
+    async fn lease_script(
+        &self,
+        policy: &Policy,
+        key: Option<&LimitKey>,
+        call: LeaseCall<'_>,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        if let Some(problem) = call.problem() {
+            return Err(StoreError::server(format!("refused lease call: {problem}")));
+        }
+        if key.is_none() != (call.op == LeaseOp::Sweep) {
+            return Err(StoreError::server(
+                "refused lease call: a sweep, and only a sweep, names no subject",
+            ));
+        }
+        let (name, incarnation) = (policy.name.as_str(), policy.incarnation());
+        let mut ledger = String::new();
+        key::lease_ledger(&mut ledger, &self.prefix, name, incarnation);
+        let mut subject = String::new();
+        if let Some(k) = key {
+            key::lease_key(&mut subject, &self.prefix, name, incarnation, k.as_str());
+        }
+        let both = [ledger, subject];
+        let keys = if key.is_some() { &both[..] } else { &both[..1] };
+        // ARGV as lua/concurrency.lua lays it out.
+        let argv = || {
+            [
+                Arg::Str(call.op.as_str()),
+                Arg::Str(call.member),
+                Arg::Num(Some(call.cost)),
+                Arg::Num(Some(call.lease_us)),
+                Arg::Num(Some(call.limit)),
+                Arg::Num(now_us),
+            ]
+        };
+        let reply: Value = self
+            .with_conn(async |conn| {
+                if call.op == LeaseOp::Look {
+                    let script = &self.scripts.lease_look;
+                    return Ok(read_only(script, keys, argv().into_iter(), conn).await?);
+                }
+                let mut invoke = self.scripts.lease_change.prepare_invoke();
+                for k in keys {
+                    invoke.key(k);
+                }
+                for arg in argv() {
+                    invoke.arg(arg);
+                }
+                Ok(invoke.invoke_async(conn).await?)
+            })
+            .await?;
+        lease_answer(&reply)
+    }
+
     /// One call of `policy_read.lua` with `args`.
     async fn policy_read(&self, args: &[&str]) -> Result<ReadReply, StoreError> {
         let keys = &self.policy_keys;
@@ -612,43 +671,21 @@ impl Store for RedisStore {
 
     async fn lease(
         &self,
-        policy: &str,
+        policy: &Policy,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now_us: Option<u64>,
     ) -> Result<LeaseAnswer, StoreError> {
-        if let Some(problem) = call.problem() {
-            return Err(StoreError::server(format!("refused lease call: {problem}")));
-        }
-        let mut name = String::new();
-        key::lease_key(&mut name, &self.prefix, policy, key.as_str());
-        let keys = std::slice::from_ref(&name);
-        // ARGV as lua/concurrency.lua lays it out.
-        let argv = || {
-            [
-                Arg::Str(call.op.as_str()),
-                Arg::Str(call.member),
-                Arg::Num(Some(call.cost)),
-                Arg::Num(Some(call.lease_us)),
-                Arg::Num(Some(call.limit)),
-                Arg::Num(now_us),
-            ]
-        };
-        let reply: Value = self
-            .with_conn(async |conn| {
-                if call.op == LeaseOp::Look {
-                    let script = &self.scripts.lease_look;
-                    return Ok(read_only(script, keys, argv().into_iter(), conn).await?);
-                }
-                let mut invoke = self.scripts.lease_change.prepare_invoke();
-                invoke.key(&name);
-                for arg in argv() {
-                    invoke.arg(arg);
-                }
-                Ok(invoke.invoke_async(conn).await?)
-            })
-            .await?;
-        lease_answer(&reply)
+        self.lease_script(policy, Some(key), call, now_us).await
+    }
+
+    async fn sweep_leases(
+        &self,
+        policy: &Policy,
+        now_us: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
+        self.lease_script(policy, None, LeaseCall::SWEEP, now_us)
+            .await
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

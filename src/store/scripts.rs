@@ -201,7 +201,7 @@ const LOOK_SPLIT: &str = "\n--- look\n";
 const CHANGE_SPLIT: &str = "\n--- change\n";
 
 /// The two scripts of a concurrency limit: `(look, change)`. The look is flagged `no-writes`
-/// and called with `EVALSHA_RO`; the change (take, renew, release) may write.
+/// and called with `EVALSHA_RO`; the change (take, renew, release, sweep) may write.
 pub fn lease_sources() -> (String, String) {
     let (head, rest) = CONCURRENCY
         .split_once(LOOK_SPLIT)
@@ -403,8 +403,14 @@ mod tests {
             assert!(!look.contains(write), "look has {write}");
             assert!(change.contains(write), "change lacks {write}");
         }
-        assert!(look.contains("local in_use = held - dead_cost"));
-        assert!(change.contains("local in_use = held - dead_cost"));
+        assert!(look.contains("in_use = held - dead_cost"));
+        assert!(change.contains("in_use = held - dead_cost"));
+        // The ledger's grace is the one the model states.
+        let grace = format!(
+            "local LEDGER_GRACE_MS = {}\n",
+            crate::limiter::concurrency::LEDGER_GRACE_MS
+        );
+        assert_eq!(CONCURRENCY.matches(&grace).count(), 1);
     }
 
     #[test]

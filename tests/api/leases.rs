@@ -391,7 +391,7 @@ fn subject_keys(app: &TestApp, policy: &str, key: &str) -> Option<Vec<(String, i
     let mut found = Vec::new();
     for mut conn in masters(app)? {
         let keys: Vec<String> = ::redis::cmd("KEYS")
-            .arg(format!("rl:{{{policy}:{key}}}:*"))
+            .arg(format!("rl:{{{policy}@*}}:lease:{key}"))
             .query(&mut conn)
             .expect("KEYS");
         for k in keys {
@@ -422,6 +422,22 @@ async fn lease_metrics(app: &TestApp, policy: &str) -> ([f64; 5], f64) {
     }
     let in_use = metric(app, "ratelimiter_leases_in_use", &[("policy", policy)]).await;
     (events, in_use)
+}
+
+/// Waits (10 s at most) until `ratelimiter_leases_in_use{policy}` reads `value`.
+async fn gauge_comes_to(app: &TestApp, policy: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let gauge = lease_metrics(app, policy).await.1;
+        if gauge == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gauge stayed at {gauge}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// base64url without padding, as the lease id carries the key.
@@ -545,7 +561,7 @@ async fn expiry_frees_the_slot(app: &TestApp, api: &Api, backend: Backend, lease
     // The short lease expires in [t0, t1] + lease_ms, the long one in [t0, t1] + 1 min.
     if let Some(keys) = subject_keys(app, &p, "k") {
         assert_eq!(keys.len(), 1, "one key per subject: {keys:?}");
-        assert!(keys[0].0.ends_with(":concurrency"), "{keys:?}");
+        assert!(keys[0].0.ends_with(":lease:k"), "{keys:?}");
         let expiry = keys[0].1 as u64;
         assert!(
             (t0 + MINUTE_MS..=t1 + MINUTE_MS + 1).contains(&expiry),
@@ -587,6 +603,30 @@ async fn expiry_frees_the_slot(app: &TestApp, api: &Api, backend: Backend, lease
         assert_eq!(keys, vec![], "the key goes with its last lease");
     }
     assert_eq!(lease_metrics(app, &p).await.1, 0.0);
+
+    // A lone lease that nobody renews, releases or meets again: its subject's key goes with
+    // it, and the sweep still counts its expiry, once, and takes it out of the gauge.
+    let lone = api.take(&p, "lone", None, None).await;
+    api.check_granted(&lone, &p, "lone", lease_ms);
+    let t3 = store_now_ms(app);
+    assert_eq!(lease_metrics(app, &p).await.1, 1.0);
+    wait_for_store_clock(app, t3 + lease_ms + 50).await;
+    if let Some(keys) = subject_keys(app, &p, "lone") {
+        assert_eq!(keys, vec![], "the key went with its lease");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (events, gauge) = lease_metrics(app, &p).await;
+        if events[4] == 2.0 && gauge == 0.0 {
+            break;
+        }
+        assert_eq!(events[4], 1.0, "counted once: {events:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the lone lease's expiry was never counted: {events:?}, gauge {gauge}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     true
 }
 
@@ -848,6 +888,19 @@ async fn a_lowered_limit_keeps_the_leases_held_and_a_deleted_policy_forgets_them
     assert!(r.is_problem(404, "unknown-policy"), "{r}");
     let r = api.release(&ids[4]).await;
     assert_eq!(r.status, 204, "a release is idempotent: {r}");
+    // Every instance's sweep, once a second, zeroes a deleted policy's gauge.
+    gauge_comes_to(&app, &p, 0.0).await;
+
+    // Created again under the same name: the old leases stay unknown, and hold no slot.
+    app.create_policy(concurrency(&p, 2, MINUTE_MS)).await;
+    let r = api.renew(&ids[4], None).await;
+    assert!(r.is_problem(404, "unknown-lease"), "{r}");
+    for held in 1..=2 {
+        let r = api.granted(&p, "k", 1, MINUTE_MS).await;
+        assert_eq!(r.n("in_use"), held, "{r}");
+    }
+    api.denied(&p, "k", MINUTE_MS).await;
+    assert_eq!(lease_metrics(&app, &p).await.1, 2.0, "the new policy's two");
 }
 
 // ---- 5. Two instances ------------------------------------------------------------------------
