@@ -11,7 +11,10 @@ one hot key and keys spread over 100,000 subjects, at 1, 50 and 256 connections.
 redis-benchmark calling the same Lua script with EVALSHA (the limit of one Redis) and
 GET /healthz (the limit of the HTTP stack on this machine). It also reports each script's cost
 inside Redis (INFO commandstats, usec_per_call, on 100,000 keys) beside the classic token
-bucket's, the two-limit script beside the one-limit token bucket's, and the embedded store's memory for 1,000,000 subjects and its reclaiming of them.
+bucket's, the two-limit script beside the one-limit token bucket's, a hot-key flood (every
+connection acquiring one key that has nothing left) with and without the local denial cache and
+the script calls it cost Redis, and the embedded store's memory for 1,000,000 subjects and its
+reclaiming of them.
 
 It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
 127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
@@ -177,10 +180,10 @@ def start_cluster(procs, masters=3):
     return ",".join(f"127.0.0.1:{p}" for p in ports)
 
 
-def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0, cluster=None):
+def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0, cluster=None, extra=None):
     port = free_port()
     env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}",
-               RATELIMITER__SERVER__WORKERS=str(workers))
+               RATELIMITER__SERVER__WORKERS=str(workers), **(extra or {}))
     env.pop("RATELIMITER_CONFIG", None)
     if cluster:
         env["RATELIMITER__REDIS__CLUSTER_NODES"] = cluster
@@ -210,6 +213,7 @@ def wrk(url, connections, duration, script, args=()):
     r = json.loads(line)
     seconds = r["duration_us"] / 1e6
     return {
+        "requests": r["requests"],
         "rps": r["requests"] / seconds if seconds else 0.0,
         "p50_ms": r["p50_us"] / 1000,
         "p99_ms": r["p99_us"] / 1000,
@@ -336,6 +340,42 @@ def memory_run(procs, binary, subjects, fill_seconds, ttl_ms):
     }
 
 
+def script_calls(port):
+    """Script calls (EVAL, EVALSHA and their _RO forms) this Redis has run since its stats were
+    reset."""
+    calls = 0
+    for line in redis_cli(port, "INFO", "commandstats").splitlines():
+        name, _, stats = line.partition(":")
+        if name in ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro"):
+            calls += int(stats.split("calls=")[1].split(",")[0])
+    return calls
+
+
+def flood_run(procs, binary, connections, duration, script):
+    """The hot-key flood: `connections` connections acquiring one key that has nothing left, through
+    a service with the local denial cache and one without it, each on a Redis of its own (so that
+    nothing else calls a script there; policy refreshes every minute), with the script calls each
+    flood caused."""
+    rows = {}
+    for label, cache in (("cached", "true"), ("uncached", "false")):
+        port = start_redis(procs)
+        base, _ = start_service(procs, binary, port, 16, extra={
+            "RATELIMITER__LIMITS__DENIAL_CACHE": cache, "RATELIMITER__REDIS__POLICY_REFRESH_MS": "60000"})
+        name = "bench-flood"
+        status, body = http("PUT", f"{base}/v1/policies/{name}",
+                            {"algorithm": "fixed_window", "limit": 1, "window_ms": HOUR_MS})
+        if status not in (200, 201):
+            fail(f"creating {name}: {status} {body!r}")
+        for _ in range(2):
+            http("POST", base + "/v1/acquire", {"policy": name, "key": "hot"})
+        redis_cli(port, "CONFIG", "RESETSTAT")
+        r = wrk(base + "/v1/acquire", connections, duration, script, [name, 1])
+        calls = script_calls(port)
+        rows[label] = {**r, "script_calls": calls,
+                       "calls_per_100_acquires": 100 * calls / r["requests"] if r["requests"] else None}
+    return rows
+
+
 def fmt_row(cols, widths):
     return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))
 
@@ -436,6 +476,8 @@ def main():
             ratios = [t / o for t, o in zip(samples[TWO], samples["token_bucket"])]
             results["two_limits_vs_one"] = {"script_cost": statistics.median(ratios), "script_cost_rounds": ratios}
 
+        results["flood"] = flood_run(procs, binary, max(connections), opts.duration, script)
+
         if opts.memory_subjects:
             results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 40,
                                            2_000 if opts.smoke else 30_000)
@@ -477,6 +519,12 @@ def report(results):
     print("\nscript cost inside Redis (usec_per_call, 100k keys):")
     for name, usec in results["script_cost_usec"].items():
         print(f"  {name:25} {usec:6.2f}")
+    flood = results.get("flood")
+    if flood:
+        print("\nhot-key flood (one key with nothing left):")
+        for label, r in flood.items():
+            print(f"  {label:9} {r['rps']:8.0f} acquires/s, p99 {r['p99_ms']:.2f} ms, {r['script_calls']} script calls "
+                  f"for {r['requests']} acquires ({r['calls_per_100_acquires']:.3f} per 100)")
     if results["memory"]:
         print("\nembedded store memory:", json.dumps(results["memory"]))
     print("\ntargets:")
@@ -518,6 +566,12 @@ def targets(results):
             factor = 0.6 if a == "gcra" else 1.0
             lines.append(f"{a:24} {costs[a]:.2f} us per call vs {factor} x classic {classic:.2f} "
                          f"({'met' if costs[a] <= factor * classic else 'MISSED'})")
+    flood = results.get("flood")
+    if flood:
+        per_100 = flood["cached"]["calls_per_100_acquires"]
+        lines.append(f"hot-key flood: {per_100:.3f} Redis calls per 100 denied acquires with the denial cache "
+                     f"(< 1 {'met' if per_100 < 1 else 'MISSED'}; {flood['uncached']['calls_per_100_acquires']:.0f} "
+                     f"without), {flood['cached']['rps'] / flood['uncached']['rps']:.2f} x the acquires/s")
     m = results["memory"]
     if m:
         ok = m["subjects"] >= 1_000_000 and m["rss_full_mib"] < 300 and m["subjects_after_expiry"] == 0

@@ -294,6 +294,21 @@ pub struct LimitsSettings {
     /// counted exactly, and answered as allowed with what enforcement would have answered. For
     /// rolling the service itself out in front of traffic. Off by default.
     pub shadow: bool,
+    /// Answers repeated acquires of a subject that Redis denied, until its retry time, without
+    /// asking Redis (see `service::denials`). On by default; only with Redis.
+    pub denial_cache: bool,
+    /// The longest a cached denial is answered without Redis, in ms (1 to 60,000): the bound on
+    /// a denial answered after an invalidation message was lost.
+    pub denial_cache_ms: u64,
+    /// The most cached denials (at least 1), about 100 bytes each plus the key.
+    pub denial_cache_entries: u64,
+}
+
+impl LimitsSettings {
+    /// `limits.denial_cache_ms` as a duration.
+    pub fn denial_cache_bound(&self) -> Duration {
+        Duration::from_millis(self.denial_cache_ms)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -366,6 +381,9 @@ impl Settings {
             .set_default("limits.max_policies", 50_000)?
             .set_default("limits.max_embedded_subjects", 1_000_000)?
             .set_default("limits.shadow", false)?
+            .set_default("limits.denial_cache", true)?
+            .set_default("limits.denial_cache_ms", 1_000)?
+            .set_default("limits.denial_cache_entries", 100_000)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -419,6 +437,15 @@ impl RawSettings {
             return Err(invalid(
                 "limits.max_embedded_subjects",
                 "must be at least 1",
+            ));
+        }
+        if !(1..=60_000).contains(&self.limits.denial_cache_ms) {
+            return Err(invalid("limits.denial_cache_ms", "must be from 1 to 60000"));
+        }
+        if self.limits.denial_cache_entries == 0 {
+            return Err(invalid(
+                "limits.denial_cache_entries",
+                "must be at least 1 (turn the cache off with limits.denial_cache = false)",
             ));
         }
         if self.redis.policy_refresh_ms == 0 {

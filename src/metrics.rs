@@ -19,6 +19,14 @@ pub const OPERATION_UNITS: &str = "ratelimiter_operation_units_total";
 pub const SHADOW_DENIED: &str = "ratelimiter_shadow_denied_total";
 /// The units those acquires asked for, labelled `policy`.
 pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
+/// Acquires answered by the local denial cache, labelled `policy` (also counted as `denied`
+/// decisions).
+pub const DENIAL_CACHE_HITS: &str = "ratelimiter_denial_cache_hits_total";
+/// Invalidation messages the denial cache received (refunds, reports and resets on any
+/// instance).
+pub const DENIAL_CACHE_INVALIDATIONS: &str = "ratelimiter_denial_cache_invalidations_total";
+/// Denials cached now (expired ones not dropped yet included).
+pub const DENIAL_CACHE_ENTRIES: &str = "ratelimiter_denial_cache_entries";
 /// Lease events, labelled `policy` and `event`: `granted`, `denied`, `renewed`, `released`,
 /// `expired` (a holder died or forgot: each expiry counted once over all instances, within about
 /// a second of it), and `fail_open` (calls answered without any store). Sum over instances.
@@ -122,6 +130,15 @@ fn describe() {
         OPERATION_UNITS,
         "Units recorded by reports and given back by refunds, by policy and operation"
     );
+    describe_counter!(
+        DENIAL_CACHE_HITS,
+        "Acquires answered by the local denial cache, without asking Redis (also counted as denied)"
+    );
+    describe_counter!(
+        DENIAL_CACHE_INVALIDATIONS,
+        "Denial cache invalidations received (refunds, reports and resets on any instance)"
+    );
+    describe_gauge!(DENIAL_CACHE_ENTRIES, "Denials cached by this instance");
     describe_counter!(
         LEASES,
         "Lease events by policy: granted, denied, renewed, released, expired (a holder died or \

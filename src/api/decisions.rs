@@ -135,9 +135,11 @@ pub struct AcquireResponse {
     /// decided instead; an `open` answer was not counted. `decided_by` says which.
     #[schema(example = false)]
     pub degraded: bool,
-    /// Who decided: `redis` or `embedded` (the store: a real decision), `fail_open` (the store
-    /// could not be asked and the fail mode allowed without counting: not a real allow) or
-    /// `fail_local` (this instance decided alone, limits per instance). Also in `Decided-By`.
+    /// Who decided: `redis` or `embedded` (the store: a real decision), `local_cache` (a denial
+    /// Redis decided for this subject, repeated by this instance until Redis's retry time:
+    /// exact), `fail_open` (the store could not be asked and the fail mode allowed without
+    /// counting: not a real allow) or `fail_local` (this instance decided alone, limits per
+    /// instance). Also in `Decided-By`.
     #[schema(example = "redis")]
     pub decided_by: DecidedBy,
     /// Policies of several limits only: each limit, in policy order. When the acquire was
@@ -206,7 +208,7 @@ const HEADERS: [(&str, &str, bool); 5] = [
     ("RateLimit-Policy", "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order", false),
     ("RateLimit", "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer", false),
     ("Retry-After", "On a denial (not in shadow mode): seconds until the request would be allowed", true),
-    ("Decided-By", "Who decided, as the body's `decided_by`: `redis`, `embedded`, `fail_open` or `fail_local`", false),
+    ("Decided-By", "Who decided, as the body's `decided_by`: `redis`, `embedded`, `local_cache`, `fail_open` or `fail_local`", false),
     ("Policy-ETag", "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force", false),
 ];
 

@@ -6,9 +6,11 @@
 //! `local` decides with an in-process store until the shared one is back. Acquires, peeks,
 //! reports, refunds and resets are for rate policies; leases on concurrency policies are in
 //! [`leases`], their ids in [`lease_id`]. How the cache follows the store, and policy reads and
-//! writes, are in [`policies`]; readiness in [`readiness`].
+//! writes, are in [`policies`]; readiness in [`readiness`]. Repeated acquires of a subject
+//! that Redis denied are answered by this instance until their retry time ([`denials`]).
 
 pub mod cache;
+pub mod denials;
 pub mod lease_id;
 pub mod leases;
 pub mod policies;
@@ -86,9 +88,10 @@ pub enum ServiceError {
     Store(#[from] StoreError),
 }
 
-/// Who decided an acquire: the answer's `decided_by`. Only [`DecidedBy::Redis`] and
-/// [`DecidedBy::Embedded`] are decisions of the policy's shared (or only) store; the others are the
-/// fail mode's answers while that store could not be asked.
+/// Who decided an acquire: the answer's `decided_by`. [`DecidedBy::Redis`] and
+/// [`DecidedBy::Embedded`] are decisions of the policy's shared (or only) store, and
+/// [`DecidedBy::LocalCache`] repeats one of Redis's denials exactly; the others are the fail
+/// mode's answers while that store could not be asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DecidedBy {
@@ -102,6 +105,9 @@ pub enum DecidedBy {
     /// `fail_mode: local`: the store could not be asked, and this instance decided with its own
     /// in-process store (limits per instance).
     FailLocal,
+    /// This instance answered a denial that Redis decided for the same subject and policy
+    /// version, before the retry time Redis gave (the local denial cache): exact, not degraded.
+    LocalCache,
 }
 
 impl DecidedBy {
@@ -111,6 +117,7 @@ impl DecidedBy {
             DecidedBy::Embedded => "embedded",
             DecidedBy::FailOpen => "fail_open",
             DecidedBy::FailLocal => "fail_local",
+            DecidedBy::LocalCache => "local_cache",
         }
     }
 
@@ -169,6 +176,7 @@ struct DecisionCounters {
     resets: Counter,
     reported_units: Counter,
     refunded_units: Counter,
+    cache_hits: Counter,
 }
 
 impl DecisionCounters {
@@ -188,6 +196,7 @@ impl DecisionCounters {
             resets: op("reset"),
             reported_units: units("report"),
             refunded_units: units("refund"),
+            cache_hits: metrics::counter!(m::DENIAL_CACHE_HITS, "policy" => policy.to_owned()),
         }
     }
 }
@@ -203,6 +212,9 @@ pub struct RateLimiter {
     acquire_seconds: Histogram,
     /// `limits.shadow`: every policy in shadow mode.
     shadow: bool,
+    /// Denials answered without asking Redis; `None` without Redis or with `limits.denial_cache`
+    /// off.
+    denials: Option<Arc<denials::DenialCache>>,
 }
 
 impl RateLimiter {
@@ -220,6 +232,13 @@ impl RateLimiter {
         let local = store
             .is_shared()
             .then(|| MemoryStore::new(key_prefix, limits.max_embedded_subjects));
+        let denials = (store.is_shared() && limits.denial_cache).then(|| {
+            let entries = usize::try_from(limits.denial_cache_entries).unwrap_or(usize::MAX);
+            Arc::new(denials::DenialCache::new(
+                entries,
+                limits.denial_cache_bound(),
+            ))
+        });
         // Installs the recorder before the first counter is registered.
         let _ = m::handle();
         Self {
@@ -231,6 +250,7 @@ impl RateLimiter {
             leases: leases::LeaseMetrics::default(),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
             shadow: limits.shadow,
+            denials,
         }
     }
 
@@ -302,22 +322,62 @@ impl RateLimiter {
             marks = ticket.marks_for(&policy);
         }
         let marks = &marks.0[..marks.1];
-        let result = match self
-            .store
-            .decide(&policy, key, op, cost, marks, now_us)
-            .await
-        {
-            Ok(verdict) => Ok((verdict, self.store_decider())),
-            Err(e) => self.by_fail_mode(&policy, key, op, cost, marks, now_us, e),
+        let shadow =
+            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
+        // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
+        // `denials`: a larger cost's retry time is its own).
+        let denials = match &self.denials {
+            Some(d) if op == Op::Acquire && cost == 1 && !shadow && policy.limits.len() == 1 => {
+                Some(d)
+            }
+            _ => None,
+        };
+        let name = policy.name.as_str();
+        let cached = denials.and_then(|d| d.denied(name, etag.version, key.as_str(), started));
+        let result = if let Some(denied) = cached {
+            Ok((cached_denial(denied, now_us), DecidedBy::LocalCache))
+        } else {
+            let ticket = denials.and_then(|d| d.ticket(name, key.as_str()));
+            match self
+                .store
+                .decide(&policy, key, op, cost, marks, now_us)
+                .await
+            {
+                Ok(verdict) => {
+                    if let (Some(d), Some(ticket), false) = (denials, ticket, verdict.allowed) {
+                        if let Some(denied) = denial_of(&verdict) {
+                            d.insert(
+                                name,
+                                etag.version,
+                                key.as_str(),
+                                ticket,
+                                denied,
+                                Instant::now(),
+                            );
+                        }
+                    }
+                    Ok((verdict, self.store_decider()))
+                }
+                Err(e) => self.by_fail_mode(&policy, key, op, cost, marks, now_us, e),
+            }
         };
         if op == Op::Acquire {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
         }
         let (verdict, decided_by) = result?;
         let degraded = decided_by.is_degraded();
-        let shadow =
-            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
         let counters = self.counters(&policy);
+        if decided_by == DecidedBy::LocalCache {
+            counters.cache_hits.increment(1);
+        }
+        // A refund, a report or a reset may give units back or move the retry time: every
+        // instance's cached denial of the subject goes.
+        if matches!(op, Op::Report | Op::Refund)
+            && !degraded
+            && verdict.units().iter().any(|u| *u > 0)
+        {
+            self.invalidate_denials(&policy, key).await;
+        }
         match op {
             Op::Acquire => {
                 match (degraded, verdict.allowed) {
@@ -379,8 +439,28 @@ impl RateLimiter {
             local.clear(&policy, key);
         }
         self.store.reset(&policy, key).await?;
+        self.invalidate_denials(&policy, key).await;
         self.counters(&policy).resets.increment(1);
         Ok(())
+    }
+
+    /// Drops this instance's cached denial of the subject, and tells every instance to (see
+    /// `denials`). A message that cannot be sent is logged: the other instances' entries end by
+    /// their bound, `limits.denial_cache_ms`.
+    async fn invalidate_denials(&self, policy: &Policy, key: &LimitKey) {
+        let AnyStore::Redis(redis) = &self.store else {
+            return;
+        };
+        if let Some(d) = &self.denials {
+            d.invalidate(policy.name.as_str(), key.as_str());
+        }
+        let message = denials::message(policy.name.as_str(), key.as_str());
+        if let Err(e) = redis.publish(&redis.denials_channel(), &message).await {
+            static UNSENT: Summarized = Summarized::per_second();
+            if let Some(count) = UNSENT.hit() {
+                tracing::warn!(policy = %policy.name, error = %e, count, "could not publish a denial cache invalidation; other instances' cached denials of the subject end by limits.denial_cache_ms");
+            }
+        }
     }
 
     /// The answer when the store failed: the verdict and who gave it, or the error, by fail mode.
@@ -489,6 +569,9 @@ impl RateLimiter {
                     .set(f64::from(u8::from(state == current)));
             }
         }
+        if let Some(d) = &self.denials {
+            metrics::gauge!(m::DENIAL_CACHE_ENTRIES).set(d.len() as f64);
+        }
         if let Some((in_use, idle)) = status.connections {
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
@@ -497,8 +580,11 @@ impl RateLimiter {
     }
 
     /// Keeps the cache in step with the store, and in-process memory bounded, until the
-    /// process ends.
+    /// process ends; and, with the denial cache, listens for its invalidations.
     pub fn spawn_background(self: &Arc<Self>, refresh_every: Duration) {
+        if self.denials.is_some() {
+            tokio::spawn(listen_for_invalidations(Arc::downgrade(self)));
+        }
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(refresh_every);
@@ -522,6 +608,70 @@ impl RateLimiter {
                 }
             }
         });
+    }
+}
+
+/// Keeps the denial cache subscribed to its invalidations, using it only while subscribed (see
+/// `denials`): subscribes, drops the entry of each subject named, and when the subscription
+/// ends, empties the cache and subscribes again a second later. Ends with the limiter.
+async fn listen_for_invalidations(limiter: std::sync::Weak<RateLimiter>) {
+    use futures_util::StreamExt;
+    loop {
+        let Some(this) = limiter.upgrade() else {
+            return;
+        };
+        let (Some(cache), AnyStore::Redis(redis)) = (this.denials.clone(), &this.store) else {
+            return;
+        };
+        let subscribed = redis.subscribe(&redis.denials_channel()).await;
+        drop(this);
+        match subscribed {
+            Ok(pubsub) => {
+                cache.set_live(true);
+                tracing::debug!("denial cache subscribed to its invalidations");
+                let received = metrics::counter!(m::DENIAL_CACHE_INVALIDATIONS);
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = messages.next().await {
+                    if let Some((policy, key)) = denials::parse_message(message.get_payload_bytes())
+                    {
+                        cache.invalidate(policy, key);
+                        received.increment(1);
+                    }
+                }
+                cache.set_live(false);
+                tracing::warn!("the denial cache's subscription ended; every acquire asks Redis until it is subscribed again");
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "could not subscribe the denial cache; every acquire asks Redis meanwhile");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// A denial from the cache as the verdict of a one-limit policy: nothing left, and the times as
+/// the cache counts them down.
+fn cached_denial(denied: denials::Denied, now_us: Option<u64>) -> Verdict {
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let mut verdict = Verdict::at(now_us.unwrap_or_else(system_now_us));
+    verdict.push(Decision {
+        allowed: false,
+        remaining: 0,
+        reset_after_us: us(denied.reset_after),
+        retry_after_us: us(denied.retry_after),
+    });
+    verdict
+}
+
+/// What the cache keeps of Redis's denial of 1 unit of a one-limit policy: its times, when it
+/// shows nothing left (always, for a denial of 1 unit; checked all the same).
+fn denial_of(verdict: &Verdict) -> Option<denials::Denied> {
+    match verdict.limits() {
+        [d] if !d.allowed && d.remaining == 0 && d.retry_after_us > 0 => Some(denials::Denied {
+            retry_after: Duration::from_micros(d.retry_after_us),
+            reset_after: Duration::from_micros(d.reset_after_us),
+        }),
+        _ => None,
     }
 }
 

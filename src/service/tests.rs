@@ -14,6 +14,9 @@ fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
         max_policies,
         max_embedded_subjects,
         shadow: false,
+        denial_cache: true,
+        denial_cache_ms: 1_000,
+        denial_cache_entries: 1_000,
     }
 }
 

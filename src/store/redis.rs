@@ -31,6 +31,8 @@ pub struct RedisStore {
     breaker: Breaker,
     /// Registered once: a lookup by name on every call would cost more than recording.
     call_seconds: metrics::Histogram,
+    /// Where to subscribe to a channel: the server, or each seed node of a Cluster in turn.
+    pubsub_urls: Vec<String>,
 }
 
 impl From<RedisError> for StoreError {
@@ -90,7 +92,7 @@ impl RedisStore {
         let conns = Connections::open(url, mode, connections).map_err(|e| {
             StoreError::server(format!("invalid redis.url {}: {e}", redact_url(url))).caused_by(e)
         })?;
-        Ok(Self::on(conns, timeout, prefix))
+        Ok(Self::on(conns, timeout, prefix, vec![url.to_owned()]))
     }
 
     /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`
@@ -102,10 +104,11 @@ impl RedisStore {
     ) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
         let conns = Connections::open_cluster(&nodes, timeout).await?;
-        Ok(Self::on(conns, timeout, prefix))
+        let urls = nodes.iter().map(|n| format!("redis://{n}")).collect();
+        Ok(Self::on(conns, timeout, prefix, urls))
     }
 
-    fn on(conns: Connections, timeout: Duration, prefix: &str) -> Self {
+    fn on(conns: Connections, timeout: Duration, prefix: &str, pubsub_urls: Vec<String>) -> Self {
         // The recorder must exist before a handle is taken, or the handle records nothing.
         let _ = m::handle();
         Self {
@@ -116,7 +119,48 @@ impl RedisStore {
             scripts: Scripts::new(),
             breaker: Breaker::new(5, Duration::from_secs(1)),
             call_seconds: metrics::histogram!(m::REDIS_SECONDS),
+            pubsub_urls,
         }
+    }
+
+    /// Publishes `message` on `channel`, through the breaker and within the timeout like any
+    /// call. On a Cluster any node takes it, and the cluster passes it to every node.
+    pub async fn publish(&self, channel: &str, message: &str) -> Result<(), StoreError> {
+        self.with_conn(async |conn| {
+            let _receivers: i64 = redis::cmd("PUBLISH")
+                .arg(channel)
+                .arg(message)
+                .query_async(conn)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Subscribes to `channel` on its own connection, at the first of the store's addresses
+    /// that accepts within the timeout (a Cluster's messages reach every node): the
+    /// subscription, whose messages end when its connection does.
+    pub async fn subscribe(&self, channel: &str) -> Result<redis::aio::PubSub, StoreError> {
+        let mut last = StoreError::unavailable("no address to subscribe at");
+        for url in &self.pubsub_urls {
+            let attempt = async {
+                let client = redis::Client::open(url.as_str())?;
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(channel).await?;
+                Ok::<_, RedisError>(pubsub)
+            };
+            match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), attempt).await {
+                Ok(Ok(pubsub)) => return Ok(pubsub),
+                Ok(Err(e)) => last = e.into(),
+                Err(_) => last = StoreError::unavailable("subscribing timed out"),
+            }
+        }
+        Err(last)
+    }
+
+    /// The channel of the denial cache's invalidations (see `service::denials`).
+    pub fn denials_channel(&self) -> String {
+        format!("{}:denials", self.prefix)
     }
 
     /// Replaces the default circuit breaker (5 failures, 1 s cooldown).

@@ -126,6 +126,12 @@ fn check_answers(samples: &[Sample]) {
         // Who decided, in every path: Redis, or the policy's own fail mode while it was down.
         if s.status == 200 {
             let by = match (degraded, s.policy) {
+                // A denial Redis decided may be repeated by the denial cache (exact).
+                (false, _)
+                    if s.body["allowed"] == false && s.body["decided_by"] == "local_cache" =>
+                {
+                    "local_cache"
+                }
                 (false, _) => "redis",
                 (true, "open") => "fail_open",
                 (true, "local") => "fail_local",

@@ -9,6 +9,7 @@ mod acquire;
 mod bounds;
 mod cluster;
 mod connections;
+mod denial_cache;
 mod edge;
 mod errors;
 mod faults;

@@ -733,7 +733,11 @@ async fn concurrent_acquires_and_refunds_keep_the_count_exact(backend: Backend) 
     let mut admitted = 0;
     let mut refunded = 0;
     for (op, d) in &answers {
-        assert_eq!(d["decided_by"], api.by, "{op}: {d}");
+        // A denial may be repeated by the instance's denial cache (exact, see denial_cache.rs).
+        let cached = api.by == "redis" && d["allowed"] == false && d["decided_by"] == "local_cache";
+        if !cached {
+            assert_eq!(d["decided_by"], api.by, "{op}: {d}");
+        }
         match *op {
             "acquire" => admitted += u64::from(d["allowed"] == true),
             _ => refunded += d["refunded"].as_u64().expect("refunded"),
