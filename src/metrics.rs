@@ -19,6 +19,9 @@ pub const OPERATION_UNITS: &str = "ratelimiter_operation_units_total";
 pub const SHADOW_DENIED: &str = "ratelimiter_shadow_denied_total";
 /// The units those acquires asked for, labelled `policy`.
 pub const SHADOW_DENIED_UNITS: &str = "ratelimiter_shadow_denied_units_total";
+/// On a Redis Cluster, whether each master's circuit breaker is open (1) or not (0), labelled
+/// `master` (`host:port`).
+pub const MASTER_BREAKER_OPEN: &str = "ratelimiter_redis_master_breaker_open";
 /// Acquires answered by the local denial cache, labelled `policy` (also counted as `denied`
 /// decisions).
 pub const DENIAL_CACHE_HITS: &str = "ratelimiter_denial_cache_hits_total";
@@ -129,6 +132,10 @@ fn describe() {
     describe_counter!(
         OPERATION_UNITS,
         "Units recorded by reports and given back by refunds, by policy and operation"
+    );
+    describe_gauge!(
+        MASTER_BREAKER_OPEN,
+        "On a Redis Cluster, 1 while a master's circuit breaker is open (its keys answered by fail mode)"
     );
     describe_counter!(
         DENIAL_CACHE_HITS,

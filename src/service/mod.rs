@@ -572,6 +572,12 @@ impl RateLimiter {
         if let Some(d) = &self.denials {
             metrics::gauge!(m::DENIAL_CACHE_ENTRIES).set(d.len() as f64);
         }
+        if let AnyStore::Redis(redis) = &self.store {
+            for (master, state) in redis.master_breakers() {
+                metrics::gauge!(m::MASTER_BREAKER_OPEN, "master" => master)
+                    .set(f64::from(u8::from(state == BreakerState::Open)));
+            }
+        }
         if let Some((in_use, idle)) = status.connections {
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
@@ -604,6 +610,11 @@ impl RateLimiter {
                         tracing::trace!(evicted, "evicted expired state");
                     }
                     this.sweep_leases().await;
+                    if let AnyStore::Redis(redis) = &this.store {
+                        if let Err(e) = redis.refresh_topology().await {
+                            tracing::debug!(error = %e, "could not read the cluster's slot map; keeping the last one");
+                        }
+                    }
                     m::handle().run_upkeep();
                 }
             }

@@ -64,6 +64,11 @@ impl Breaker {
         }
     }
 
+    /// A new, closed breaker with this one's threshold and cooldown.
+    pub fn like(&self) -> Self {
+        Self::new(self.threshold, self.cooldown)
+    }
+
     /// Remembers why a call could not reach the store (only failures take the lock).
     pub fn set_cause(&self, cause: String) {
         *self.cause.lock().unwrap_or_else(|e| e.into_inner()) = Some(cause);

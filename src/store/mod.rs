@@ -15,6 +15,7 @@ pub mod memory;
 mod policy_set;
 pub mod redis;
 pub mod scripts;
+pub mod topology;
 
 use std::fmt;
 use std::future::Future;
@@ -556,7 +557,7 @@ impl AnyStore {
                 connections: None,
             },
             AnyStore::Redis(r) => StoreStatus {
-                breaker: Some(r.breaker().state()),
+                breaker: Some(r.breaker_state()),
                 connections: Some(r.pool_connections()),
             },
         }

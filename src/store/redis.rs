@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 use redis::{RedisError, Value};
 use serde_json::{Map, Number, Value as Json};
 
-use super::breaker::Breaker;
+use super::breaker::{Breaker, BreakerState};
 use super::connection::{Conn, ConnectionMode, Connections};
 use super::key::PolicyKeys;
 use super::scripts::Scripts;
+use super::topology::{parse_slots, Topology};
 use super::{
     key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
     StoreError, WriteStatus, Written,
@@ -33,6 +34,8 @@ pub struct RedisStore {
     call_seconds: metrics::Histogram,
     /// Where to subscribe to a channel: the server, or each seed node of a Cluster in turn.
     pubsub_urls: Vec<String>,
+    /// A Cluster's slot map, and a breaker per master; `None` on one Redis.
+    topology: Option<Topology>,
 }
 
 impl From<RedisError> for StoreError {
@@ -105,7 +108,12 @@ impl RedisStore {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
         let conns = Connections::open_cluster(&nodes, timeout).await?;
         let urls = nodes.iter().map(|n| format!("redis://{n}")).collect();
-        Ok(Self::on(conns, timeout, prefix, urls))
+        let mut store = Self::on(conns, timeout, prefix, urls);
+        store.topology = Some(Topology::default());
+        if let Err(e) = store.refresh_topology().await {
+            tracing::warn!(error = %e, "could not read the cluster's slot map; until it is read, one circuit breaker guards every master");
+        }
+        Ok(store)
     }
 
     fn on(conns: Connections, timeout: Duration, prefix: &str, pubsub_urls: Vec<String>) -> Self {
@@ -120,7 +128,65 @@ impl RedisStore {
             breaker: Breaker::new(5, Duration::from_secs(1)),
             call_seconds: metrics::histogram!(m::REDIS_SECONDS),
             pubsub_urls,
+            topology: None,
         }
+    }
+
+    /// Reads a Cluster's slot map again (`CLUSTER SLOTS`), so that each master's calls go
+    /// through its own breaker (see [`super::topology`]); nothing on one Redis. Not through a
+    /// breaker: it is how a master that came back, or a promoted replica, is found.
+    pub async fn refresh_topology(&self) -> Result<(), StoreError> {
+        let Some(topology) = &self.topology else {
+            return Ok(());
+        };
+        let read = async {
+            let mut conn = self.conns.get().await?;
+            let reply: Value = redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async(&mut conn)
+                .await?;
+            Ok::<_, StoreError>(reply)
+        };
+        let reply = tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), read)
+            .await
+            .map_err(|_| StoreError::unavailable("CLUSTER SLOTS timed out"))??;
+        let ranges = parse_slots(&reply)
+            .ok_or_else(|| StoreError::corrupt(format!("CLUSTER SLOTS answered {reply:?}")))?;
+        topology.update(&ranges, &self.breaker);
+        Ok(())
+    }
+
+    /// The store's breaker state as readiness and metrics report it: on one Redis, its breaker's;
+    /// on a Cluster whose slot map is known, `open` only when every master's breaker is (no key
+    /// can be decided), `closed` when every one is closed, and `half_open` in between (some
+    /// masters' keys are answered by fail mode).
+    pub fn breaker_state(&self) -> BreakerState {
+        let masters = self.master_breakers();
+        if masters.is_empty() {
+            return self.breaker.state();
+        }
+        let open = masters
+            .iter()
+            .filter(|(_, s)| *s == BreakerState::Open)
+            .count();
+        let closed = masters
+            .iter()
+            .filter(|(_, s)| *s == BreakerState::Closed)
+            .count();
+        if open == masters.len() {
+            BreakerState::Open
+        } else if closed == masters.len() {
+            self.breaker.state()
+        } else {
+            BreakerState::HalfOpen
+        }
+    }
+
+    /// Each Cluster master's address and breaker state; empty on one Redis.
+    pub fn master_breakers(&self) -> Vec<(String, BreakerState)> {
+        self.topology
+            .as_ref()
+            .map_or_else(Vec::new, Topology::states)
     }
 
     /// Publishes `message` on `channel`, through the breaker and within the timeout like any
@@ -163,8 +229,12 @@ impl RedisStore {
         format!("{}:denials", self.prefix)
     }
 
-    /// Replaces the default circuit breaker (5 failures, 1 s cooldown).
+    /// Replaces the default circuit breaker (5 failures, 1 s cooldown), and on a Cluster each
+    /// master's with one like it.
     pub fn with_breaker(mut self, breaker: Breaker) -> Self {
+        if let Some(topology) = &self.topology {
+            topology.reset_breakers(&breaker);
+        }
         self.breaker = breaker;
         self
     }
@@ -186,17 +256,33 @@ impl RedisStore {
     where
         F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
     {
-        let Some(permit) = self.breaker.permit() else {
+        self.with_conn_on(None, f).await
+    }
+
+    /// [`RedisStore::with_conn`] for a call on `key`: on a Cluster, through the breaker of the
+    /// master that owns its slot, so that a failed master stops only its own keys' calls.
+    async fn with_conn_on<T, F>(&self, key: Option<&str>, f: F) -> Result<T, StoreError>
+    where
+        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
+    {
+        let master = key.and_then(|k| self.topology.as_ref()?.breaker_for(k));
+        let breaker = master.as_deref().unwrap_or(&self.breaker);
+        let Some(permit) = breaker.permit() else {
             metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
-            let cause = self.breaker.cause().unwrap_or_default();
+            let cause = breaker.cause().unwrap_or_default();
+            let what = if master.is_some() {
+                "The Redis master of this key"
+            } else {
+                "Redis"
+            };
             return Err(StoreError::unavailable(format!(
-                "Redis is unreachable (circuit breaker open; last failure: {cause})"
+                "{what} is unreachable (circuit breaker open; last failure: {cause})"
             )));
         };
         // A caller that goes away mid-call (its client hung up) drops this future: the permit
         // goes back unused, or the breaker would wait forever for its probe's answer.
         let permit = PermitGuard {
-            breaker: &self.breaker,
+            breaker,
             permit: Some(permit),
         };
         let started = Instant::now();
@@ -210,7 +296,7 @@ impl RedisStore {
         }
         let reached = match &result {
             Err(e) if e.class().counts_against_breaker() => {
-                self.breaker.set_cause(e.to_string());
+                breaker.set_cause(e.to_string());
                 false
             }
             _ => true,
@@ -629,7 +715,7 @@ impl RedisStore {
             ]
         };
         let reply: Value = self
-            .with_conn(async |conn| {
+            .with_conn_on(Some(&keys[0]), async |conn| {
                 if call.op == LeaseOp::Look {
                     let script = &self.scripts.lease_look;
                     return Ok(read_only(script, keys, argv().into_iter(), conn).await?);
@@ -651,7 +737,7 @@ impl RedisStore {
     async fn policy_read(&self, args: &[&str]) -> Result<ReadReply, StoreError> {
         let keys = &self.policy_keys;
         let reply: Value = self
-            .with_conn(async |conn| {
+            .with_conn_on(Some(&keys.meta), async |conn| {
                 let mut call = self.scripts.policy_read.prepare_invoke();
                 call.key(&keys.meta).key(&keys.names).key(&keys.deleted);
                 for arg in args {
@@ -692,7 +778,7 @@ impl Store for RedisStore {
                 .chain(marks)
         };
         let reply: Value = self
-            .with_conn(async |conn| {
+            .with_conn_on(Some(&names[0]), async |conn| {
                 if op == Op::Peek {
                     let argv = argv().map(Arg::from);
                     return Ok(read_only(&script, &names[..n], argv, conn).await?);
@@ -735,7 +821,7 @@ impl Store for RedisStore {
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
         let (names, n) = key::state_keys(&self.prefix, policy, key);
         // One DEL of keys that share a hash tag: atomic, and one slot on a Cluster.
-        self.with_conn(async |conn| {
+        self.with_conn_on(Some(&names[0]), async |conn| {
             let mut del = redis::cmd("DEL");
             for name in &names[..n] {
                 del.arg(name.as_str());
@@ -758,7 +844,7 @@ impl Store for RedisStore {
         let fields = w.policy.map(encode).unwrap_or_default();
         let generation = new_generation();
         let (status, generation, version, incarnation): (String, String, u64, u64) = self
-            .with_conn(async |conn| {
+            .with_conn_on(Some(&keys.meta), async |conn| {
                 let mut call = self.scripts.policy_write.prepare_invoke();
                 call.key(&keys.meta)
                     .key(&keys.names)

@@ -200,3 +200,103 @@ async fn a_master_failing_over_is_answered_by_fail_mode_then_decided_exactly_aga
     }
     assert_eq!(allowed, 5, "exact on the promoted replica");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_master_answers_by_fail_mode_only_for_the_keys_it_owns() {
+    use std::time::{Duration, Instant};
+
+    use crate::helpers::metric;
+    use serde_json::Value;
+
+    let cluster = Arc::new(TestCluster::start());
+    let app = spawn_app_on_cluster(
+        cluster.clone(),
+        &[
+            ("RATELIMITER__REDIS__TIMEOUT_MS", "150"),
+            ("RATELIMITER__REDIS__BREAKER_FAILURES", "2"),
+            ("RATELIMITER__REDIS__BREAKER_COOLDOWN_MS", "10000"),
+        ],
+    )
+    .await;
+    app.create_policy(json!({"name": "pm", "algorithm": "fixed_window", "limit": 1_000_000, "window_ms": 3_600_000, "fail_mode": "open"}))
+        .await;
+    // One key per master; the victim is a master that does not hold the policies.
+    let policies = master_of(&cluster, "rl:{policies}:meta");
+    let mut by_master: Vec<(usize, String)> = Vec::new();
+    for i in 0..1_000 {
+        let key = format!("k{i}");
+        let m = master_of(&cluster, &format!("rl:{{pm:{key}}}:fixed_window"));
+        if by_master.iter().all(|(seen, _)| *seen != m) {
+            by_master.push((m, key));
+        }
+    }
+    assert_eq!(by_master.len(), 3, "three masters");
+    let at = by_master
+        .iter()
+        .position(|(m, _)| *m != policies)
+        .expect("a master without the policies");
+    let (victim, victim_key) = by_master.remove(at);
+    let acquire = |key: String| {
+        let app = &app;
+        async move {
+            let started = Instant::now();
+            let r = app
+                .post("/v1/acquire", &json!({"policy": "pm", "key": key}))
+                .await;
+            assert_eq!(r.status(), 200);
+            let body: Value = r.json().await.expect("JSON");
+            (body, started.elapsed())
+        }
+    };
+    for key in by_master.iter().map(|(_, k)| k).chain([&victim_key]) {
+        assert_eq!(acquire(key.clone()).await.0["decided_by"], "redis");
+    }
+
+    // Hung (not dead, so no connection is refused: its calls time out). Within the cluster's
+    // node timeout (1 s), before a replica takes its slots over: every round asks each master.
+    cluster.nodes()[victim].signal("STOP");
+    let stopped = Instant::now();
+    let mut rounds = Vec::new();
+    while stopped.elapsed() < Duration::from_millis(700) {
+        let (v, a, b) = tokio::join!(
+            acquire(victim_key.clone()),
+            acquire(by_master[0].1.clone()),
+            acquire(by_master[1].1.clone())
+        );
+        rounds.push((v, a, b));
+    }
+    let victim_address = format!("127.0.0.1:{}", cluster.nodes()[victim].port);
+    let open = metric(
+        &app,
+        "ratelimiter_redis_master_breaker_open",
+        &[("master", victim_address.as_str())],
+    )
+    .await;
+    cluster.nodes()[victim].signal("CONT");
+
+    assert!(rounds.len() >= 3, "{} rounds", rounds.len());
+    for (v, a, b) in &rounds {
+        for (other, _) in [a, b] {
+            assert_eq!(
+                (&other["decided_by"], &other["degraded"]),
+                (&json!("redis"), &json!(false)),
+                "another master's key: {other}"
+            );
+        }
+        assert!(
+            v.0["decided_by"] == "redis" || v.0["decided_by"] == "fail_open",
+            "{}",
+            v.0
+        );
+    }
+    let (last, took) = &rounds.last().expect("rounds").0;
+    assert_eq!(
+        last["decided_by"], "fail_open",
+        "the victim's breaker opened: {last}"
+    );
+    assert!(
+        *took < Duration::from_millis(100),
+        "answered at once by fail mode: {took:?}"
+    );
+    assert_eq!(open, 1.0, "the victim's breaker, and only it, is open");
+}
