@@ -10,6 +10,11 @@ use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
 use ratelimiter::telemetry;
 
+// mimalloc: per-thread free lists make the many small allocations of a request (headers, JSON,
+// spans) cheaper than glibc's malloc, which the profile of an acquire put at 12 % of its time.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const USAGE: &str =
     "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...]
 
