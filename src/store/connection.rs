@@ -7,7 +7,10 @@
 //! of its own, which is what made the old bb8 pool (an exclusive checkout per call) queue past
 //! the deadline under load. The two modes only differ in how many there are:
 //! - `multiplexed`: one per thread that calls Redis (each HTTP worker), made on first use; its
-//!   I/O task runs on that thread, so no call wakes another thread.
+//!   I/O task runs on that thread, so no call wakes another thread. On a Cluster, likewise one
+//!   cluster connection (itself a connection per node) per calling thread, made in the
+//!   background on that thread's first call, which meanwhile takes the connection made at
+//!   start-up: making one needs every node, and a call must not wait for a node that is down.
 //! - `pool`: `redis.pool_size` connections shared round-robin by every thread, for deployments
 //!   that want a fixed number of connections whatever the worker count.
 //!
@@ -53,8 +56,24 @@ pub enum Connections {
     /// One Redis server.
     Single(Box<Single>),
     /// A Redis Cluster: one multiplexed connection per node, routed by key slot, following
-    /// `MOVED`/`ASK` redirects and topology changes.
-    Cluster(ClusterConnection),
+    /// `MOVED`/`ASK` redirects and topology changes; one such per calling thread.
+    Cluster(Arc<ClusterLinks>),
+}
+
+/// A Cluster's connections (see the module doc).
+pub struct ClusterLinks {
+    client: ClusterClient,
+    /// Made at start-up: every call of a thread whose own connection is not made yet.
+    shared: ClusterConnection,
+    per_thread: ThreadLocal<ThreadLink>,
+}
+
+/// One thread's cluster connection, once made.
+#[derive(Default)]
+struct ThreadLink {
+    conn: std::sync::OnceLock<ClusterConnection>,
+    /// Being made (or given up on, after a failure seen on another thread).
+    making: AtomicBool,
 }
 
 /// Where one Redis server is, and how to open a connection to it.
@@ -235,7 +254,12 @@ impl Connections {
             .response_timeout(timeout)
             .retries(2)
             .build()?;
-        Ok(Connections::Cluster(client.get_async_connection().await?))
+        let shared = client.get_async_connection().await?;
+        Ok(Connections::Cluster(Arc::new(ClusterLinks {
+            client,
+            shared,
+            per_thread: ThreadLocal::new(),
+        })))
     }
 
     /// A connection for one call: a live one, or a new one if the last was found dead.
@@ -256,7 +280,29 @@ impl Connections {
                     written_before,
                 })
             }
-            Connections::Cluster(c) => Ok(Conn::Cluster(c.clone())),
+            Connections::Cluster(links) => {
+                let link = links.per_thread.get_or_default();
+                if let Some(conn) = link.conn.get() {
+                    return Ok(Conn::Cluster(conn.clone()));
+                }
+                if !link.making.swap(true, Ordering::AcqRel) {
+                    // On an HTTP worker (a single-threaded runtime) the task runs on this
+                    // thread, and so will the connection's I/O.
+                    let links = links.clone();
+                    tokio::spawn(async move {
+                        let made = links.client.get_async_connection().await;
+                        let link = links.per_thread.get_or_default();
+                        match made {
+                            Ok(conn) => {
+                                let _ = link.conn.set(conn);
+                            }
+                            // Tried again on this thread's next call.
+                            Err(_) => link.making.store(false, Ordering::Release),
+                        }
+                    });
+                }
+                Ok(Conn::Cluster(links.shared.clone()))
+            }
         }
     }
 
@@ -269,7 +315,10 @@ impl Connections {
                 let live = links.filter(|l| l.current().is_some()).count();
                 (0, u32::try_from(live).unwrap_or(u32::MAX))
             }
-            Connections::Cluster(_) => (0, 1),
+            Connections::Cluster(links) => {
+                let made = links.per_thread.iter().filter(|l| l.conn.get().is_some()).count();
+                (0, u32::try_from(made + 1).unwrap_or(u32::MAX))
+            }
         }
     }
 }
