@@ -316,7 +316,11 @@ impl Connections {
                 (0, u32::try_from(live).unwrap_or(u32::MAX))
             }
             Connections::Cluster(links) => {
-                let made = links.per_thread.iter().filter(|l| l.conn.get().is_some()).count();
+                let made = links
+                    .per_thread
+                    .iter()
+                    .filter(|l| l.conn.get().is_some())
+                    .count();
                 (0, u32::try_from(made + 1).unwrap_or(u32::MAX))
             }
         }
