@@ -119,6 +119,21 @@ pub struct LeaseAnswer {
     pub at_us: u64,
 }
 
+impl LeaseAnswer {
+    /// Nothing granted, held, waited for or dropped, decided at `at_us`.
+    pub const fn at(at_us: u64) -> Self {
+        Self {
+            ok: false,
+            in_use: 0,
+            expires_in_us: 0,
+            retry_after_us: 0,
+            expired: 0,
+            leases: 0,
+            at_us,
+        }
+    }
+}
+
 /// One subject's leases: member string to `(expiry µs, cost)`, live or expired but not dropped
 /// yet.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -279,13 +294,8 @@ pub fn decide(
     let mut changed = state.leases.len() < before;
     let mut in_use: u64 = state.leases.values().map(|(_, cost)| cost).sum();
     let mut answer = LeaseAnswer {
-        ok: false,
-        in_use: 0,
-        expires_in_us: 0,
-        retry_after_us: 0,
         expired: ledger.sweep(now),
-        leases: 0,
-        at_us: now,
+        ..LeaseAnswer::at(now)
     };
     let expiry = now.saturating_add(call.lease_us);
     match call.op {
@@ -336,13 +346,8 @@ pub fn look(
     now_us: u64,
 ) -> LeaseAnswer {
     let mut answer = LeaseAnswer {
-        ok: false,
-        in_use: 0,
-        expires_in_us: 0,
-        retry_after_us: 0,
-        expired: 0,
         leases: ledger.live(now_us),
-        at_us: now_us,
+        ..LeaseAnswer::at(now_us)
     };
     if let Some(state) = state {
         answer.in_use = state
@@ -364,13 +369,9 @@ pub fn look(
 pub fn sweep(ledger: &mut Ledger, now_us: u64) -> LeaseAnswer {
     let expired = ledger.sweep(now_us);
     LeaseAnswer {
-        ok: false,
-        in_use: 0,
-        expires_in_us: 0,
-        retry_after_us: 0,
         expired,
         leases: ledger.len(),
-        at_us: now_us,
+        ..LeaseAnswer::at(now_us)
     }
 }
 

@@ -8,7 +8,8 @@
 //! can pass) on a policy of one limit in enforce mode; it answers acquires of `cost` 1 only (a
 //! larger cost's retry time is its own); and it is keyed by the policy's name and version and the
 //! subject's key, so a changed policy never meets an entry of its old version. Its deadlines are
-//! counted from the moment the request that made it was sent: Redis decided after that moment,
+//! counted from the moment this instance began deciding the request that made it, before it was
+//! sent: Redis decided after that moment,
 //! so they are never later than Redis's (a cached `retry_after_ms` may be shorter than Redis's by
 //! the round trip, never longer). An entry lives until its retry time, and never longer than
 //! the bound `limits.denial_cache_ms`.
@@ -62,6 +63,16 @@ struct Shard {
 pub struct Denied {
     pub retry_after: Duration,
     pub reset_after: Duration,
+}
+
+/// What [`DenialCache::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// A cached denial, to answer with.
+    Hit(Denied),
+    /// None: ask Redis, with the ticket its reply needs to be cached (`None` while the cache is
+    /// not live).
+    Miss(Option<Ticket>),
 }
 
 /// A request's place in its shard's history, taken before it is sent: its reply may make an
@@ -127,36 +138,32 @@ impl DenialCache {
     }
 
     /// The cached denial of the subject, if there is one of this policy version still in force
-    /// at `now`.
-    pub fn denied(&self, policy: &str, version: u64, key: &str, now: Instant) -> Option<Denied> {
+    /// at `now`; otherwise, while the cache is live, the ticket with which the reply to the
+    /// request about to be sent may make one (its deadlines count from `now`, which is no later
+    /// than the sending). One hash and one lock, on every acquire that may meet the cache.
+    pub fn check(&self, policy: &str, version: u64, key: &str, now: Instant) -> Lookup {
         if !self.is_live() {
-            return None;
+            return Lookup::Miss(None);
         }
         let h = hash(policy, key);
         let mut shard = lock(self.shard(h));
-        let entry = shard.entries.get(&h)?;
+        let ticket = Ticket {
+            epoch: shard.epoch,
+            sent: now,
+        };
+        let Some(entry) = shard.entries.get(&h) else {
+            return Lookup::Miss(Some(ticket));
+        };
         if &*entry.policy != policy || &*entry.key != key {
-            return None;
+            return Lookup::Miss(Some(ticket));
         }
         if entry.version != version || entry.until <= now {
             shard.entries.remove(&h);
-            return None;
+            return Lookup::Miss(Some(ticket));
         }
-        Some(Denied {
+        Lookup::Hit(Denied {
             retry_after: entry.until - now,
             reset_after: entry.reset_at.saturating_duration_since(now),
-        })
-    }
-
-    /// Taken just before a cacheable request is sent; `None` while the cache is not live.
-    pub fn ticket(&self, policy: &str, key: &str) -> Option<Ticket> {
-        if !self.is_live() {
-            return None;
-        }
-        let epoch = lock(self.shard(hash(policy, key))).epoch;
-        Some(Ticket {
-            epoch,
-            sent: Instant::now(),
         })
     }
 
@@ -244,6 +251,22 @@ mod tests {
         let cache = DenialCache::new(max, 1_000 * MS);
         cache.set_live(true);
         cache
+    }
+
+    impl DenialCache {
+        fn denied(&self, policy: &str, version: u64, key: &str, now: Instant) -> Option<Denied> {
+            match self.check(policy, version, key, now) {
+                Lookup::Hit(d) => Some(d),
+                Lookup::Miss(_) => None,
+            }
+        }
+
+        fn ticket(&self, policy: &str, key: &str) -> Option<Ticket> {
+            match self.check(policy, u64::MAX, key, Instant::now()) {
+                Lookup::Miss(t) => t,
+                Lookup::Hit(_) => None,
+            }
+        }
     }
 
     fn denied(retry_ms: u64, reset_ms: u64) -> Denied {

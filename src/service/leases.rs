@@ -369,10 +369,7 @@ impl RateLimiter {
                         ok: holds,
                         in_use: if holds { call.cost } else { 0 },
                         expires_in_us: if holds { call.lease_us } else { 0 },
-                        retry_after_us: 0,
-                        expired: 0,
-                        leases: 0,
-                        at_us: now,
+                        ..LeaseAnswer::at(now)
                     },
                     DecidedBy::FailOpen,
                 ))

@@ -33,6 +33,7 @@ use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
 use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
+use denials::Lookup;
 pub use lease_id::LeaseId;
 pub use leases::{Leased, Released};
 pub use policies::PolicySync;
@@ -333,18 +334,17 @@ impl RateLimiter {
             _ => None,
         };
         let name = policy.name.as_str();
-        let cached = denials.and_then(|d| d.denied(name, etag.version, key.as_str(), started));
-        let result = if let Some(denied) = cached {
+        let lookup = denials.map(|d| d.check(name, etag.version, key.as_str(), started));
+        let result = if let Some(Lookup::Hit(denied)) = lookup {
             Ok((cached_denial(denied, now_us), DecidedBy::LocalCache))
         } else {
-            let ticket = denials.and_then(|d| d.ticket(name, key.as_str()));
             match self
                 .store
                 .decide(&policy, key, op, cost, marks, now_us)
                 .await
             {
                 Ok(verdict) => {
-                    if let (Some(d), Some(ticket), false) = (denials, ticket, verdict.allowed) {
+                    if let (Some(d), Some(Lookup::Miss(Some(ticket)))) = (denials, lookup) {
                         if let Some(denied) = denial_of(&verdict) {
                             d.insert(
                                 name,
