@@ -148,6 +148,17 @@ impl PolicyCache {
         all
     }
 
+    /// The live policies that `keep` accepts, in no order: for housekeeping that visits a few
+    /// kinds of policy every second, without copying and sorting them all as [`PolicyCache::list`]
+    /// does.
+    pub fn filtered(&self, keep: impl Fn(&Policy) -> bool) -> Vec<Arc<Policy>> {
+        self.read()
+            .entries
+            .values()
+            .filter_map(|e| e.policy.as_ref().filter(|p| keep(p)).cloned())
+            .collect()
+    }
+
     /// Live policies.
     pub fn len(&self) -> usize {
         self.read().live

@@ -274,12 +274,7 @@ impl RateLimiter {
     /// counts what the sweeps found (see the module doc): one script call per concurrency
     /// policy. A store that fails is left for the next sweep.
     pub async fn sweep_leases(&self) {
-        let policies: Vec<Arc<Policy>> = self
-            .cache
-            .list()
-            .into_iter()
-            .filter_map(|(p, _)| p.concurrency().is_some().then_some(p))
-            .collect();
+        let policies = self.cache.filtered(|p| p.concurrency().is_some());
         for policy in &policies {
             match self.store.sweep_leases(policy, None).await {
                 Ok(answer) => self.leases.of(policy.name.as_str()).count(
