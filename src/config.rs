@@ -226,6 +226,9 @@ pub struct RedisSettings {
     /// Connections shared by every call in `pool` mode (multiplexed mode has one per worker
     /// thread).
     pub pool_size: u32,
+    /// The most one-limit decisions one script call carries (`store::batch`); 1 sends each
+    /// alone.
+    pub batch_max: usize,
     /// Deadline of every Redis call, connection checkout included.
     pub timeout_ms: u64,
     /// First part of every key the service writes.
@@ -373,6 +376,10 @@ impl Settings {
             .set_default("server.shutdown_timeout_s", 10)?
             .set_default("redis.connection_mode", "multiplexed")?
             .set_default("redis.pool_size", 16)?
+            .set_default(
+                "redis.batch_max",
+                crate::store::batch::DEFAULT_BATCH_MAX as u64,
+            )?
             .set_default("redis.timeout_ms", 100)?
             .set_default("redis.key_prefix", "rl")?
             .set_default("redis.policy_refresh_ms", 250)?
@@ -404,6 +411,9 @@ impl RawSettings {
         };
         if self.redis.pool_size == 0 {
             return Err(invalid("redis.pool_size", "must be at least 1"));
+        }
+        if !(1..=1_000).contains(&self.redis.batch_max) {
+            return Err(invalid("redis.batch_max", "must be between 1 and 1000"));
         }
         if self.redis.timeout_ms == 0 {
             return Err(invalid("redis.timeout_ms", "must be at least 1"));

@@ -42,6 +42,10 @@ pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.
 pub const REDIS_SECONDS: &str = "ratelimiter_redis_call_duration_seconds";
+/// Script calls that carried a batch of several decisions (see `store::batch`).
+pub const REDIS_BATCHES: &str = "ratelimiter_redis_batches_total";
+/// Decisions sent to Redis in those batches: divided by the batches, the mean batch size.
+pub const REDIS_BATCHED_DECISIONS: &str = "ratelimiter_redis_batched_decisions_total";
 /// Failed Redis calls, labelled `kind`: `timeout`, `connection`, `server`, `circuit_open`.
 pub const REDIS_ERRORS: &str = "ratelimiter_redis_errors_total";
 /// 1 for the circuit breaker's current `state` (`closed`, `half_open`, `open`), 0 for the others.
@@ -98,6 +102,14 @@ fn describe() {
         "Time of one Redis call, checkout included"
     );
     describe_counter!(REDIS_ERRORS, "Failed Redis calls by kind");
+    describe_counter!(
+        REDIS_BATCHES,
+        "Script calls that carried a batch of several decisions"
+    );
+    describe_counter!(
+        REDIS_BATCHED_DECISIONS,
+        "Decisions sent to Redis in batches (divided by the batches: the mean batch size)"
+    );
     describe_gauge!(BREAKER_STATE, "1 for the circuit breaker's current state");
     describe_gauge!(
         POOL_CONNECTIONS,

@@ -69,7 +69,8 @@ impl Application {
                     settings.redis.timeout(),
                     prefix,
                 )?
-                .with_breaker(breaker(&settings));
+                .with_breaker(breaker(&settings))
+                .with_batch_max(settings.redis.batch_max);
                 store
                     .ping()
                     .await

@@ -8,7 +8,9 @@
 //! a lock, or one call of `lua/concurrency.lua`. [`AnyStore`] picks one at start-up. Nothing
 //! here knows about HTTP.
 
+pub mod batch;
 pub mod breaker;
+pub mod calls;
 pub mod connection;
 pub mod key;
 pub mod memory;
@@ -173,6 +175,22 @@ impl StoreError {
         match self {
             StoreError::OutcomeUnknown(cause) => StoreError::Unavailable(cause),
             other => other,
+        }
+    }
+
+    /// The same error again, for each decision of a batch whose call failed: the same variant
+    /// and words, and the source's words as a source of their own.
+    pub fn duplicate(&self) -> Self {
+        let copy = |c: &Cause| Cause {
+            message: c.message.clone(),
+            source: c.source.as_ref().map(|s| BoxedError::from(s.to_string())),
+        };
+        match self {
+            StoreError::Unavailable(c) => StoreError::Unavailable(copy(c)),
+            StoreError::OutcomeUnknown(c) => StoreError::OutcomeUnknown(copy(c)),
+            StoreError::Server(c) => StoreError::Server(copy(c)),
+            StoreError::Corrupt(c) => StoreError::Corrupt(copy(c)),
+            StoreError::Full(max) => StoreError::Full(*max),
         }
     }
 

@@ -1,14 +1,15 @@
 //! The Redis store: one Lua script call per decision, every call bounded by `redis.timeout_ms`
 //! and guarded by a circuit breaker.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use redis::{RedisError, Value};
 use serde_json::{Map, Number, Value as Json};
 
+use super::batch::{Batches, Decide, Job, DEFAULT_BATCH_MAX};
 use super::breaker::{Breaker, BreakerState};
+use super::calls::Calls;
 use super::connection::{Conn, ConnectionMode, Connections};
 use super::key::PolicyKeys;
 use super::scripts::Scripts;
@@ -18,24 +19,21 @@ use super::{
     StoreError, WriteStatus, Written,
 };
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp};
-use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
+use crate::limiter::{Decision, Op, Params, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
 
 /// The shared store.
 pub struct RedisStore {
-    conns: Connections,
+    calls: Calls,
     prefix: String,
-    timeout: Duration,
     policy_keys: PolicyKeys,
-    scripts: Scripts,
-    breaker: Breaker,
-    /// Registered once: a lookup by name on every call would cost more than recording.
-    call_seconds: metrics::Histogram,
+    scripts: Arc<Scripts>,
     /// Where to subscribe to a channel: the server, or each seed node of a Cluster in turn.
     pubsub_urls: Vec<String>,
-    /// A Cluster's slot map, and a breaker per master; `None` on one Redis.
-    topology: Option<Topology>,
+    /// One-limit decisions that wait for their thread's call at Redis go together; `None`
+    /// when `redis.batch_max` is 1, and on a Cluster.
+    batches: Option<Arc<Batches>>,
 }
 
 impl From<RedisError> for StoreError {
@@ -109,7 +107,9 @@ impl RedisStore {
         let conns = Connections::open_cluster(&nodes, timeout).await?;
         let urls = nodes.iter().map(|n| format!("redis://{n}")).collect();
         let mut store = Self::on(conns, timeout, prefix, urls);
-        store.topology = Some(Topology::default());
+        store.calls.topology = Some(Arc::new(Topology::default()));
+        // Batches are made per connection; a Cluster's keys of one batch would span its masters.
+        store.batches = None;
         if let Err(e) = store.refresh_topology().await {
             tracing::warn!(error = %e, "could not read the cluster's slot map; until it is read, one circuit breaker guards every master");
         }
@@ -120,15 +120,18 @@ impl RedisStore {
         // The recorder must exist before a handle is taken, or the handle records nothing.
         let _ = m::handle();
         Self {
-            conns,
+            calls: Calls {
+                conns: Arc::new(conns),
+                breaker: Arc::new(Breaker::new(5, Duration::from_secs(1))),
+                topology: None,
+                timeout,
+                call_seconds: metrics::histogram!(m::REDIS_SECONDS),
+            },
             prefix: prefix.to_owned(),
             policy_keys: PolicyKeys::new(prefix),
-            timeout,
-            scripts: Scripts::new(),
-            breaker: Breaker::new(5, Duration::from_secs(1)),
-            call_seconds: metrics::histogram!(m::REDIS_SECONDS),
+            scripts: Arc::new(Scripts::new()),
             pubsub_urls,
-            topology: None,
+            batches: Some(Arc::new(Batches::new(DEFAULT_BATCH_MAX))),
         }
     }
 
@@ -136,23 +139,23 @@ impl RedisStore {
     /// through its own breaker (see [`super::topology`]); nothing on one Redis. Not through a
     /// breaker: it is how a master that came back, or a promoted replica, is found.
     pub async fn refresh_topology(&self) -> Result<(), StoreError> {
-        let Some(topology) = &self.topology else {
+        let Some(topology) = &self.calls.topology else {
             return Ok(());
         };
         let read = async {
-            let mut conn = self.conns.get().await?;
+            let mut conn = self.calls.conns.get().await?;
             let reply: Value = redis::cmd("CLUSTER")
                 .arg("SLOTS")
                 .query_async(&mut conn)
                 .await?;
             Ok::<_, StoreError>(reply)
         };
-        let reply = tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), read)
+        let reply = tokio::time::timeout(self.calls.timeout.max(Duration::from_secs(1)), read)
             .await
             .map_err(|_| StoreError::unavailable("CLUSTER SLOTS timed out"))??;
         let ranges = parse_slots(&reply)
             .ok_or_else(|| StoreError::corrupt(format!("CLUSTER SLOTS answered {reply:?}")))?;
-        topology.update(&ranges, &self.breaker);
+        topology.update(&ranges, &self.calls.breaker);
         Ok(())
     }
 
@@ -163,7 +166,7 @@ impl RedisStore {
     pub fn breaker_state(&self) -> BreakerState {
         let masters = self.master_breakers();
         if masters.is_empty() {
-            return self.breaker.state();
+            return self.calls.breaker.state();
         }
         let open = masters
             .iter()
@@ -176,7 +179,7 @@ impl RedisStore {
         if open == masters.len() {
             BreakerState::Open
         } else if closed == masters.len() {
-            self.breaker.state()
+            self.calls.breaker.state()
         } else {
             BreakerState::HalfOpen
         }
@@ -184,8 +187,9 @@ impl RedisStore {
 
     /// Each Cluster master's address and breaker state; empty on one Redis.
     pub fn master_breakers(&self) -> Vec<(String, BreakerState)> {
-        self.topology
-            .as_ref()
+        self.calls
+            .topology
+            .as_deref()
             .map_or_else(Vec::new, Topology::states)
     }
 
@@ -215,7 +219,9 @@ impl RedisStore {
                 pubsub.subscribe(channel).await?;
                 Ok::<_, RedisError>(pubsub)
             };
-            match tokio::time::timeout(self.timeout.max(Duration::from_secs(1)), attempt).await {
+            match tokio::time::timeout(self.calls.timeout.max(Duration::from_secs(1)), attempt)
+                .await
+            {
                 Ok(Ok(pubsub)) => return Ok(pubsub),
                 Ok(Err(e)) => last = e.into(),
                 Err(_) => last = StoreError::unavailable("subscribing timed out"),
@@ -232,148 +238,44 @@ impl RedisStore {
     /// Replaces the default circuit breaker (5 failures, 1 s cooldown), and on a Cluster each
     /// master's with one like it.
     pub fn with_breaker(mut self, breaker: Breaker) -> Self {
-        if let Some(topology) = &self.topology {
+        if let Some(topology) = &self.calls.topology {
             topology.reset_breakers(&breaker);
         }
-        self.breaker = breaker;
+        self.calls.breaker = Arc::new(breaker);
+        self
+    }
+
+    /// Sets `redis.batch_max`, the most decisions one script call takes (1: no batches). A
+    /// Cluster makes no batches whatever the setting.
+    pub fn with_batch_max(mut self, max: usize) -> Self {
+        self.batches =
+            (max > 1 && self.calls.topology.is_none()).then(|| Arc::new(Batches::new(max)));
         self
     }
 
     pub fn breaker(&self) -> &Breaker {
-        &self.breaker
+        &self.calls.breaker
     }
 
     /// Connections to Redis: `(in use, idle)`; shared connections all count as idle.
     pub fn pool_connections(&self) -> (u32, u32) {
-        self.conns.state()
+        self.calls.conns.state()
     }
 
-    /// Calls through the circuit breaker: while it is open, fails at once without touching Redis.
-    ///
-    /// `f` may run twice (hence `Clone`; closures that borrow are): again on a new connection
-    /// when the first run provably sent nothing (see [`RedisStore::call`]).
+    /// Calls through the circuit breaker, within the deadline (see [`Calls`]).
     async fn with_conn<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
     {
-        self.with_conn_on(None, f).await
+        self.calls.with_conn_on(None, f).await
     }
 
-    /// [`RedisStore::with_conn`] for a call on `key`: on a Cluster, through the breaker of the
-    /// master that owns its slot, so that a failed master stops only its own keys' calls.
+    /// [`RedisStore::with_conn`] for a call on `key` (see [`Calls::with_conn_on`]).
     async fn with_conn_on<T, F>(&self, key: Option<&str>, f: F) -> Result<T, StoreError>
     where
         F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
     {
-        let master = key.and_then(|k| self.topology.as_ref()?.breaker_for(k));
-        let breaker = master.as_deref().unwrap_or(&self.breaker);
-        let Some(permit) = breaker.permit() else {
-            metrics::counter!(m::REDIS_ERRORS, "kind" => "circuit_open").increment(1);
-            let cause = breaker.cause().unwrap_or_default();
-            let what = if master.is_some() {
-                "The Redis master of this key"
-            } else {
-                "Redis"
-            };
-            return Err(StoreError::unavailable(format!(
-                "{what} is unreachable (circuit breaker open; last failure: {cause})"
-            )));
-        };
-        // A caller that goes away mid-call (its client hung up) drops this future: the permit
-        // goes back unused, or the breaker would wait forever for its probe's answer.
-        let permit = PermitGuard {
-            breaker,
-            permit: Some(permit),
-        };
-        let started = Instant::now();
-        let (result, kind) = match self.call(f).await {
-            Ok(v) => (Ok(v), None),
-            Err((e, kind)) => (Err(e), Some(kind)),
-        };
-        self.call_seconds.record(started.elapsed().as_secs_f64());
-        if let Some(kind) = kind {
-            metrics::counter!(m::REDIS_ERRORS, "kind" => kind).increment(1);
-        }
-        let reached = match &result {
-            Err(e) if e.class().counts_against_breaker() => {
-                breaker.set_cause(e.to_string());
-                false
-            }
-            _ => true,
-        };
-        permit.record(reached);
-        result
-    }
-
-    /// One call, bounded by the deadline; errors come with their metric kind.
-    ///
-    /// After a Redis restart a call usually finds its connection already known closed and makes
-    /// a new one before sending anything. When it finds out only by failing (no byte of it
-    /// accepted by the socket), it never reached Redis, and is sent once more on a new
-    /// connection. A call that may have reached Redis is never sent again: a decision counted
-    /// twice is worse than a degraded one.
-    async fn call<T, F>(&self, f: F) -> Result<T, (StoreError, &'static str)>
-    where
-        F: AsyncFnOnce(&mut Conn) -> Result<T, StoreError> + Clone,
-    {
-        // Whether the call got as far as sending: a deadline that passes before that is a
-        // connection that could not be made, not an unknown outcome.
-        let sending = AtomicBool::new(false);
-        let call = async {
-            let mut conn = self.conns.get().await?;
-            sending.store(true, Ordering::Release);
-            match f.clone()(&mut conn).await {
-                Err(e) if e.is_transient() && conn.never_sent() => {
-                    conn.discard();
-                    sending.store(false, Ordering::Release);
-                    let mut conn = self.conns.get().await?;
-                    sending.store(true, Ordering::Release);
-                    f(&mut conn).await.map_err(|e| unsent(e, &conn))
-                }
-                result => result,
-            }
-        };
-        match tokio::time::timeout(self.timeout, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) if e.is_transient() => Err((e, "connection")),
-            Ok(Err(e)) => Err((e, "server")),
-            Err(_) if !sending.load(Ordering::Acquire) => Err((
-                StoreError::unavailable(format!(
-                    "could not connect to Redis within {} ms",
-                    self.timeout.as_millis()
-                )),
-                "timeout",
-            )),
-            Err(_) => Err((
-                StoreError::outcome_unknown(format!(
-                    "no answer from Redis within {} ms",
-                    self.timeout.as_millis()
-                )),
-                "timeout",
-            )),
-        }
-    }
-}
-
-/// A breaker permit that is handed back unused if the call holding it is cancelled.
-struct PermitGuard<'a> {
-    breaker: &'a Breaker,
-    permit: Option<super::breaker::Permit>,
-}
-
-impl PermitGuard<'_> {
-    fn record(mut self, reached: bool) {
-        if let Some(permit) = self.permit.take() {
-            self.breaker.record(permit, reached);
-        }
-    }
-}
-
-impl Drop for PermitGuard<'_> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            self.breaker.abandon(permit);
-        }
+        self.calls.with_conn_on(key, f).await
     }
 }
 
@@ -469,15 +371,6 @@ fn supports_script_flags(version: &str) -> bool {
     (major, minor) >= MIN_REDIS_VERSION
 }
 
-/// A transient error of a call its connection proves was never sent is `Unavailable`.
-fn unsent(e: StoreError, conn: &Conn) -> StoreError {
-    if conn.never_sent() {
-        e.outcome_known()
-    } else {
-        e
-    }
-}
-
 /// The hash field that holds a policy's document, as JSON.
 const DOC_FIELD: &str = "doc";
 /// The hash field that holds a policy's incarnation, which `lua/policy_write.lua` keeps: not
@@ -564,7 +457,7 @@ fn read_reply(reply: Value) -> Result<ReadReply, StoreError> {
 /// remaining, reset_after_us, retry_after_us; then now}`) as a verdict: for a report or a refund
 /// each limit's units are those it recorded or gave back, and the limit counts as admitting.
 /// Read straight from the reply, without collecting it into a second vector on the acquire path.
-fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
+pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
     let items = match reply {
         Value::Array(items) if items.len() == 2 + 4 * limits => items,
         other => {
@@ -598,6 +491,25 @@ fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> 
     // The script's own verdict; it equals every limit admitting.
     verdict.allowed = numbers[0] == 1;
     Ok(verdict)
+}
+
+/// A decision script's ARGV as `lua/common.lua` lays it out for these limits; `None` is an empty
+/// argument.
+pub(super) fn script_argv<'a>(
+    params: &'a [Params],
+    op: Op,
+    cost: u64,
+    marks: &'a [u64],
+    now_us: Option<u64>,
+) -> impl Iterator<Item = Option<u64>> + 'a {
+    let n = params.len();
+    let params = params.iter().flat_map(|p| p.script_args()).map(Some);
+    // A refund's marks: one per limit, or all empty (no ticket).
+    let marks = (op == Op::Refund)
+        .then(|| (0..n).map(move |i| marks.get(i).copied().filter(|_| marks.len() == n)))
+        .into_iter()
+        .flatten();
+    [Some(cost), now_us].into_iter().chain(params).chain(marks)
 }
 
 /// Runs a prepared call of a `no-writes` script with `EVALSHA_RO`, which Redis refuses for any
@@ -760,23 +672,23 @@ impl Store for RedisStore {
         marks: &[u64],
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
+        let decision = Decide {
+            policy,
+            key,
+            op,
+            cost,
+            marks,
+            now_us,
+        };
+        if let Some(batches) = &self.batches {
+            if let Some(job) = Job::new(&self.prefix, decision) {
+                return batches.decide(&self.calls, &self.scripts, job).await;
+            }
+        }
         let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
+        let argv = || script_argv(&params[..n], op, cost, marks, now_us);
         let script = self.scripts.decision(params, op);
-        // ARGV as lua/common.lua lays it out; `None` is an empty argument.
-        let argv = || {
-            let now = std::iter::once(now_us);
-            let params = params[..n].iter().flat_map(|p| p.script_args()).map(Some);
-            // A refund's marks: one per limit, or all empty (no ticket).
-            let marks = (op == Op::Refund)
-                .then(|| (0..n).map(|i| marks.get(i).copied().filter(|_| marks.len() == n)))
-                .into_iter()
-                .flatten();
-            std::iter::once(Some(cost))
-                .chain(now)
-                .chain(params)
-                .chain(marks)
-        };
         let reply: Value = self
             .with_conn_on(Some(&names[0]), async |conn| {
                 if op == Op::Peek {

@@ -23,7 +23,7 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 
 use redis::Script;
 
@@ -86,7 +86,6 @@ fn part(algorithm: Algorithm) -> Part {
 /// [`MAX_LIMITS`]), as sent to Redis.
 pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
     let algorithms = &algorithms[..algorithms.len().min(MAX_LIMITS)];
-    let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     let mut s = String::with_capacity(8_192);
     s.push_str(if op == Op::Peek {
         PEEK_FLAGS
@@ -95,6 +94,13 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
     });
     s.push('\n');
     s.push_str(COMMON);
+    push_helpers(&mut s, algorithms);
+    push_body(&mut s, algorithms, op);
+    s
+}
+
+/// The helpers these algorithms need, each once.
+fn push_helpers(s: &mut String, algorithms: &[Algorithm]) {
     let mut helpers: Vec<&str> = Vec::new();
     for a in algorithms {
         for &(name, text) in a.lua_helpers() {
@@ -105,6 +111,11 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
             }
         }
     }
+}
+
+/// A decision script's body, after `lua/common.lua` and the helpers, down to `return reply`.
+fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op) {
+    let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     s.push_str("\nlocal allowed, reply = true, {1");
     for _ in algorithms {
         s.push_str(", 0, 0, 0, 0");
@@ -191,6 +202,60 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
         s.push_str("if not allowed then\n  reply[1] = 0\nend\n");
     }
     s.push_str("return reply\n");
+}
+
+/// The operations a batch decides: those that may write (a peek is read-only and goes alone,
+/// with `EVALSHA_RO`).
+pub const BATCHED_OPS: [Op; 3] = [Op::Acquire, Op::Report, Op::Refund];
+
+const BATCH: &str = include_str!("../../lua/batch.lua");
+/// The lines of `lua/batch.lua` where the helpers go, and where each decision's function is
+/// defined on first use.
+const BATCH_HELPERS: &str = "\n--- helpers\n";
+const BATCH_FUNCTIONS: &str = "\n  --- functions\n";
+
+/// A one-limit decision's function number in the batch script: 1 + its operation's place in
+/// [`BATCHED_OPS`] times the number of algorithms + the algorithm's index.
+pub fn batch_code(op: Op, algorithm: Algorithm) -> Option<usize> {
+    let op = BATCHED_OPS.iter().position(|o| *o == op)?;
+    Some(1 + op * Algorithm::ALL.len() + algorithm as usize)
+}
+
+/// The batch script (`lua/batch.lua`): the helpers once, then, for each one-limit decision of a
+/// batched operation, its script's text (`lua/common.lua` and the body) as a function of its
+/// own `KEYS` and `ARGV`, defined only when a batch holds such a decision.
+pub fn batch_source() -> String {
+    let (head, rest) = BATCH.split_once(BATCH_HELPERS).unwrap_or((BATCH, ""));
+    let (code, tail) = rest.split_once(BATCH_FUNCTIONS).unwrap_or((rest, ""));
+    let mut s = String::with_capacity(96 * 1024);
+    s.push_str(DECISION_FLAGS);
+    s.push('\n');
+    s.push_str(head);
+    // Defined before the loop: upvalues of every function, created once per call.
+    push_helpers(&mut s, &Algorithm::ALL);
+    s.push_str(code);
+    s.push('\n');
+    let mut first = true;
+    for op in BATCHED_OPS {
+        for a in Algorithm::ALL {
+            let Some(code) = batch_code(op, a) else {
+                continue;
+            };
+            let _ = writeln!(
+                s,
+                "    {} code == {code} then -- {} {}\n      f = function(KEYS, ARGV)",
+                if first { "if" } else { "elseif" },
+                op.as_str(),
+                a.as_str()
+            );
+            first = false;
+            s.push_str(COMMON);
+            push_body(&mut s, &[a], op);
+            s.push_str("      end\n");
+        }
+    }
+    s.push_str("    end\n");
+    s.push_str(tail);
     s
 }
 
@@ -223,7 +288,11 @@ pub fn sources() -> impl Iterator<Item = String> {
     Op::ALL
         .into_iter()
         .flat_map(|op| Algorithm::ALL.into_iter().map(move |a| compose(&[a], op)))
-        .chain([POLICY_WRITE.to_owned(), POLICY_READ.to_owned()])
+        .chain([
+            POLICY_WRITE.to_owned(),
+            POLICY_READ.to_owned(),
+            batch_source(),
+        ])
         .chain(<[String; 2]>::from(lease_sources()))
 }
 
@@ -248,6 +317,9 @@ pub struct Scripts {
     /// A concurrency limit's take, renew and release.
     pub lease_change: Script,
 }
+
+/// The batch script, put together once.
+static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&batch_source()));
 
 /// A decision script, borrowed or shared.
 pub enum DecisionScript<'a> {
@@ -276,6 +348,16 @@ impl Scripts {
             lease_look: Script::new(&lease_sources().0),
             lease_change: Script::new(&lease_sources().1),
         }
+    }
+
+    /// Several one-limit decisions in one call (`lua/batch.lua`).
+    pub fn batch() -> &'static Script {
+        &BATCH_SCRIPT
+    }
+
+    /// The script of one operation on one limit of this algorithm.
+    pub fn single(&self, op: Op, algorithm: Algorithm) -> &Script {
+        &self.singles[op as usize][algorithm as usize]
     }
 
     /// The script of one operation on a policy's limits.

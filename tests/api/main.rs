@@ -6,6 +6,7 @@
 mod helpers;
 
 mod acquire;
+mod batch;
 mod bounds;
 mod cluster;
 mod connections;

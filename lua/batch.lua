@@ -1,0 +1,52 @@
+-- batch.lua: several one-limit decisions in one script call, each as atomic and as exact as
+-- its own script call, in order, the batch itself atomic. src/store/batch.rs sends it for the
+-- decisions that were waiting while an earlier call of the same thread was at Redis;
+-- src/store/scripts.rs puts it together: this file, with the helpers (lua/muldiv.lua) where
+-- `--- helpers` stands, and, where `--- functions` stands, one branch per operation (acquire,
+-- report, refund) and algorithm that defines the decision's function: the one-limit script of
+-- that operation and algorithm (lua/common.lua and the algorithm's part) as a function of its
+-- own KEYS and ARGV. A function is created only when a batch holds such a decision.
+--
+-- KEYS[j]      the j-th decision's state key
+-- ARGV         for each decision in order: its function's number (batch_code in scripts.rs),
+--              the number m of its arguments, then its m arguments, laid out as lua/common.lua
+--              lays out a one-limit script's ARGV (cost, time or empty, parameters, a refund's
+--              mark)
+-- Reply        one entry per decision, in order: the reply its own script would give
+--              (lua/common.lua), or, if it raised an error, that error as a string
+-- Flags        `#!lua`, like every decision script
+--
+-- Every decision given no time of its own (an empty ARGV[2]) takes one reading of Redis's
+-- clock, the batch's: they run one after the other inside one script, where no other client
+-- can come between them, so they are decisions made in the same microsecond. Each runs under
+-- pcall: a decision that raises an error (a state key of the wrong type, say) answers that
+-- error and leaves the others theirs, as separate calls would.
+--- helpers
+
+local reply, functions, at, now = {}, {}, 1, nil
+for j = 1, #KEYS do
+  local code, m = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
+  local f = functions[code]
+  if not f then
+  --- functions
+    functions[code] = f
+  end
+  local args = {unpack(ARGV, at + 2, at + 1 + m)}
+  if args[2] == '' then
+    if not now then
+      local t = redis.call('TIME')
+      now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    end
+    args[2] = now
+  end
+  local ok, r = pcall(f, {KEYS[j]}, args)
+  if not ok then
+    if type(r) == 'table' then
+      r = r.err
+    end
+    r = tostring(r)
+  end
+  reply[j] = r
+  at = at + 2 + m
+end
+return reply

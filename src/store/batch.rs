@@ -1,0 +1,403 @@
+//! Batches: one-limit decisions (acquire, report, refund) that a thread asks for while its
+//! previous call is still at Redis go to Redis together, in one call of `lua/batch.lua`.
+//!
+//! Each calling thread has a lane. A decision that finds its lane idle is sent at once, alone,
+//! with its own script, exactly as without batches: a lone request never waits to fill a batch.
+//! One that finds the lane busy waits in its queue. When the call in flight comes back, the
+//! queue (at most `redis.batch_max` of it, oldest first) goes as the next call, from a task of
+//! its own so that the caller that finished is not held up, and so on until the queue is empty.
+//! Under load a thread therefore keeps one call at Redis, carrying whatever arrived during the
+//! previous one: entering the script, reading Redis's clock, parsing the command and writing
+//! the reply are paid once per batch instead of once per decision, on Redis and here.
+//!
+//! Each decision in a batch is as exact as alone: the batch script runs them one after the
+//! other, in queue order, at one reading of Redis's clock, as one atomic script (see
+//! `lua/batch.lua`). A decision's deadline (`redis.timeout_ms`) counts from when it asked: a
+//! batch's call has the deadline of its oldest decision, and a decision whose deadline passed
+//! while it waited (the call before it hung) is answered `Unavailable` without being sent, so
+//! that it consumes nothing. A waiting decision whose caller went away is dropped unsent. A failed call fails each decision in it with the
+//! same error, so that each goes to its policy's fail mode as it would alone; a decision that
+//! raised an error inside the script fails alone.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use redis::{ErrorKind, ServerErrorKind, Value};
+use thread_local::ThreadLocal;
+use tokio::sync::oneshot;
+
+use super::calls::Calls;
+use super::key;
+use super::redis::{script_argv, verdict};
+use super::scripts::{batch_code, Scripts, BATCHED_OPS};
+use super::StoreError;
+use crate::limiter::{Op, Verdict};
+use crate::metrics as m;
+use crate::policy::{Algorithm, LimitKey, Policy};
+
+/// `redis.batch_max`'s default: large enough that a queue of 2 workers' requests at a few
+/// hundred connections goes in one or two calls, small enough that one call stays well under a
+/// millisecond inside Redis.
+pub const DEFAULT_BATCH_MAX: usize = 64;
+
+/// One decision of one limit, as its script takes it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    /// The limit's state key.
+    key: String,
+    op: Op,
+    algorithm: Algorithm,
+    /// ARGV as `lua/common.lua` lays it out for one limit; `None` is an empty argument.
+    args: Vec<Option<u64>>,
+}
+
+impl Job {
+    /// The decision as a batch takes it; `None` for what goes alone: a peek (read-only, with
+    /// `EVALSHA_RO`) and a policy of several limits (its script is composed for them).
+    pub fn new(prefix: &str, decision: Decide<'_>) -> Option<Self> {
+        let Decide {
+            policy,
+            key,
+            op,
+            cost,
+            marks,
+            now_us,
+        } = decision;
+        let [params] = policy.params() else {
+            return None;
+        };
+        if !BATCHED_OPS.contains(&op) {
+            return None;
+        }
+        let mut state_key = String::new();
+        key::state_key(
+            &mut state_key,
+            prefix,
+            policy.name.as_str(),
+            key.as_str(),
+            policy.state_name(0),
+            params.algorithm(),
+        );
+        Some(Job {
+            key: state_key,
+            op,
+            algorithm: params.algorithm(),
+            args: script_argv(std::slice::from_ref(params), op, cost, marks, now_us).collect(),
+        })
+    }
+}
+
+/// A decision's arguments, as [`super::Store::decide`] takes them.
+#[derive(Debug, Clone, Copy)]
+pub struct Decide<'a> {
+    pub policy: &'a Policy,
+    pub key: &'a LimitKey,
+    pub op: Op,
+    pub cost: u64,
+    pub marks: &'a [u64],
+    pub now_us: Option<u64>,
+}
+
+/// One call of the batch script for these decisions, in order (the script must be loaded:
+/// `SCRIPT LOAD` of [`super::scripts::batch_source`]).
+pub fn command(jobs: &[Job]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(Scripts::batch().get_hash()).arg(jobs.len());
+    for job in jobs {
+        cmd.arg(job.key.as_str());
+    }
+    for job in jobs {
+        cmd.arg(batch_code(job.op, job.algorithm).unwrap_or(0))
+            .arg(job.args.len());
+        for arg in &job.args {
+            match arg {
+                Some(n) => cmd.arg(*n),
+                None => cmd.arg(""),
+            };
+        }
+    }
+    cmd
+}
+
+/// The batch script's reply as each decision's answer, in order.
+pub fn answers(reply: Value, jobs: &[Job]) -> Vec<Answer> {
+    match reply {
+        Value::Array(items) if items.len() == jobs.len() => jobs
+            .iter()
+            .zip(items)
+            .map(|(job, item)| match item {
+                Value::BulkString(error) => Err(StoreError::server(format!(
+                    "a decision script failed: {}",
+                    String::from_utf8_lossy(&error)
+                ))),
+                reply => verdict(&reply, 1, job.op),
+            })
+            .collect(),
+        other => jobs
+            .iter()
+            .map(|_| {
+                Err(StoreError::corrupt(format!(
+                    "the batch script answered {other:?} for {} decisions",
+                    jobs.len()
+                )))
+            })
+            .collect(),
+    }
+}
+
+/// A decision's verdict, or why there is none.
+pub type Answer = Result<Verdict, StoreError>;
+
+/// A decision waiting in its lane.
+struct Waiting {
+    job: Job,
+    since: Instant,
+    answer: oneshot::Sender<Answer>,
+}
+
+/// One thread's lane: whether a call is in flight, and what waits for it to come back.
+#[derive(Default)]
+struct Lane {
+    state: Mutex<LaneState>,
+}
+
+#[derive(Default)]
+struct LaneState {
+    busy: bool,
+    queue: VecDeque<Waiting>,
+}
+
+impl Lane {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LaneState> {
+        // Nothing panics while holding the lock; a poisoned one still holds a consistent state.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next batch for the call that just came back to carry, or `None` (and the lane idle)
+    /// when nothing waits.
+    fn next(&self, max: usize) -> Option<Vec<Waiting>> {
+        let mut state = self.lock();
+        if state.queue.is_empty() {
+            state.busy = false;
+            return None;
+        }
+        let n = state.queue.len().min(max);
+        Some(state.queue.drain(..n).collect())
+    }
+
+    /// Makes the lane idle and drops what waits (its callers get no answer), when the task
+    /// that would send it is gone with its runtime: the thread's next decision starts afresh.
+    fn reset(&self) {
+        let mut state = self.lock();
+        state.busy = false;
+        state.queue.clear();
+    }
+}
+
+/// The task sending a lane's batches. Dropped before it is done (its runtime stopped), it
+/// resets the lane.
+struct Sending {
+    lane: Arc<Lane>,
+    done: bool,
+}
+
+impl Sending {
+    fn finish(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        if !self.done {
+            self.lane.reset();
+        }
+    }
+}
+
+/// The lanes of every thread that decides on this store.
+pub struct Batches {
+    lanes: ThreadLocal<Arc<Lane>>,
+    max: usize,
+    batches: metrics::Counter,
+    batched: metrics::Counter,
+}
+
+impl Batches {
+    pub fn new(max: usize) -> Self {
+        Self {
+            lanes: ThreadLocal::new(),
+            max: max.max(1),
+            batches: metrics::counter!(m::REDIS_BATCHES),
+            batched: metrics::counter!(m::REDIS_BATCHED_DECISIONS),
+        }
+    }
+
+    /// Decides `job`: at once if this thread's lane is idle, or in the batch after the call in
+    /// flight.
+    pub async fn decide(
+        self: &Arc<Self>,
+        calls: &Calls,
+        scripts: &Arc<Scripts>,
+        job: Job,
+    ) -> Answer {
+        let lane = self.lanes.get_or(Arc::default);
+        let waiting = {
+            let mut state = lane.lock();
+            if state.busy {
+                let (answer, receiver) = oneshot::channel();
+                state.queue.push_back(Waiting {
+                    job,
+                    since: Instant::now(),
+                    answer,
+                });
+                Err(receiver)
+            } else {
+                state.busy = true;
+                Ok(job)
+            }
+        };
+        match waiting {
+            Ok(job) => {
+                // Hands the lane on however this call ends, its caller gone included.
+                let _turn = Turn {
+                    batches: self,
+                    lane,
+                    calls,
+                    scripts,
+                };
+                one(calls, scripts, &job, Instant::now() + calls.timeout).await
+            }
+            Err(receiver) => receiver.await.unwrap_or_else(|_| {
+                Err(StoreError::outcome_unknown(
+                    "the batch of this decision ended without an answer (the service is stopping)",
+                ))
+            }),
+        }
+    }
+
+    /// Sends one batch and answers each of its decisions.
+    async fn run(&self, calls: &Calls, scripts: &Scripts, mut batch: Vec<Waiting>) {
+        // A caller that went away needs no answer, and a decision whose deadline passed while it
+        // waited gets none in time: neither is sent, so each outcome is known.
+        let now = Instant::now();
+        batch.retain(|w| !w.answer.is_closed());
+        let late = batch
+            .iter()
+            .filter(|w| now >= w.since + calls.timeout)
+            .count();
+        if late > 0 {
+            metrics::counter!(m::REDIS_ERRORS, "kind" => "timeout").increment(late as u64);
+            let (late, on_time): (Vec<Waiting>, Vec<Waiting>) = batch
+                .into_iter()
+                .partition(|w| now >= w.since + calls.timeout);
+            for w in late {
+                let _ = w.answer.send(Err(StoreError::unavailable(format!(
+                    "not sent: the call before it held Redis past this decision's deadline of {} ms",
+                    calls.timeout.as_millis()
+                ))));
+            }
+            batch = on_time;
+        }
+        let Some(oldest) = batch.first() else {
+            return;
+        };
+        let deadline = oldest.since + calls.timeout;
+        let (jobs, senders): (Vec<Job>, Vec<_>) =
+            batch.into_iter().map(|w| (w.job, w.answer)).unzip();
+        if let [job] = &jobs[..] {
+            let answer = one(calls, scripts, job, deadline).await;
+            if let Some(sender) = senders.into_iter().next() {
+                let _ = sender.send(answer);
+            }
+            return;
+        }
+        self.batches.increment(1);
+        self.batched.increment(jobs.len() as u64);
+        let reply: Result<Value, StoreError> = calls
+            .with_conn_until(Some(&jobs[0].key), deadline, async |conn| {
+                let cmd = command(&jobs);
+                match cmd.query_async(conn).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        Scripts::batch().load_async(conn).await?;
+                        Ok(cmd.query_async(conn).await?)
+                    }
+                    other => Ok(other?),
+                }
+            })
+            .await;
+        match reply {
+            Ok(reply) => {
+                for (sender, answer) in senders.into_iter().zip(answers(reply, &jobs)) {
+                    let _ = sender.send(answer);
+                }
+            }
+            Err(e) => {
+                for sender in senders {
+                    let _ = sender.send(Err(e.duplicate()));
+                }
+            }
+        }
+    }
+}
+
+/// One decision alone, with its own script.
+async fn one(calls: &Calls, scripts: &Scripts, job: &Job, deadline: Instant) -> Answer {
+    let script = scripts.single(job.op, job.algorithm);
+    let reply: Value = calls
+        .with_conn_until(Some(&job.key), deadline, async |conn| {
+            let mut call = script.prepare_invoke();
+            call.key(job.key.as_str());
+            push_args(&mut call, &job.args);
+            Ok(call.invoke_async(conn).await?)
+        })
+        .await?;
+    verdict(&reply, 1, job.op)
+}
+
+fn push_args(call: &mut redis::ScriptInvocation<'_>, args: &[Option<u64>]) {
+    for arg in args {
+        match arg {
+            Some(n) => call.arg(*n),
+            None => call.arg(""),
+        };
+    }
+}
+
+/// The lane's turn at Redis, held by the call in flight; when it ends, the queue goes next.
+struct Turn<'a> {
+    batches: &'a Arc<Batches>,
+    lane: &'a Arc<Lane>,
+    calls: &'a Calls,
+    scripts: &'a Arc<Scripts>,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        let Some(batch) = self.lane.next(self.batches.max) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to send from (it is stopping).
+            self.lane.reset();
+            return;
+        };
+        let batches = self.batches.clone();
+        let sending = Sending {
+            lane: self.lane.clone(),
+            done: false,
+        };
+        let (calls, scripts) = (self.calls.clone(), self.scripts.clone());
+        runtime.spawn(async move {
+            let mut batch = batch;
+            loop {
+                batches.run(&calls, &scripts, batch).await;
+                match sending.lane.next(batches.max) {
+                    Some(next) => batch = next,
+                    None => return sending.finish(),
+                }
+            }
+        });
+    }
+}
