@@ -7,14 +7,21 @@
 -- that operation and algorithm (lua/common.lua and the algorithm's part) as a function of its
 -- own KEYS and ARGV. A function is created only when a batch holds such a decision.
 --
--- KEYS[j]      the j-th decision's state key
--- ARGV         for each decision in order: its function's number (batch_code in scripts.rs),
---              the number m of its arguments, then its m arguments, laid out as lua/common.lua
---              lays out a one-limit script's ARGV (cost, time or empty, parameters, a refund's
---              mark)
+-- KEYS[j]      the j-th decision's state key, on one Redis; none on a Cluster (see below)
+-- ARGV[1]      the number of decisions n
+-- ARGV[2...]   for each decision in order: its state key when no KEYS are given, its function's
+--              number (batch_code in scripts.rs), the number m of its arguments, then its m
+--              arguments, laid out as lua/common.lua lays out a one-limit script's ARGV (cost,
+--              time or empty, parameters, a refund's mark)
 -- Reply        one entry per decision, in order: the reply its own script would give
 --              (lua/common.lua), or, if it raised an error, that error as a string
--- Flags        `#!lua`, like every decision script
+-- Flags        `#!lua`, like every decision script, on one Redis. On a Cluster the keys of a
+--              batch are in several slots of one master, which Redis lets a call declare in
+--              KEYS only if they share one slot (else CROSSSLOT, whatever the flags): there the
+--              keys come in ARGV, the call is sent to the master of the first key's slot, and
+--              the script is flagged `#!lua flags=allow-cross-slot-keys`. A key the node does
+--              not serve (a slot that just moved) fails its decision alone, with Redis's "non
+--              local key" error, and src/store/batch.rs sends that decision again by itself.
 --
 -- Every decision given no time of its own (an empty ARGV[2]) takes one reading of Redis's
 -- clock, the batch's: they run one after the other inside one script, where no other client
@@ -23,8 +30,15 @@
 -- error and leaves the others theirs, as separate calls would.
 --- helpers
 
-local reply, functions, at, now = {}, {}, 1, nil
-for j = 1, #KEYS do
+local reply, functions, now = {}, {}, nil
+local declared, at = #KEYS > 0, 2
+for j = 1, tonumber(ARGV[1]) do
+  local key
+  if declared then
+    key = KEYS[j]
+  else
+    key, at = ARGV[at], at + 1
+  end
   local code, m = tonumber(ARGV[at]), tonumber(ARGV[at + 1])
   local f = functions[code]
   if not f then
@@ -39,7 +53,7 @@ for j = 1, #KEYS do
     end
     args[2] = now
   end
-  local ok, r = pcall(f, {KEYS[j]}, args)
+  local ok, r = pcall(f, {key}, args)
   if not ok then
     if type(r) == 'table' then
       r = r.err

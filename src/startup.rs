@@ -48,7 +48,11 @@ impl Application {
                     .await
                     .with_context(|| format!("cannot reach the Redis Cluster at {shown}"))?;
                 tracing::info!(nodes = %shown, "using Redis Cluster");
-                AnyStore::Redis(store.with_breaker(breaker(&settings)))
+                AnyStore::Redis(
+                    store
+                        .with_breaker(breaker(&settings))
+                        .with_batch_max(settings.redis.batch_max),
+                )
             }
             None => {
                 tracing::warn!(

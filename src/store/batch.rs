@@ -1,7 +1,10 @@
 //! Batches: one-limit decisions (acquire, report, refund) that a thread asks for while its
 //! previous call is still at Redis go to Redis together, in one call of `lua/batch.lua`.
 //!
-//! Each calling thread has a lane. A decision that finds its lane idle is sent at once, alone,
+//! Each calling thread has a lane per Redis master (one on one Redis; on a Cluster, by the slot
+//! map of `store::topology`, and the batch is sent to that master with the keys in ARGV, since
+//! a call may declare keys of one slot only; a key whose slot has just moved fails its decision
+//! in the batch, which is then sent again alone). A decision that finds its lane idle is sent at once, alone,
 //! with its own script, exactly as without batches: a lone request never waits to fill a batch.
 //! One that finds the lane busy waits in its queue. When the call in flight comes back, the
 //! queue (at most `redis.batch_max` of it, oldest first) goes as the next call, from a task of
@@ -13,9 +16,9 @@
 //! Each decision in a batch is as exact as alone: the batch script runs them one after the
 //! other, in queue order, at one reading of Redis's clock, as one atomic script (see
 //! `lua/batch.lua`). A decision's deadline (`redis.timeout_ms`) counts from when it asked: a
-//! batch's call has the deadline of its oldest decision, and a decision whose deadline passed
-//! while it waited (the call before it hung) is answered `Unavailable` without being sent, so
-//! that it consumes nothing. A waiting decision whose caller went away is dropped unsent. A failed call fails each decision in it with the
+//! batch's call has the deadline of its oldest decision, and a decision left with less than a
+//! quarter of its deadline when its turn comes (the call before it hung) is answered
+//! `Unavailable` without being sent, so that it consumes nothing. A waiting decision whose caller went away is dropped unsent. A failed call fails each decision in it with the
 //! same error, so that each goes to its policy's fail mode as it would alone; a decision that
 //! raised an error inside the script fails alone.
 
@@ -31,6 +34,7 @@ use super::calls::Calls;
 use super::key;
 use super::redis::{script_argv, verdict};
 use super::scripts::{batch_code, Scripts, BATCHED_OPS};
+use super::topology::key_slot;
 use super::StoreError;
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
@@ -100,14 +104,24 @@ pub struct Decide<'a> {
 }
 
 /// One call of the batch script for these decisions, in order (the script must be loaded:
-/// `SCRIPT LOAD` of [`super::scripts::batch_source`]).
-pub fn command(jobs: &[Job]) -> redis::Cmd {
+/// `SCRIPT LOAD` of [`super::scripts::batch_source`]). `cross_slot`: a Cluster's, whose keys go
+/// in ARGV (see `lua/batch.lua`).
+pub fn command(jobs: &[Job], cross_slot: bool) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(Scripts::batch().get_hash()).arg(jobs.len());
-    for job in jobs {
-        cmd.arg(job.key.as_str());
+    cmd.arg(Scripts::batch(cross_slot).get_hash());
+    if cross_slot {
+        cmd.arg(0).arg(jobs.len());
+    } else {
+        cmd.arg(jobs.len());
+        for job in jobs {
+            cmd.arg(job.key.as_str());
+        }
+        cmd.arg(jobs.len());
     }
     for job in jobs {
+        if cross_slot {
+            cmd.arg(job.key.as_str());
+        }
         cmd.arg(batch_code(job.op, job.algorithm).unwrap_or(0))
             .arg(job.args.len());
         for arg in &job.args {
@@ -164,7 +178,8 @@ struct Lane {
 
 #[derive(Default)]
 struct LaneState {
-    busy: bool,
+    /// Calls of this lane at Redis.
+    in_flight: usize,
     queue: VecDeque<Waiting>,
 }
 
@@ -179,7 +194,7 @@ impl Lane {
     fn next(&self, max: usize) -> Option<Vec<Waiting>> {
         let mut state = self.lock();
         if state.queue.is_empty() {
-            state.busy = false;
+            state.in_flight = state.in_flight.saturating_sub(1);
             return None;
         }
         let n = state.queue.len().min(max);
@@ -190,7 +205,7 @@ impl Lane {
     /// that would send it is gone with its runtime: the thread's next decision starts afresh.
     fn reset(&self) {
         let mut state = self.lock();
-        state.busy = false;
+        state.in_flight = state.in_flight.saturating_sub(1);
         state.queue.clear();
     }
 }
@@ -216,10 +231,20 @@ impl Drop for Sending {
     }
 }
 
+/// Calls a lane may have at Redis before decisions wait for them: one, so that under load
+/// everything that arrives during a call goes in the next.
+const DEPTH: usize = 1;
+
+/// Lanes per thread: one per Redis master (one on one Redis); the keys of a Cluster master
+/// beyond the first [`LANES`] go alone.
+const LANES: usize = 16;
+
 /// The lanes of every thread that decides on this store.
 pub struct Batches {
-    lanes: ThreadLocal<Arc<Lane>>,
+    lanes: ThreadLocal<[Arc<Lane>; LANES]>,
     max: usize,
+    /// Calls a lane may have at Redis before decisions wait.
+    depth: usize,
     batches: metrics::Counter,
     batched: metrics::Counter,
 }
@@ -229,6 +254,7 @@ impl Batches {
         Self {
             lanes: ThreadLocal::new(),
             max: max.max(1),
+            depth: DEPTH,
             batches: metrics::counter!(m::REDIS_BATCHES),
             batched: metrics::counter!(m::REDIS_BATCHED_DECISIONS),
         }
@@ -242,10 +268,16 @@ impl Batches {
         scripts: &Arc<Scripts>,
         job: Job,
     ) -> Answer {
-        let lane = self.lanes.get_or(Arc::default);
+        let master = match &calls.topology {
+            None => Some(0),
+            Some(topology) => topology.master_index(&job.key),
+        };
+        let Some(lane) = master.and_then(|i| self.lanes.get_or(Default::default).get(i)) else {
+            return one(calls, scripts, &job, Instant::now() + calls.timeout).await;
+        };
         let waiting = {
             let mut state = lane.lock();
-            if state.busy {
+            if state.in_flight >= self.depth {
                 let (answer, receiver) = oneshot::channel();
                 state.queue.push_back(Waiting {
                     job,
@@ -254,7 +286,7 @@ impl Batches {
                 });
                 Err(receiver)
             } else {
-                state.busy = true;
+                state.in_flight += 1;
                 Ok(job)
             }
         };
@@ -279,22 +311,18 @@ impl Batches {
 
     /// Sends one batch and answers each of its decisions.
     async fn run(&self, calls: &Calls, scripts: &Scripts, mut batch: Vec<Waiting>) {
-        // A caller that went away needs no answer, and a decision whose deadline passed while it
-        // waited gets none in time: neither is sent, so each outcome is known.
-        let now = Instant::now();
+        // A caller that went away needs no answer, and a decision left with less than a quarter
+        // of its deadline could hardly get one in time (the call before it hung, most likely):
+        // neither is sent, so that each outcome is known and nothing is consumed.
         batch.retain(|w| !w.answer.is_closed());
-        let late = batch
-            .iter()
-            .filter(|w| now >= w.since + calls.timeout)
-            .count();
-        if late > 0 {
-            metrics::counter!(m::REDIS_ERRORS, "kind" => "timeout").increment(late as u64);
-            let (late, on_time): (Vec<Waiting>, Vec<Waiting>) = batch
-                .into_iter()
-                .partition(|w| now >= w.since + calls.timeout);
+        let cutoff = Instant::now() + calls.timeout / 4;
+        let late = |w: &Waiting| w.since + calls.timeout < cutoff;
+        if batch.iter().any(late) {
+            let (late, on_time): (Vec<Waiting>, Vec<Waiting>) = batch.into_iter().partition(late);
+            metrics::counter!(m::REDIS_ERRORS, "kind" => "timeout").increment(late.len() as u64);
             for w in late {
                 let _ = w.answer.send(Err(StoreError::unavailable(format!(
-                    "not sent: the call before it held Redis past this decision's deadline of {} ms",
+                    "not sent: the call before it held Redis past most of this decision's {} ms",
                     calls.timeout.as_millis()
                 ))));
             }
@@ -315,13 +343,16 @@ impl Batches {
         }
         self.batches.increment(1);
         self.batched.increment(jobs.len() as u64);
+        // On a Cluster the batch goes to the master of its first key's slot, which owns every
+        // key of the lane as the slot map last read says.
+        let cross_slot = calls.topology.is_some();
+        let slot = key_slot(&jobs[0].key);
         let reply: Result<Value, StoreError> = calls
             .with_conn_until(Some(&jobs[0].key), deadline, async |conn| {
-                let cmd = command(&jobs);
-                match cmd.query_async(conn).await {
+                match conn.query_at(command(&jobs, cross_slot), slot).await {
                     Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        Scripts::batch().load_async(conn).await?;
-                        Ok(cmd.query_async(conn).await?)
+                        Scripts::batch(cross_slot).load_async(conn).await?;
+                        Ok(conn.query_at(command(&jobs, cross_slot), slot).await?)
                     }
                     other => Ok(other?),
                 }
@@ -329,7 +360,15 @@ impl Batches {
             .await;
         match reply {
             Ok(reply) => {
-                for (sender, answer) in senders.into_iter().zip(answers(reply, &jobs)) {
+                let mut answers = answers(reply, &jobs);
+                // A key whose slot moved away from that master (a failover, a resharding, not
+                // yet in the map): its decision, refused whole, goes again alone, routed by key.
+                for (job, answer) in jobs.iter().zip(answers.iter_mut()) {
+                    if matches!(answer, Err(e) if e.to_string().contains(NON_LOCAL)) {
+                        *answer = one(calls, scripts, job, deadline).await;
+                    }
+                }
+                for (sender, answer) in senders.into_iter().zip(answers) {
                     let _ = sender.send(answer);
                 }
             }
@@ -341,6 +380,9 @@ impl Batches {
         }
     }
 }
+
+/// Redis's error for a key that the Cluster node running the script does not serve.
+const NON_LOCAL: &str = "non local key";
 
 /// One decision alone, with its own script.
 async fn one(calls: &Calls, scripts: &Scripts, job: &Job, deadline: Instant) -> Answer {

@@ -31,6 +31,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, Pipeline, RedisConnectionInfo, RedisError,
     RedisFuture, Value,
@@ -447,6 +448,24 @@ impl Conn {
     pub fn discard(&self) {
         if let Conn::Single { live, .. } = self {
             live.health.closed.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` on one Redis, or on a Cluster on the master of `slot`: a command that declares
+    /// no key (the Cluster's batch script) would otherwise go to any node.
+    pub async fn query_at(&mut self, cmd: Cmd, slot: u16) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Single { .. } => cmd.query_async(self).await,
+            Conn::Cluster(c) => {
+                let route = Route::new(slot, SlotAddr::Master);
+                c.route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
+                )
+                .await
+            }
         }
     }
 }

@@ -31,8 +31,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// Where to subscribe to a channel: the server, or each seed node of a Cluster in turn.
     pubsub_urls: Vec<String>,
-    /// One-limit decisions that wait for their thread's call at Redis go together; `None`
-    /// when `redis.batch_max` is 1, and on a Cluster.
+    /// One-limit decisions that wait for their thread's call at Redis (on a Cluster, at the
+    /// key's master) go together; `None` when `redis.batch_max` is 1.
     batches: Option<Arc<Batches>>,
 }
 
@@ -108,8 +108,6 @@ impl RedisStore {
         let urls = nodes.iter().map(|n| format!("redis://{n}")).collect();
         let mut store = Self::on(conns, timeout, prefix, urls);
         store.calls.topology = Some(Arc::new(Topology::default()));
-        // Batches are made per connection; a Cluster's keys of one batch would span its masters.
-        store.batches = None;
         if let Err(e) = store.refresh_topology().await {
             tracing::warn!(error = %e, "could not read the cluster's slot map; until it is read, one circuit breaker guards every master");
         }

@@ -221,14 +221,23 @@ pub fn batch_code(op: Op, algorithm: Algorithm) -> Option<usize> {
     Some(1 + op * Algorithm::ALL.len() + algorithm as usize)
 }
 
+/// The first line of the batch script for a Cluster, whose keys it takes in ARGV: they are in
+/// several slots of one master (see `lua/batch.lua`).
+pub const CROSS_SLOT_FLAGS: &str = "#!lua flags=allow-cross-slot-keys";
+
 /// The batch script (`lua/batch.lua`): the helpers once, then, for each one-limit decision of a
 /// batched operation, its script's text (`lua/common.lua` and the body) as a function of its
-/// own `KEYS` and `ARGV`, defined only when a batch holds such a decision.
-pub fn batch_source() -> String {
+/// own `KEYS` and `ARGV`, defined only when a batch holds such a decision. `cross_slot`: the
+/// Cluster's, flagged to reach keys of several slots (given in ARGV).
+pub fn batch_source(cross_slot: bool) -> String {
     let (head, rest) = BATCH.split_once(BATCH_HELPERS).unwrap_or((BATCH, ""));
     let (code, tail) = rest.split_once(BATCH_FUNCTIONS).unwrap_or((rest, ""));
     let mut s = String::with_capacity(96 * 1024);
-    s.push_str(DECISION_FLAGS);
+    s.push_str(if cross_slot {
+        CROSS_SLOT_FLAGS
+    } else {
+        DECISION_FLAGS
+    });
     s.push('\n');
     s.push_str(head);
     // Defined before the loop: upvalues of every function, created once per call.
@@ -282,8 +291,8 @@ pub fn lease_sources() -> (String, String) {
 const POLICY_WRITE: &str = include_str!("../../lua/policy_write.lua");
 const POLICY_READ: &str = include_str!("../../lua/policy_read.lua");
 
-/// The source of every script loaded at start-up: the one-limit decision scripts and the
-/// policy scripts. (Decision scripts of several limits are loaded on first use.)
+/// The source of every script loaded at start-up: the one-limit decision scripts, the batch
+/// scripts and the policy scripts. (Decision scripts of several limits are loaded on first use.)
 pub fn sources() -> impl Iterator<Item = String> {
     Op::ALL
         .into_iter()
@@ -291,7 +300,8 @@ pub fn sources() -> impl Iterator<Item = String> {
         .chain([
             POLICY_WRITE.to_owned(),
             POLICY_READ.to_owned(),
-            batch_source(),
+            batch_source(false),
+            batch_source(true),
         ])
         .chain(<[String; 2]>::from(lease_sources()))
 }
@@ -318,8 +328,9 @@ pub struct Scripts {
     pub lease_change: Script,
 }
 
-/// The batch script, put together once.
-static BATCH_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(&batch_source()));
+/// The batch scripts, put together once: one Redis's, and a Cluster's.
+static BATCH_SCRIPTS: LazyLock<[Script; 2]> =
+    LazyLock::new(|| [false, true].map(|cross_slot| Script::new(&batch_source(cross_slot))));
 
 /// A decision script, borrowed or shared.
 pub enum DecisionScript<'a> {
@@ -350,9 +361,9 @@ impl Scripts {
         }
     }
 
-    /// Several one-limit decisions in one call (`lua/batch.lua`).
-    pub fn batch() -> &'static Script {
-        &BATCH_SCRIPT
+    /// Several one-limit decisions in one call (`lua/batch.lua`); `cross_slot`: a Cluster's.
+    pub fn batch(cross_slot: bool) -> &'static Script {
+        &BATCH_SCRIPTS[usize::from(cross_slot)]
     }
 
     /// The script of one operation on one limit of this algorithm.

@@ -61,6 +61,14 @@ impl Topology {
             .map(|(_, breaker)| breaker.clone())
     }
 
+    /// The index of the master that owns `key`'s slot, if the map knows it: the same for every
+    /// key of that master until the map changes.
+    pub fn master_index(&self, key: &str) -> Option<usize> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let owner = *map.owner.get(usize::from(key_slot(key)))?;
+        (usize::from(owner) < map.masters.len()).then_some(usize::from(owner))
+    }
+
     /// Replaces the map with `ranges` (`(first slot, last slot, master host:port)`), keeping the
     /// breaker of every master still in it; a new master gets a closed breaker like `template`.
     pub fn update(&self, ranges: &[(u16, u16, String)], template: &Breaker) {

@@ -19,7 +19,7 @@ use ratelimiter::store::batch::{answers, command, Decide, Job};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::{scripts, ErrorClass, RedisStore, Store};
 
-use crate::helpers::TestRedis;
+use crate::helpers::{TestCluster, TestRedis};
 use crate::scripts::{limits, Spec};
 
 /// A plausible current time in µs, as in `scripts.rs`.
@@ -84,7 +84,7 @@ fn cost(op: Op, quota: u64, pick: u64) -> u64 {
 /// time must not lose state to real expiry (as `Impl::OursPersisted` in `scripts.rs`).
 fn persisted(conn: &mut redis::Connection, jobs: &[Job], keys: &[String]) -> Vec<Verdict> {
     let mut pipe = redis::pipe();
-    pipe.atomic().add_command(command(jobs));
+    pipe.atomic().add_command(command(jobs, false));
     for k in keys {
         pipe.cmd("PERSIST").arg(k).ignore();
     }
@@ -98,7 +98,7 @@ fn persisted(conn: &mut redis::Connection, jobs: &[Job], keys: &[String]) -> Vec
 fn load_batch_script(conn: &mut redis::Connection) {
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
-        .arg(scripts::batch_source())
+        .arg(scripts::batch_source(false))
         .query(conn)
         .expect("SCRIPT LOAD");
 }
@@ -339,7 +339,9 @@ fn a_decision_that_fails_in_a_batch_fails_alone() {
             .expect("batched")
         })
         .collect();
-    let reply: redis::Value = command(&jobs).query(&mut conn).expect("the batch runs");
+    let reply: redis::Value = command(&jobs, false)
+        .query(&mut conn)
+        .expect("the batch runs");
     let answers = answers(reply, &jobs);
     for i in [0, 2] {
         let v = answers[i].as_ref().expect("decided");
@@ -381,7 +383,9 @@ fn the_decisions_of_a_batch_given_no_time_share_one_reading_of_redis_clock() {
             .expect("batched")
         })
         .collect();
-    let reply: redis::Value = command(&jobs).query(&mut conn).expect("the batch runs");
+    let reply: redis::Value = command(&jobs, false)
+        .query(&mut conn)
+        .expect("the batch runs");
     let got: Vec<Verdict> = answers(reply, &jobs)
         .into_iter()
         .map(|a| a.expect("decided"))
@@ -399,4 +403,191 @@ fn the_decisions_of_a_batch_given_no_time_share_one_reading_of_redis_clock() {
         assert_eq!(v, &expected);
     }
     assert_eq!(got.iter().filter(|v| v.allowed).count(), 3);
+}
+
+#[test]
+fn decisions_whose_deadline_passes_while_they_wait_are_never_sent() {
+    let redis = TestRedis::start();
+    let rt = runtime();
+    let _inside = rt.enter();
+    let store = RedisStore::open(
+        &redis.url(),
+        ConnectionMode::Multiplexed,
+        1,
+        std::time::Duration::from_millis(200),
+        "rl",
+    )
+    .expect("store");
+    rt.block_on(store.load_scripts()).expect("scripts load");
+    let policy = policy(
+        1,
+        &(
+            ratelimiter::policy::Algorithm::FixedWindow,
+            vec![100, 3_600_000],
+        ),
+    );
+    let key = subject(0);
+    // Redis hangs: the first acquire is sent and gets no answer; the 20 that wait behind it
+    // have nearly all of their deadline gone when their turn comes.
+    redis.signal("STOP");
+    let verdicts = rt.block_on(join_all(
+        (0..21).map(|_| store.acquire(&policy, &key, 1, None)),
+    ));
+    redis.signal("CONT");
+    let classes: Vec<ErrorClass> = verdicts
+        .iter()
+        .map(|v| v.as_ref().expect_err("no answer in time").class())
+        .collect();
+    assert_eq!(classes[0], ErrorClass::OutcomeUnknown, "the one sent");
+    assert!(
+        classes[1..].iter().all(|c| *c == ErrorClass::Unreachable),
+        "{classes:?}"
+    );
+    // Only the one sent reached Redis: one unit of the window is gone, not 21.
+    let seen = rt.block_on(async {
+        loop {
+            match store.decide(&policy, &key, Op::Peek, 1, &[], None).await {
+                Ok(v) => break v,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+    });
+    assert_eq!(seen.decision().remaining, 99, "{seen:?}");
+}
+
+/// The cluster's masters, each with a plain connection.
+fn cluster_masters(cluster: &TestCluster) -> Vec<redis::Connection> {
+    cluster
+        .nodes()
+        .iter()
+        .map(|n| n.conn())
+        .filter_map(|mut conn| {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query(&mut conn)
+                .expect("INFO replication");
+            info.contains("role:master").then_some(conn)
+        })
+        .collect()
+}
+
+#[test]
+fn on_a_cluster_decisions_go_in_batches_per_master_and_stay_exact() {
+    let cluster = TestCluster::start();
+    let seeds: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("127.0.0.1:{}", n.port))
+        .collect();
+    let rt = runtime();
+    let _inside = rt.enter();
+    let store = rt
+        .block_on(RedisStore::open_cluster(
+            &seeds,
+            std::time::Duration::from_secs(5),
+            "rl",
+        ))
+        .expect("cluster store");
+    rt.block_on(store.load_scripts()).expect("scripts load");
+    let mut masters = cluster_masters(&cluster);
+    assert_eq!(masters.len(), 3);
+    for conn in &mut masters {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(conn)
+            .expect("RESETSTAT");
+    }
+    // 40 subjects, on every master, each under a window of 5, asked 10 times each at once.
+    let policy = policy(
+        1,
+        &(
+            ratelimiter::policy::Algorithm::FixedWindow,
+            vec![5, 3_600_000],
+        ),
+    );
+    let keys: Vec<LimitKey> = (0..40).map(subject).collect();
+    let asks: Vec<&LimitKey> = (0..10).flat_map(|_| keys.iter()).collect();
+    let verdicts = rt.block_on(join_all(
+        asks.iter().map(|key| store.acquire(&policy, key, 1, None)),
+    ));
+    let mut allowed: HashMap<&str, usize> = HashMap::new();
+    for (key, v) in asks.iter().zip(&verdicts) {
+        if v.as_ref().expect("decided by Redis").allowed {
+            *allowed.entry(key.as_str()).or_default() += 1;
+        }
+    }
+    assert_eq!(allowed.len(), 40);
+    assert!(allowed.values().all(|n| *n == 5), "{allowed:?}");
+    let calls: u64 = masters.iter_mut().map(evalsha_calls).sum();
+    // One alone per master, then batches of that master's waiting decisions.
+    assert!(calls < 40, "{calls} script calls for 400 decisions");
+}
+
+#[test]
+fn on_a_cluster_node_a_batch_reaches_keys_of_several_of_its_slots_and_no_other() {
+    let cluster = TestCluster::start();
+    let mut masters = cluster_masters(&cluster);
+    let conn = &mut masters[0];
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(scripts::batch_source(true))
+        .query(conn)
+        .expect("SCRIPT LOAD");
+    let policy = policy(
+        1,
+        &(
+            ratelimiter::policy::Algorithm::TokenBucket,
+            vec![5, 1, 1_000],
+        ),
+    );
+    // Subjects whose keys this master serves (two slots at least), then one it does not.
+    let served = |conn: &mut redis::Connection, key: &LimitKey| {
+        let reply: redis::RedisResult<Option<String>> = redis::cmd("GET")
+            .arg(state_key_of(&policy, key))
+            .query(conn);
+        reply.is_ok()
+    };
+    let mut local = Vec::new();
+    let mut foreign = None;
+    for i in 0..200 {
+        let key = subject(i);
+        if served(conn, &key) {
+            local.push(key);
+        } else if foreign.is_none() {
+            foreign = Some(key);
+        }
+    }
+    let foreign = foreign.expect("a key of another master");
+    local.truncate(3);
+    let slots: std::collections::HashSet<u16> = local
+        .iter()
+        .map(|k| ratelimiter::store::topology::key_slot(&state_key_of(&policy, k)))
+        .collect();
+    assert!(slots.len() > 1, "{slots:?}");
+    let keys: Vec<&LimitKey> = local.iter().chain([&foreign]).collect();
+    let jobs: Vec<Job> = keys
+        .iter()
+        .map(|key| {
+            Job::new(
+                "rl",
+                Decide {
+                    policy: &policy,
+                    key,
+                    op: Op::Acquire,
+                    cost: 1,
+                    marks: &[],
+                    now_us: Some(T0),
+                },
+            )
+            .expect("batched")
+        })
+        .collect();
+    let reply: redis::Value = command(&jobs, true).query(conn).expect("the batch runs");
+    let answers = answers(reply, &jobs);
+    for answer in &answers[..3] {
+        assert!(answer.as_ref().expect("decided").allowed);
+    }
+    // The store sends such a decision again alone when it sees this error's words.
+    let e = answers[3].as_ref().expect_err("not this node's key");
+    assert!(e.to_string().contains("non local key"), "{e}");
 }
