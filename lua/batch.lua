@@ -5,7 +5,8 @@
 -- `--- helpers` stands, and, where `--- functions` stands, one branch per operation (acquire,
 -- report, refund) and algorithm that defines the decision's function: the one-limit script of
 -- that operation and algorithm (lua/common.lua and the algorithm's part) as a function of its
--- own KEYS and ARGV. A function is created only when a batch holds such a decision.
+-- key and of the offset `o` of its arguments in ARGV (its KEYS[1] read as `key`, its ARGV[i] as
+-- ARGV[o + i]). A function is created only when a batch holds such a decision.
 --
 -- KEYS[j]      the j-th decision's state key, on one Redis; none on a Cluster (see below)
 -- ARGV[1]      the number of decisions n
@@ -45,15 +46,16 @@ for j = 1, tonumber(ARGV[1]) do
   --- functions
     functions[code] = f
   end
-  local args = {unpack(ARGV, at + 2, at + 1 + m)}
-  if args[2] == '' then
+  -- The decision's arguments are ARGV[at + 2 ...]: its function reads them in place, and its
+  -- time, when it has none, is the batch's.
+  if ARGV[at + 3] == '' then
     if not now then
       local t = redis.call('TIME')
       now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     end
-    args[2] = now
+    ARGV[at + 3] = now
   end
-  local ok, r = pcall(f, {key}, args)
+  local ok, r = pcall(f, key, at + 1)
   if not ok then
     if type(r) == 'table' then
       r = r.err

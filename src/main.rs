@@ -16,7 +16,7 @@ use ratelimiter::telemetry;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str =
-    "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...]
+    "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...] | --print-script batch
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
@@ -41,6 +41,10 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     .next()
                     .and_then(|n| n.into_string().ok())
                     .unwrap_or_default();
+                if name == "batch" {
+                    print!("{}", scripts::batch_source(false));
+                    std::process::exit(0);
+                }
                 // An operation (acquire when not named), then one algorithm, or several
                 // separated by commas: a policy's limits in order.
                 let (op, list) = match name.split_once(':') {
@@ -54,7 +58,7 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                         print!("{}", scripts::compose(&a, op))
                     }
                     _ => bail!(
-                        "--print-script takes [<operation>:]<algorithms>: acquire, peek, report or refund, then algorithm names separated by commas (at most {MAX_LIMITS}), not {name:?}"
+                        "--print-script takes [<operation>:]<algorithms>: acquire, peek, report or refund, then algorithm names separated by commas (at most {MAX_LIMITS}), or `batch`, not {name:?}"
                     ),
                 }
                 std::process::exit(0);

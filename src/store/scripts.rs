@@ -252,14 +252,25 @@ pub fn batch_source(cross_slot: bool) -> String {
             };
             let _ = writeln!(
                 s,
-                "    {} code == {code} then -- {} {}\n      f = function(KEYS, ARGV)",
+                "    {} code == {code} then -- {} {}\n      f = function(key, o)",
                 if first { "if" } else { "elseif" },
                 op.as_str(),
                 a.as_str()
             );
             first = false;
-            s.push_str(COMMON);
-            push_body(&mut s, &[a], op);
+            // The one-limit script's text as a function of its key and of where its arguments
+            // start in the batch's ARGV (read in place: no table per decision), without its
+            // comment lines (the one-limit scripts keep them; fifteen copies would take the
+            // script past what one argument of a command line may hold).
+            let mut function = String::from(COMMON);
+            push_body(&mut function, &[a], op);
+            for line in function.lines() {
+                let code = line.trim_start();
+                if !code.is_empty() && !code.starts_with("--") {
+                    s.push_str(&line.replace("KEYS[1]", "key").replace("ARGV[", "ARGV[o + "));
+                    s.push('\n');
+                }
+            }
             s.push_str("      end\n");
         }
     }
@@ -504,6 +515,27 @@ mod tests {
             crate::limiter::concurrency::LEDGER_GRACE_MS
         );
         assert_eq!(CONCURRENCY.matches(&grace).count(), 1);
+    }
+
+    #[test]
+    fn the_batch_script_defines_each_batched_decision_once_and_fits_one_argument() {
+        for (cross_slot, flags) in [(false, DECISION_FLAGS), (true, CROSS_SLOT_FLAGS)] {
+            let s = batch_source(cross_slot);
+            assert_eq!(s.lines().next(), Some(flags));
+            // A command line's one argument holds at most 128 KiB (redis-cli, operators).
+            assert!(s.len() < 128 * 1024, "{} bytes", s.len());
+            assert_eq!(s.matches("local function muldiv").count(), 1);
+            for op in BATCHED_OPS {
+                for a in Algorithm::ALL {
+                    let code = batch_code(op, a).unwrap_or_default();
+                    assert_eq!(s.matches(&format!(" code == {code} then")).count(), 1);
+                }
+            }
+            assert_eq!(batch_code(Op::Peek, Algorithm::FixedWindow), None);
+            // Each function reads its own key and its arguments in place.
+            assert!(!s.contains("KEYS[1]") && !s.contains("ARGV[1]"));
+            assert_eq!(s.matches("f = function(key, o)").count(), 15);
+        }
     }
 
     #[test]
