@@ -533,7 +533,14 @@ mod tests {
             }
             assert_eq!(batch_code(Op::Peek, Algorithm::FixedWindow), None);
             // Each function reads its own key and its arguments in place.
-            assert!(!s.contains("KEYS[1]") && !s.contains("ARGV[1]"));
+            let start = s.find("f = function").unwrap_or_default();
+            let end = s.find("functions[code] = f").unwrap_or_default();
+            let functions = &s[start..end];
+            assert!(!functions.contains("KEYS["));
+            assert_eq!(
+                functions.matches("ARGV[").count(),
+                functions.matches("ARGV[o + ").count()
+            );
             assert_eq!(s.matches("f = function(key, o)").count(), 15);
         }
     }
