@@ -3,7 +3,9 @@
 //!
 //! Both implement [`Store`] and give the same answers: the embedded store runs the pure
 //! functions of `limiter` under a lock, Redis runs one Lua script per decision, composed from
-//! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call. A concurrency
+//! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call (and decisions
+//! that wait for their thread's call go together in one call of `lua/batch.lua`: `batch`;
+//! `calls` is how any call reaches Redis). A concurrency
 //! limit's leases ([`Store::lease`]) go the same two ways: `limiter::concurrency::decide` under
 //! a lock, or one call of `lua/concurrency.lua`. [`AnyStore`] picks one at start-up. Nothing
 //! here knows about HTTP.

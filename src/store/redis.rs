@@ -1,5 +1,6 @@
-//! The Redis store: one Lua script call per decision, every call bounded by `redis.timeout_ms`
-//! and guarded by a circuit breaker.
+//! The Redis store: one Lua script per decision (several one-limit decisions of a thread may
+//! share a call: `store::batch`), every call bounded by `redis.timeout_ms` and guarded by a
+//! circuit breaker (`store::calls`).
 
 use std::sync::Arc;
 use std::time::Duration;
