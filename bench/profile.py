@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Where an acquire's time goes: perf profiles of the service and of Redis under load.
+
+    python3 bench/profile.py                       # token_bucket on Redis, 50 connections
+    python3 bench/profile.py --store embedded      # the embedded store (no Redis)
+    python3 bench/profile.py --batch-max 1         # every decision sent alone
+
+It builds the release binary, starts its own redis-server (unless --store embedded) and the
+service on loopback ports, drives POST /v1/acquire with wrk (keys drawn from 100,000 subjects)
+and, while wrk runs, samples the service and Redis with `perf record` (installed with apt as
+linux-perf when missing). It writes, per process, the share of samples by object (kernel, the
+binary, libc, ...) and the top symbols under bench/results/<time>-profile-<what>.txt, with the
+throughput of the run and Redis's CPU time per decision (INFO cpu). perf needs the
+kernel's permission (perf_event_paranoid <= 1, or root).
+"""
+
+import argparse
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import run as bench  # noqa: E402  (the benchmark's helpers: processes, wrk, Redis)
+
+
+def perf_record(pid, seconds, out):
+    return subprocess.Popen(["perf", "record", "-F", "999", "-p", str(pid), "-o", out, "--", "sleep", str(seconds)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summary(data, top):
+    """Shares of samples by object, then the top symbols, from `perf report`."""
+    def report(*sort):
+        out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", ",".join(sort)],
+                             capture_output=True, text=True)
+        return [l for l in out.stdout.splitlines() if l.strip() and not l.startswith("#")]
+    lines = ["# by object:"] + report("dso")[:8] + [f"# top {top} symbols:"] + report("sym")[:top]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--store", choices=["redis", "embedded"], default="redis")
+    ap.add_argument("--algorithm", default="token_bucket", choices=bench.ALGORITHMS)
+    ap.add_argument("--connections", type=int, default=50)
+    ap.add_argument("--seconds", type=int, default=8)
+    ap.add_argument("--batch-max", type=int, default=None, help="redis.batch_max of the service (default: its own)")
+    ap.add_argument("--top", type=int, default=40, help="symbols listed per process")
+    ap.add_argument("--no-build", action="store_true")
+    opts = ap.parse_args()
+    for tool, package in [("wrk", "wrk"), ("redis-server", "redis-server"), ("perf", "linux-perf")]:
+        bench.need(tool, package)
+    if not opts.no_build:
+        subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=bench.ROOT)
+    binary = os.path.join(bench.ROOT, "target", "release", "ratelimiter")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=bench.ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    procs = bench.Processes()
+    sections = []
+    try:
+        redis_port = bench.start_redis(procs) if opts.store == "redis" else None
+        extra = {} if opts.batch_max is None else {"RATELIMITER__REDIS__BATCH_MAX": str(opts.batch_max)}
+        base, service = bench.start_service(procs, binary, redis_port, 16, extra=extra)
+        targets = {"service": service.pid}
+        if redis_port:
+            pid = int(dict(l.split(":", 1) for l in bench.redis_cli(redis_port, "INFO", "server").splitlines()
+                           if ":" in l)["process_id"])
+            targets["redis"] = pid
+        policy = bench.policy_name(opts.algorithm)
+        script = os.path.join(bench.BENCH, "wrk.lua")
+        # Warm up, so that the profile sees the steady state.
+        bench.wrk(base + "/v1/acquire", opts.connections, 2, script, [policy, bench.SPREAD])
+        cpu = bench.redis_cpu_s(redis_port) if redis_port else 0.0
+        tmp = tempfile.mkdtemp(prefix="ratelimiter-perf-")
+        recorders = {name: perf_record(pid, opts.seconds, os.path.join(tmp, f"{name}.data"))
+                     for name, pid in targets.items()}
+        result = {}
+        load = threading.Thread(target=lambda: result.update(
+            bench.wrk(base + "/v1/acquire", opts.connections, opts.seconds, script, [policy, bench.SPREAD])))
+        load.start()
+        load.join()
+        for r in recorders.values():
+            r.wait()
+        redis_us = ((bench.redis_cpu_s(redis_port) - cpu) * 1e6 / max(1, result["requests"])) if redis_port else None
+        for name in targets:
+            sections.append(f"## {name}\n" + summary(os.path.join(tmp, f"{name}.data"), opts.top))
+    finally:
+        procs.stop_all()
+    what = f"{opts.store}-{opts.algorithm}" + ("" if opts.batch_max is None else f"-batch{opts.batch_max}")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%SZ")
+    path = os.path.join(bench.BENCH, "results", f"{stamp}-profile-{what}.txt")
+    head = (f"# perf record -F 999 of each process during wrk -c{opts.connections} -d{opts.seconds}s, POST /v1/acquire, "
+            f"{opts.store} store, {opts.algorithm}, {bench.SPREAD:,} keys; release build at commit {commit}\n"
+            f"# {result['rps']:.0f} acquires/s, p99 {result['p99_ms']:.2f} ms"
+            + (f"; Redis CPU {redis_us:.2f} us per decision (INFO cpu)" if redis_us is not None else "")
+            + f"; redis.batch_max {opts.batch_max if opts.batch_max is not None else 'default'}\n")
+    with open(path, "w") as f:
+        f.write(head + "\n".join(sections))
+    print(head + "\n".join(sections))
+    print(f"written to {os.path.relpath(path, bench.ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
