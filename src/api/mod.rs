@@ -19,7 +19,6 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App, Error, HttpRequest};
 use std::time::Duration;
-use tracing_actix_web::TracingLogger;
 use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
@@ -126,5 +125,5 @@ pub fn app(
             })
         }))
         .wrap(guard::Guard::new(edge.request_timeout))
-        .wrap(TracingLogger::<span::EdgeRootSpan>::new())
+        .wrap(span::RequestSpan)
 }
