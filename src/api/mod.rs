@@ -12,6 +12,7 @@ pub mod guard;
 pub mod health;
 pub mod leases;
 pub mod policies;
+pub mod reply;
 pub mod schema;
 pub mod span;
 
