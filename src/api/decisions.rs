@@ -16,7 +16,7 @@ use super::schema;
 use crate::limiter::{Op, MAX_UNITS};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
-use crate::service::{Acquired, DecidedBy, RateLimiter};
+use crate::service::{Acquired, DecidedBy, RateLimiter, Ticket};
 
 /// Ask for `cost` units of `policy` for the subject `key`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -155,9 +155,12 @@ pub struct AcquireResponse {
     /// An acquire that took units, or a report: an opaque ticket for `POST /v1/refund`, which
     /// then gives units back only where these were taken. Absent when nothing was taken
     /// (a denial, a peek, a refund, a `fail_open` answer).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "1.1.2984ae67.1764460800100000")]
-    pub ticket: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ticket_text"
+    )]
+    #[schema(value_type = Option<String>, example = "1.1.2984ae67.1764460800100000")]
+    pub ticket: Option<Ticket>,
     /// A refund only: units given back (to every limit, the fewest over the limits; each
     /// limit's own count is in `limits`). Never more than asked, than the ticket's units, or
     /// than the subject had in use.
@@ -175,6 +178,14 @@ pub struct AcquireResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(null))]
     pub would_allow: Option<bool>,
+}
+
+/// A ticket as its text, written straight into the body rather than through a `String`.
+fn ticket_text<S: serde::Serializer>(ticket: &Option<Ticket>, s: S) -> Result<S::Ok, S::Error> {
+    match ticket {
+        Some(t) => s.collect_str(t),
+        None => s.serialize_none(),
+    }
 }
 
 /// One limit of a policy of several, after an acquire.
@@ -580,7 +591,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             decided_by: a.decided_by,
             limits,
             violated,
-            ticket: a.ticket.map(|t| t.to_string()),
+            ticket: a.ticket,
             refunded: (a.op == Op::Refund).then(|| a.refunded()),
             shadow: a.shadow.then_some(true),
             would_allow: a.shadow.then_some(verdict.allowed),
