@@ -1,7 +1,9 @@
 //! HTTP only: routes, request and response shapes, headers, and the one error mapping
 //! (`errors`). Handlers validate input into policy types and call the service; they never touch
 //! a store or build a Redis key. Around every request: its log span (`span`) and the guard that
-//! keeps a body from holding a connection (`guard`).
+//! keeps a body from holding a connection (`guard`). Bodies are read by `body`, decision answers
+//! written by `reply`; both are on every decision's path, so they avoid allocations and passes
+//! that a successful request does not need.
 
 pub mod auth;
 pub mod body;
