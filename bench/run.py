@@ -9,10 +9,12 @@ service on that Redis and a service on the embedded store, and drives POST /v1/a
 wrk for each algorithm, and for a policy of two limits (a token bucket and a daily fixed window),
 one hot key and keys spread over 100,000 subjects, at 1, 50 and 256 connections. In the same run and at the same concurrency it measures the two ceilings:
 redis-benchmark calling the same Lua script with EVALSHA (the limit of one Redis) and
-GET /healthz (the limit of the HTTP stack on this machine); for the token bucket on spread keys
-also the classic script's EVALSHA ceiling (bench/classic_token_bucket.lua) and the same service
-with every decision sent alone (redis.batch_max = 1), each with Redis's CPU time per decision
-(INFO cpu). It also reports each script's cost
+GET /healthz (the limit of the HTTP stack on this machine), and beside /healthz a bare actix-web
+handler with no middleware (bench/bare_http.rs, the limit of actix-web alone, which /healthz is
+compared with); for the token bucket on spread keys also the classic script's EVALSHA ceiling
+(bench/classic_token_bucket.lua) and the same service with every decision sent alone
+(redis.batch_max = 1), each with Redis's CPU time per decision (INFO cpu). It also reports each
+script's cost
 inside Redis (INFO commandstats, usec_per_call, on 100,000 keys) beside the classic token
 bucket's, the two-limit script beside the one-limit token bucket's, a hot-key flood (every
 connection acquiring one key that has nothing left) with and without the local denial cache and
@@ -206,6 +208,18 @@ def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", work
         if status not in (200, 201):
             fail(f"creating {policy_name(label)}: {status} {body!r}")
     return base, child
+
+
+def start_bare(procs, binary, workers):
+    """bench/bare_http.rs: one actix-web route answering /healthz's body, with no middleware,
+    served with the service's server settings: what actix-web alone allows above /healthz."""
+    port = free_port()
+    env = dict(os.environ, RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}", RATELIMITER__SERVER__WORKERS=str(workers))
+    env.pop("RATELIMITER_CONFIG", None)
+    procs.start([binary], env=env)
+    base = f"http://127.0.0.1:{port}"
+    wait_until(lambda: http("GET", base + "/healthz")[0] == 200, "the bare handler")
+    return base
 
 
 def wrk(url, connections, duration, script, args=()):
@@ -428,9 +442,12 @@ def main():
         need(tool, package)
     if not opts.no_build:
         subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=ROOT)
+        subprocess.check_call(["cargo", "build", "--release", "--quiet", "--example", "bare_http"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "ratelimiter")
-    if not os.path.exists(binary):
-        fail(f"{binary} is missing: run `cargo build --release`")
+    bare_binary = os.path.join(ROOT, "target", "release", "examples", "bare_http")
+    for path in (binary, bare_binary):
+        if not os.path.exists(path):
+            fail(f"{path} is missing: run `cargo build --release && cargo build --release --example bare_http`")
 
     began = time.monotonic()
     procs = Processes()
@@ -447,6 +464,7 @@ def main():
         # The same service with every decision sent alone (no batches), beside the default.
         unbatched_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode,
                                           opts.workers, extra={"RATELIMITER__REDIS__BATCH_MAX": "1"})
+        bare_base = start_bare(procs, bare_binary, opts.workers)
         script = os.path.join(BENCH, "wrk.lua")
         with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
             # Its ARGV: capacity, refill_tokens, refill_period_us, cost.
@@ -456,6 +474,7 @@ def main():
         for algorithm in algorithms:
             # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
             healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, script) for c in connections}
+            bare = {c: wrk(bare_base + "/healthz", c, opts.duration, script) for c in connections}
             sha = load_script(redis_port, script_source(binary, algorithm))
             policy = policy_name(algorithm)
             for keys in (1, SPREAD):
@@ -476,9 +495,10 @@ def main():
                     row = {
                         "algorithm": algorithm, "keys": keys, "connections": c,
                         "redis": on_redis, "cluster": on_cluster, "evalsha": ceiling, "embedded": embedded,
-                        "healthz": healthz[c],
+                        "healthz": healthz[c], "bare": bare[c],
                         "redis_vs_evalsha": on_redis["rps"] / ceiling["rps"],
                         "embedded_vs_healthz": embedded["rps"] / healthz[c]["rps"],
+                        "healthz_vs_bare": healthz[c]["rps"] / bare[c]["rps"],
                     }
                     if algorithm == "token_bucket" and keys > 1:
                         # The classic script's ceiling (the issue's yardstick) and the service
@@ -537,21 +557,23 @@ def redis_cli_version():
 
 
 def report(results):
-    widths = [25, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 6, 6]
+    widths = [25, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 9, 6, 6, 6]
     head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "cluster/s", "evalsha/s", "embed/s", "p99",
-            "healthz/s", "p99", "r/ev", "e/hz"]
+            "healthz/s", "p99", "bare/s", "r/ev", "e/hz", "hz/b"]
     print(fmt_row(head, widths))
     for r in results["rows"]:
         print(fmt_row([
             r["algorithm"], "hot" if r["keys"] == 1 else f"{r['keys'] // 1000}k", r["connections"],
             f"{r['redis']['rps']:.0f}", ms(r["redis"]["p50_ms"]), ms(r["redis"]["p99_ms"]), ms(r["redis"]["p999_ms"]),
             f"{r['cluster']['rps']:.0f}" if r.get("cluster") else "-", f"{r['evalsha']['rps']:.0f}", f"{r['embedded']['rps']:.0f}", ms(r["embedded"]["p99_ms"]),
-            f"{r['healthz']['rps']:.0f}", ms(r["healthz"]["p99_ms"]),
-            f"{r['redis_vs_evalsha']:.2f}", f"{r['embedded_vs_healthz']:.2f}",
+            f"{r['healthz']['rps']:.0f}", ms(r["healthz"]["p99_ms"]), f"{r['bare']['rps']:.0f}",
+            f"{r['redis_vs_evalsha']:.2f}", f"{r['embedded_vs_healthz']:.2f}", f"{r['healthz_vs_bare']:.2f}",
         ], widths))
-    errors = sum(r[k]["errors"] for r in results["rows"] for k in ("redis", "cluster", "embedded", "healthz") if r.get(k))
-    print(f"(latencies in ms; cluster/s = acquire on a 3-master Redis Cluster; r/ev = acquire on Redis / EVALSHA; "
-          f"e/hz = acquire embedded / healthz; errors or non-2xx answers: {errors})")
+    errors = sum(r[k]["errors"] for r in results["rows"] for k in ("redis", "cluster", "embedded", "healthz", "bare")
+                 if r.get(k))
+    print(f"(latencies in ms; cluster/s = acquire on a 3-master Redis Cluster; bare/s = /healthz of a bare actix-web "
+          f"handler (bench/bare_http.rs); r/ev = acquire on Redis / EVALSHA; e/hz = acquire embedded / healthz; "
+          f"hz/b = healthz / bare; errors or non-2xx answers: {errors})")
     for r in results["rows"]:
         if r.get("classic"):
             print(f"{r['algorithm']} {r['connections']} connections: acquire {r['redis']['rps']:.0f}/s "
@@ -599,6 +621,12 @@ def targets(results):
         if r.get("cluster"):
             ratio = r["cluster"]["rps"] / r["redis"]["rps"]
             lines.append(f"{r['algorithm']:24} 3-master cluster / one Redis {ratio:.2f} (>= 0.9 {'met' if ratio >= 0.9 else 'MISSED'})")
+        # Issue 13, a lean HTTP path: the service's layers against a bare handler, then an
+        # acquire's work against those layers alone.
+        ok = lambda x: "met" if x >= 0.9 else "MISSED"
+        lines.append(f"{r['algorithm']:24} lean HTTP: healthz/bare {r['healthz_vs_bare']:.2f} (>= 0.9 "
+                     f"{ok(r['healthz_vs_bare'])}), embedded/healthz {r['embedded_vs_healthz']:.2f} "
+                     f"(>= 0.9 {ok(r['embedded_vs_healthz'])})")
     for r in rows:
         if "redis_cpu_us" in r["redis"]:
             lines.append(f"{r['algorithm']:24} Redis CPU per decision: {r['redis']['redis_cpu_us']:.1f} us through the "

@@ -4,14 +4,15 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::Server;
-use actix_web::{web, HttpServer};
+use actix_web::body::MessageBody;
+use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
+use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
 use crate::api;
 use crate::api::auth::Tokens;
 use crate::api::span::TrustedProxies;
-use crate::config::Settings;
+use crate::config::{ServerSettings, Settings};
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
 use crate::store::connection::ConnectionMode;
@@ -124,10 +125,7 @@ impl Application {
             )),
             request_timeout: server_settings.request_timeout(),
         };
-        let workers = match server_settings.workers {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
-            n => n,
-        };
+        let workers = worker_count(server_settings);
         // Redis connections need descriptors too: `pool_size` of them in pool mode, one per
         // worker thread in multiplexed mode.
         let redis_files = match (limiter.store().is_shared(), settings.redis.connection_mode) {
@@ -135,22 +133,17 @@ impl Application {
             (true, ConnectionMode::Pool) => u64::from(settings.redis.pool_size),
             (true, ConnectionMode::Multiplexed) => workers as u64,
         };
-        let max_connections =
-            connections_that_fit(server_settings.max_connections, workers, redis_files);
-        let server = HttpServer::new(move || api::app(data.clone(), edge.clone()))
-            .workers(workers)
-            .listen(listener)?
-            .max_connections(max_connections)
-            .client_request_timeout(Duration::from_millis(
-                server_settings.client_request_timeout_ms,
-            ))
-            .client_disconnect_timeout(Duration::from_secs(1))
-            .keep_alive(Duration::from_secs(server_settings.keep_alive_s))
-            .shutdown_timeout(server_settings.shutdown_timeout_s);
+        let server = http_server(
+            move || api::app(data.clone(), edge.clone()),
+            listener,
+            server_settings,
+            workers,
+            redis_files,
+        )?;
         tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
         Ok(Self {
             port: address.port(),
-            server: server.run(),
+            server,
             limiter,
         })
     }
@@ -167,6 +160,49 @@ impl Application {
         drop(self.limiter);
         result
     }
+}
+
+/// HTTP worker threads for `server.workers`: 0 means one per core.
+pub fn worker_count(server: &ServerSettings) -> usize {
+    match server.workers {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        n => n,
+    }
+}
+
+/// Serves the apps `factory` makes on `listener`, as `server` sets it up: `workers` threads,
+/// each with at most `server.max_connections` connections (fewer when they would not fit the
+/// open-file limit beside `redis_files`), and the service's timeouts. The benchmark's bare
+/// handler (`bench/bare_http.rs`) is served by this too, so that the two differ only in what
+/// runs inside.
+pub fn http_server<F, T, B>(
+    factory: F,
+    listener: TcpListener,
+    server: &ServerSettings,
+    workers: usize,
+    redis_files: u64,
+) -> std::io::Result<Server>
+where
+    F: Fn() -> App<T> + Send + Clone + 'static,
+    T: ServiceFactory<
+            ServiceRequest,
+            Config = (),
+            Response = ServiceResponse<B>,
+            Error = actix_web::Error,
+            InitError = (),
+        > + 'static,
+    B: MessageBody + 'static,
+{
+    let max_connections = connections_that_fit(server.max_connections, workers, redis_files);
+    Ok(HttpServer::new(factory)
+        .workers(workers)
+        .listen(listener)?
+        .max_connections(max_connections)
+        .client_request_timeout(Duration::from_millis(server.client_request_timeout_ms))
+        .client_disconnect_timeout(Duration::from_secs(1))
+        .keep_alive(Duration::from_secs(server.keep_alive_s))
+        .shutdown_timeout(server.shutdown_timeout_s)
+        .run())
 }
 
 /// The circuit breaker the settings ask for.

@@ -9,9 +9,16 @@
 //! A key repeated in one object (`{"limit": 1, "limit": 1000000}`) is refused at any depth:
 //! serde_json's `Value` would silently keep the last one, and a proxy or a client library in
 //! between may keep the first, so the two would disagree on what was asked.
+//!
+//! A well-formed body costs two passes and no allocation of our own: the duplicate-key walk
+//! borrows the keys and builds a key's path only when it repeats, and the typed parse is plain
+//! serde_json. Only a body that fails to parse is parsed again, with `serde_path_to_error`, to
+//! name the field at fault.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::collections::HashSet;
+use std::fmt;
 
 use actix_web::dev::Payload;
 use actix_web::http::header;
@@ -20,6 +27,7 @@ use actix_web::{FromRequest, HttpRequest};
 use futures_util::future::LocalBoxFuture;
 use futures_util::StreamExt;
 use serde::de::{self, DeserializeOwned, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use smallvec::SmallVec;
 
 use super::errors::ApiError;
 use super::guard::BodyDeadline;
@@ -103,15 +111,28 @@ fn read(
 /// Every body this API takes is a JSON object: anything else is a 400 saying so. A field of the
 /// wrong type is a 400 naming it; a missing or unknown field is a 422 naming it, as for policies.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    let not_json = |e: serde_json::Error| ApiError::MalformedBody {
-        detail: format!("the body is not valid JSON: {e}"),
-        field: None,
-    };
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(not_json)?;
         return Err(ValidationError::NotAnObject.into());
     }
     refuse_duplicate_keys(body)?;
+    // The same parse as `serde_json::from_slice`, trailing characters refused as well.
+    match serde_json::from_slice(body) {
+        Ok(value) => Ok(value),
+        Err(_) => parse_naming_the_field(body),
+    }
+}
+
+fn not_json(e: serde_json::Error) -> ApiError {
+    ApiError::MalformedBody {
+        detail: format!("the body is not valid JSON: {e}"),
+        field: None,
+    }
+}
+
+/// The typed parse again, tracking the path to each value, so that its error names the field
+/// at fault.
+fn parse_naming_the_field<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -151,7 +172,7 @@ fn refuse_duplicate_keys(body: &[u8]) -> Result<(), ApiError> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let duplicate = RefCell::new(None);
     let walk = UniqueKeys {
-        path: "",
+        place: Place::Root,
         duplicate: &duplicate,
     };
     if walk.deserialize(&mut de).is_ok() {
@@ -170,10 +191,29 @@ fn refuse_duplicate_keys(body: &[u8]) -> Result<(), ApiError> {
     }
 }
 
+/// Where a value sits in the body, written out (`items[2].name`) only for an error.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    Root,
+    Key(&'a Place<'a>, &'a str),
+    Index(&'a Place<'a>, usize),
+}
+
+impl fmt::Display for Place<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Place::Root => Ok(()),
+            Place::Key(Place::Root, key) => f.write_str(key),
+            Place::Key(parent, key) => write!(f, "{parent}.{key}"),
+            Place::Index(parent, i) => write!(f, "{parent}[{i}]"),
+        }
+    }
+}
+
 /// Walks any JSON value, failing at the first key repeated in one object after writing its path
 /// to `duplicate`.
 struct UniqueKeys<'p> {
-    path: &'p str,
+    place: Place<'p>,
     duplicate: &'p RefCell<Option<String>>,
 }
 
@@ -188,7 +228,7 @@ impl<'de> DeserializeSeed<'de> for UniqueKeys<'_> {
 impl<'de> Visitor<'de> for UniqueKeys<'_> {
     type Value = ();
 
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
@@ -214,9 +254,8 @@ impl<'de> Visitor<'de> for UniqueKeys<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let mut i = 0usize;
         loop {
-            let path = format!("{}[{i}]", self.path);
             let element = UniqueKeys {
-                path: &path,
+                place: Place::Index(&self.place, i),
                 duplicate: self.duplicate,
             };
             if seq.next_element_seed(element)?.is_none() {
@@ -227,23 +266,82 @@ impl<'de> Visitor<'de> for UniqueKeys<'_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut seen = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let path = if self.path.is_empty() {
-                key.clone()
-            } else {
-                format!("{}.{key}", self.path)
-            };
-            if !seen.insert(key) {
-                *self.duplicate.borrow_mut() = Some(path);
+        let mut seen = Seen::default();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            if seen.contains(&key) {
+                *self.duplicate.borrow_mut() = Some(Place::Key(&self.place, &key).to_string());
                 return Err(de::Error::custom("duplicate key"));
             }
             map.next_value_seed(UniqueKeys {
-                path: &path,
+                place: Place::Key(&self.place, &key),
                 duplicate: self.duplicate,
             })?;
+            seen.insert(key);
         }
         Ok(())
+    }
+}
+
+/// The keys of one object read so far: compared one by one while they are few (no allocation
+/// for up to 8), hashed beyond 16.
+#[derive(Default)]
+struct Seen<'de> {
+    few: SmallVec<[Cow<'de, str>; 8]>,
+    many: Option<HashSet<Cow<'de, str>>>,
+}
+
+impl<'de> Seen<'de> {
+    fn contains(&self, key: &str) -> bool {
+        match &self.many {
+            Some(many) => many.contains(key),
+            None => self.few.iter().any(|k| k == key),
+        }
+    }
+
+    fn insert(&mut self, key: Cow<'de, str>) {
+        match &mut self.many {
+            Some(many) => {
+                many.insert(key);
+            }
+            None if self.few.len() < 16 => self.few.push(key),
+            None => {
+                let mut many: HashSet<_> = self.few.drain(..).collect();
+                many.insert(key);
+                self.many = Some(many);
+            }
+        }
+    }
+}
+
+/// An object's key, borrowed from the body unless it holds escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_borrowed_str<E>(self, key: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(key))
+    }
+    fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(key.to_owned()))
+    }
+    fn visit_string<E>(self, key: String) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(key))
     }
 }
 
@@ -294,6 +392,43 @@ mod tests {
         let e = parse::<Small>(br#"{"cost": 1, "cost": 2}"#).expect_err("repeated");
         assert!(
             matches!(&e, ApiError::MalformedBody { field: Some(f), .. } if f == "cost"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn repeated_keys_are_found_escaped_and_in_large_objects() {
+        assert_eq!(
+            duplicate(r#"{"a\u0062": 1, "ab": 2}"#).as_deref(),
+            Some("ab")
+        );
+        let many: Vec<String> = (0..40).map(|i| format!("\"k{i}\": {i}")).collect();
+        let body = format!("{{{}, \"k3\": 0}}", many.join(", "));
+        assert_eq!(duplicate(&body).as_deref(), Some("k3"));
+        let body = format!("{{{}}}", many.join(", "));
+        assert!(parse::<Value>(body.as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_named() {
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Outer {
+            inner: Small,
+        }
+        #[derive(serde::Deserialize, Debug)]
+        #[allow(dead_code)]
+        struct Small {
+            cost: u64,
+        }
+        let e = parse::<Outer>(br#"{"inner": {"cost": "x"}}"#).expect_err("a string");
+        assert!(
+            matches!(&e, ApiError::MalformedBody { field: Some(f), detail } if f == "inner.cost" && detail.starts_with("`inner.cost`: invalid type")),
+            "{e:?}"
+        );
+        let e = parse::<Small>(br#"{"cost": 1} trailing"#).expect_err("trailing");
+        assert!(
+            matches!(&e, ApiError::MalformedBody { field: None, detail } if detail.contains("not valid JSON")),
             "{e:?}"
         );
     }

@@ -3,7 +3,7 @@
 //! /v1/reset`. A concurrency policy is refused with 422 naming `policy` (its endpoints are in
 //! `leases`).
 
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header;
 use actix_web::{post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -11,11 +11,12 @@ use utoipa::ToSchema;
 use super::auth::{Client, ResetAccess};
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
+use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
 use super::schema;
 use crate::limiter::{Op, MAX_UNITS};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
-use crate::service::{Acquired, DecidedBy, RateLimiter};
+use crate::service::{Acquired, DecidedBy, RateLimiter, Ticket};
 
 /// Ask for `cost` units of `policy` for the subject `key`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -154,9 +155,12 @@ pub struct AcquireResponse {
     /// An acquire that took units, or a report: an opaque ticket for `POST /v1/refund`, which
     /// then gives units back only where these were taken. Absent when nothing was taken
     /// (a denial, a peek, a refund, a `fail_open` answer).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "1.1.2984ae67.1764460800100000")]
-    pub ticket: Option<String>,
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "ticket_text"
+    )]
+    #[schema(value_type = Option<String>, example = "1.1.2984ae67.1764460800100000")]
+    pub ticket: Option<Ticket>,
     /// A refund only: units given back (to every limit, the fewest over the limits; each
     /// limit's own count is in `limits`). Never more than asked, than the ticket's units, or
     /// than the subject had in use.
@@ -174,6 +178,14 @@ pub struct AcquireResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(null))]
     pub would_allow: Option<bool>,
+}
+
+/// A ticket as its text, written straight into the body rather than through a `String`.
+fn ticket_text<S: serde::Serializer>(ticket: &Option<Ticket>, s: S) -> Result<S::Ok, S::Error> {
+    match ticket {
+        Some(t) => s.collect_str(t),
+        None => s.serialize_none(),
+    }
 }
 
 /// One limit of a policy of several, after an acquire.
@@ -482,64 +494,60 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let allowed = a.allowed();
     let moves = matches!(a.op, Op::Report | Op::Refund);
     let mut response = HttpResponse::Ok();
+    // Header values and body, with room for the usual answer (the key echoed, a ticket).
+    let mut reply = Reply::with_capacity(384 + 3 * name.len() + key.as_str().len());
 
     // One list item per limit: `"<policy>"`, or `"<policy>/<limit>"` for each of several
     // (policy and limit names hold no `/`, so the two never meet).
-    let mut num = itoa::Buffer::new();
-    let mut value = String::with_capacity(name.len() + 32);
-    let item = |value: &mut String, limit: &str| {
-        value.push('"');
-        value.push_str(name);
+    let item = |reply: &mut Reply, limit: &str| {
+        reply.push("\"").push(name);
         if composite {
-            value.push('/');
-            value.push_str(limit);
+            reply.push("/").push(limit);
         }
-        value.push('"');
+        reply.push("\"");
     };
     for (i, l) in policy.limits.iter().enumerate() {
         if i > 0 {
-            value.push_str(", ");
+            reply.push(", ");
         }
-        item(&mut value, l.name.as_str());
-        value.push_str(";q=");
-        value.push_str(num.format(l.params.quota()));
-        value.push_str(";w=");
-        value.push_str(num.format(l.window_seconds()));
+        item(&mut reply, l.name.as_str());
+        reply
+            .push(";q=")
+            .push_u64(l.params.quota())
+            .push(";w=")
+            .push_u64(l.window_seconds());
     }
-    push_header(&mut response, "ratelimit-policy", &value);
+    reply.header(&mut response, RATELIMIT_POLICY);
 
-    value.clear();
-    value.push('"');
-    value.push_str(&a.etag.generation);
-    value.push('.');
-    value.push_str(num.format(a.etag.version));
-    value.push('"');
-    push_header(&mut response, "policy-etag", &value);
-    push_header(&mut response, "decided-by", a.decided_by.as_str());
+    reply
+        .push("\"")
+        .push(&a.etag.generation)
+        .push(".")
+        .push_u64(a.etag.version)
+        .push("\"");
+    reply.header(&mut response, POLICY_ETAG);
+    fixed_header(&mut response, DECIDED_BY, a.decided_by.as_str());
 
     // A fail-open answer counted nothing, so there is no remaining quota to report.
     if a.decided_by != DecidedBy::FailOpen {
-        value.clear();
         for (i, (l, ld)) in policy.limits.iter().zip(verdict.limits()).enumerate() {
             if i > 0 {
-                value.push_str(", ");
+                reply.push(", ");
             }
-            item(&mut value, l.name.as_str());
-            value.push_str(";r=");
-            value.push_str(num.format(ld.remaining));
-            value.push_str(";t=");
-            value.push_str(num.format(ld.reset_after_us.div_ceil(1_000_000)));
+            item(&mut reply, l.name.as_str());
+            reply
+                .push(";r=")
+                .push_u64(ld.remaining)
+                .push(";t=")
+                .push_u64(ld.reset_after_us.div_ceil(1_000_000));
         }
-        push_header(&mut response, "ratelimit", &value);
+        reply.header(&mut response, RATELIMIT);
     }
 
     if !allowed {
         let seconds = d.retry_after_us.div_ceil(1_000_000).max(1);
-        push_header(
-            &mut response,
-            header::RETRY_AFTER.as_str(),
-            num.format(seconds),
-        );
+        reply.push_u64(seconds);
+        reply.header(&mut response, header::RETRY_AFTER);
     }
     let (limits, violated) = if composite {
         let states = policy
@@ -569,30 +577,24 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     } else {
         (None, None)
     };
-    response.json(AcquireResponse {
-        allowed,
-        policy: name.to_owned(),
-        key: key.into_string(),
-        limit,
-        remaining: d.remaining,
-        reset_after_ms: d.reset_after_us.div_ceil(1_000),
-        retry_after_ms: d.retry_after_us.div_ceil(1_000),
-        degraded: a.degraded,
-        decided_by: a.decided_by,
-        limits,
-        violated,
-        ticket: a.ticket.map(|t| t.to_string()),
-        refunded: (a.op == Op::Refund).then(|| a.refunded()),
-        shadow: a.shadow.then_some(true),
-        would_allow: a.shadow.then_some(verdict.allowed),
-    })
-}
-
-fn push_header(response: &mut actix_web::HttpResponseBuilder, name: &'static str, value: &str) {
-    // Policy names are restricted to header-safe characters and the rest are digits, so a value
-    // is always valid; should that ever change, the header is left out rather than the request
-    // failed.
-    if let Ok(v) = HeaderValue::from_str(value) {
-        response.insert_header((HeaderName::from_static(name), v));
-    }
+    reply.json(
+        response,
+        &AcquireResponse {
+            allowed,
+            policy: name.to_owned(),
+            key: key.into_string(),
+            limit,
+            remaining: d.remaining,
+            reset_after_ms: d.reset_after_us.div_ceil(1_000),
+            retry_after_ms: d.retry_after_us.div_ceil(1_000),
+            degraded: a.degraded,
+            decided_by: a.decided_by,
+            limits,
+            violated,
+            ticket: a.ticket,
+            refunded: (a.op == Op::Refund).then(|| a.refunded()),
+            shadow: a.shadow.then_some(true),
+            would_allow: a.shadow.then_some(verdict.allowed),
+        },
+    )
 }

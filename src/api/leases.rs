@@ -2,7 +2,7 @@
 //! /v1/leases/{id}/renew` and `DELETE /v1/leases/{id}` (release), answered as JSON and as the
 //! IETF `RateLimit` headers with the `concurrent-requests` quota unit.
 
-use actix_web::http::header::{self, HeaderName, HeaderValue};
+use actix_web::http::header;
 use actix_web::{delete, post, web, HttpResponse, HttpResponseBuilder};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use super::auth::Client;
 use super::body::{JsonBody, OptionalJsonBody};
 use super::errors::{ApiError, Problem};
+use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
 use super::schema;
 use crate::policy::concurrency::parse_lease_ms;
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
@@ -204,31 +205,32 @@ pub async fn take(
     } else {
         HttpResponse::Ok()
     };
-    headers(&mut response, &leased);
+    let mut reply = headers(&mut response, &leased);
     let lease = leased.lease.as_ref().map(LeaseId::to_string);
     if let Some(id) = &lease {
-        push_header(&mut response, "location", &format!("/v1/leases/{id}"));
+        reply.push("/v1/leases/").push(id);
+        reply.header(&mut response, header::LOCATION);
     } else {
         let seconds = leased.answer.retry_after_us.div_ceil(1_000_000).max(1);
-        push_header(
-            &mut response,
-            header::RETRY_AFTER.as_str(),
-            itoa::Buffer::new().format(seconds),
-        );
+        reply.push_u64(seconds);
+        reply.header(&mut response, header::RETRY_AFTER);
     }
-    Ok(response.json(TakeLeaseResponse {
-        allowed: leased.granted(),
-        lease,
-        policy: leased.policy.name.to_string(),
-        limit: leased.params.limit,
-        in_use: leased.answer.in_use,
-        remaining: leased.remaining(),
-        expires_in_ms: leased.answer.expires_in_us / 1_000,
-        retry_after_ms: leased.answer.retry_after_us.div_ceil(1_000),
-        degraded: leased.decided_by.is_degraded(),
-        decided_by: leased.decided_by,
-        key: leased.key.into_string(),
-    }))
+    Ok(reply.json(
+        response,
+        &TakeLeaseResponse {
+            allowed: leased.granted(),
+            lease,
+            policy: leased.policy.name.to_string(),
+            limit: leased.params.limit,
+            in_use: leased.answer.in_use,
+            remaining: leased.remaining(),
+            expires_in_ms: leased.answer.expires_in_us / 1_000,
+            retry_after_ms: leased.answer.retry_after_us.div_ceil(1_000),
+            degraded: leased.decided_by.is_degraded(),
+            decided_by: leased.decided_by,
+            key: leased.key.into_string(),
+        },
+    ))
 }
 
 /// Renew a lease.
@@ -270,22 +272,25 @@ pub async fn renew(
     let lease_ms = req.lease_ms.as_ref().map(parse_lease_ms).transpose()?;
     let leased = limiter.renew_lease(id, lease_ms, None).await?;
     let mut response = HttpResponse::Ok();
-    headers(&mut response, &leased);
-    Ok(response.json(RenewLeaseResponse {
-        lease: leased
-            .lease
-            .as_ref()
-            .map(LeaseId::to_string)
-            .unwrap_or_default(),
-        policy: leased.policy.name.to_string(),
-        limit: leased.params.limit,
-        in_use: leased.answer.in_use,
-        remaining: leased.remaining(),
-        expires_in_ms: leased.answer.expires_in_us / 1_000,
-        degraded: leased.decided_by.is_degraded(),
-        decided_by: leased.decided_by,
-        key: leased.key.into_string(),
-    }))
+    let reply = headers(&mut response, &leased);
+    Ok(reply.json(
+        response,
+        &RenewLeaseResponse {
+            lease: leased
+                .lease
+                .as_ref()
+                .map(LeaseId::to_string)
+                .unwrap_or_default(),
+            policy: leased.policy.name.to_string(),
+            limit: leased.params.limit,
+            in_use: leased.answer.in_use,
+            remaining: leased.remaining(),
+            expires_in_ms: leased.answer.expires_in_us / 1_000,
+            degraded: leased.decided_by.is_degraded(),
+            decided_by: leased.decided_by,
+            key: leased.key.into_string(),
+        },
+    ))
 }
 
 /// Release a lease.
@@ -316,7 +321,7 @@ pub async fn release(
     let released = limiter.release_lease(id, None).await?;
     let mut response = HttpResponse::NoContent();
     if let Some(by) = released.decided_by {
-        push_header(&mut response, "decided-by", by.as_str());
+        fixed_header(&mut response, DECIDED_BY, by.as_str());
     }
     Ok(response.finish())
 }
@@ -329,40 +334,32 @@ fn lease_id(raw: &str) -> Result<LeaseId, ApiError> {
 }
 
 /// `RateLimit-Policy`, `RateLimit` (unless fail-open: nothing was counted), `Decided-By` and
-/// `Policy-ETag`.
-fn headers(response: &mut HttpResponseBuilder, leased: &Leased) {
+/// `Policy-ETag`; the answer's [`Reply`], for the rest of its values and its body.
+fn headers(response: &mut HttpResponseBuilder, leased: &Leased) -> Reply {
     let name = leased.policy.name.as_str();
-    let mut num = itoa::Buffer::new();
-    let mut value = String::with_capacity(name.len() + 48);
-    value.push('"');
-    value.push_str(name);
-    value.push_str("\";q=");
-    value.push_str(num.format(leased.params.limit));
-    value.push_str(";qu=\"concurrent-requests\"");
-    push_header(response, "ratelimit-policy", &value);
+    let mut reply = Reply::with_capacity(384 + 3 * name.len() + leased.key.as_str().len());
+    reply
+        .push("\"")
+        .push(name)
+        .push("\";q=")
+        .push_u64(leased.params.limit)
+        .push(";qu=\"concurrent-requests\"");
+    reply.header(response, RATELIMIT_POLICY);
     if leased.decided_by != DecidedBy::FailOpen {
-        value.clear();
-        value.push('"');
-        value.push_str(name);
-        value.push_str("\";r=");
-        value.push_str(num.format(leased.remaining()));
-        push_header(response, "ratelimit", &value);
+        reply
+            .push("\"")
+            .push(name)
+            .push("\";r=")
+            .push_u64(leased.remaining());
+        reply.header(response, RATELIMIT);
     }
-    value.clear();
-    value.push('"');
-    value.push_str(&leased.etag.generation);
-    value.push('.');
-    value.push_str(num.format(leased.etag.version));
-    value.push('"');
-    push_header(response, "policy-etag", &value);
-    push_header(response, "decided-by", leased.decided_by.as_str());
-}
-
-fn push_header(response: &mut HttpResponseBuilder, name: &'static str, value: &str) {
-    // Policy names and lease ids are restricted to header-safe characters and the rest are
-    // digits, so a value is always valid; should that ever change, the header is left out
-    // rather than the request failed.
-    if let Ok(v) = HeaderValue::from_str(value) {
-        response.insert_header((HeaderName::from_static(name), v));
-    }
+    reply
+        .push("\"")
+        .push(&leased.etag.generation)
+        .push(".")
+        .push_u64(leased.etag.version)
+        .push("\"");
+    reply.header(response, POLICY_ETAG);
+    fixed_header(response, DECIDED_BY, leased.decided_by.as_str());
+    reply
 }

@@ -1,7 +1,9 @@
 //! HTTP only: routes, request and response shapes, headers, and the one error mapping
 //! (`errors`). Handlers validate input into policy types and call the service; they never touch
 //! a store or build a Redis key. Around every request: its log span (`span`) and the guard that
-//! keeps a body from holding a connection (`guard`).
+//! keeps a body from holding a connection (`guard`). Bodies are read by `body`, decision answers
+//! written by `reply`; both are on every decision's path, so they avoid allocations and passes
+//! that a successful request does not need.
 
 pub mod auth;
 pub mod body;
@@ -12,6 +14,7 @@ pub mod guard;
 pub mod health;
 pub mod leases;
 pub mod policies;
+pub mod reply;
 pub mod schema;
 pub mod span;
 
@@ -19,7 +22,6 @@ use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App, Error, HttpRequest};
 use std::time::Duration;
-use tracing_actix_web::TracingLogger;
 use utoipa::OpenApi;
 use utoipa_actix_web::AppExt;
 use utoipa_swagger_ui::SwaggerUi;
@@ -44,24 +46,28 @@ where
         InitError = (),
     >,
 {
+    // actix tries the routes in this order, one after the other, and matches a path with
+    // parameters by regular expression, far dearer than comparing a fixed path (behind five of
+    // them, /healthz spent 8 % of its time there): fixed paths first, the busiest first. No two
+    // routes match the same path and method, so the order changes nothing else.
     app.into_utoipa_app()
         .openapi(docs::ApiDoc::openapi())
         .service(decisions::acquire)
         .service(decisions::peek)
         .service(decisions::report)
         .service(decisions::refund)
-        .service(decisions::reset)
         .service(leases::take)
-        .service(leases::renew)
-        .service(leases::release)
-        .service(policies::list)
-        .service(policies::create)
-        .service(policies::read)
-        .service(policies::replace)
-        .service(policies::remove)
         .service(health::healthz)
         .service(health::readyz)
         .service(health::metrics)
+        .service(decisions::reset)
+        .service(policies::list)
+        .service(policies::create)
+        .service(leases::renew)
+        .service(leases::release)
+        .service(policies::read)
+        .service(policies::replace)
+        .service(policies::remove)
 }
 
 /// The methods a known path takes, for the `Allow` header of a 405.
@@ -126,5 +132,5 @@ pub fn app(
             })
         }))
         .wrap(guard::Guard::new(edge.request_timeout))
-        .wrap(TracingLogger::<span::EdgeRootSpan>::new())
+        .wrap(span::RequestSpan)
 }
