@@ -49,55 +49,54 @@ if raw then
   end
 end
 
--- Time for a level of `level - part / num` intervals to drain to zero, from the caller's now:
--- skew + ceil((level * num - part) / den), capped at MAX_WAIT_US.
-local function drain(level)
-  local wait = 0
-  if level > 0 then
-    local q, r = muldiv(num, level, den)
-    if r > part then
-      wait = q + 1
-    else
-      wait = q - divmod(part - r, den)
-    end
-  end
-  return math.min(skew + wait, MAX_WAIT_US)
-end
-
+-- A drain is the time for a level of `level - part / num` intervals to drain to zero, from the
+-- caller's now: skew + ceil((level * num - part) / den), capped at MAX_WAIT_US, which is
+-- skew + q + 1 when r > part and skew + q - floor((part - r) / den) otherwise, for
+-- q, r = muldiv(num, level, den); skew alone for no level. Each section writes out the drains it
+-- needs rather than calling a function for them: a function here would be a closure over seven
+-- of these locals, whose upvalues are made and closed on every call of the script.
 local admits = busy + cost <= burst
 --- take
 local after = busy + cost
-out_reset = drain(after)
+local q, r = muldiv(num, after, den)
+out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
 -- Whole spans of num µs (den intervals) move into the anchor, which stays exact.
 local periods = 0
 if elapsed >= den then
-  periods = divmod(elapsed, den)
+  periods = muldiv(elapsed, 1, den)
 end
 redis.call('PSETEX', key, math.ceil(out_reset / 1000),
   struct.pack('<dddd', anchor + periods * num, units - periods * den + cost, num, den))
 out_remaining = burst - after
 --- keep
-out_remaining, out_reset = math.max(burst - busy, 0), drain(busy)
+out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
+if busy > 0 then
+  local q, r = muldiv(num, busy, den)
+  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+end
 if not admits then
-  out_retry = drain(busy + cost - burst)
+  local q, r = muldiv(num, busy + cost - burst, den)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
 end
 --- report
 -- Recorded: what fits before the level reaches twice the burst (nothing when a lowered burst
--- left a longer backlog).
+-- left a longer backlog). The level is above zero after it (an empty one records cost).
 out_units = math.max(math.min(cost, 2 * burst - busy), 0)
 busy = busy + out_units
-out_reset = drain(busy)
+local q, r = muldiv(num, busy, den)
+out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
 if out_units > 0 then
   local periods = 0
   if elapsed >= den then
-    periods = divmod(elapsed, den)
+    periods = muldiv(elapsed, 1, den)
   end
   redis.call('PSETEX', key, math.ceil(out_reset / 1000),
     struct.pack('<dddd', anchor + periods * num, units - periods * den + out_units, num, den))
 end
 out_remaining = math.max(burst - busy, 0)
 if busy >= burst then
-  out_retry = drain(busy + 1 - burst)
+  q, r = muldiv(num, busy + 1 - burst, den)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
 end
 --- refund
 -- At most the level (none for a missing key: at rest), and with a mark only the units of its
@@ -119,11 +118,16 @@ if out_units > 0 then
   busy = busy - out_units
   local periods = 0
   if elapsed >= den then
-    periods = divmod(elapsed, den)
+    periods = muldiv(elapsed, 1, den)
   end
   redis.call('SET', key, struct.pack('<dddd', anchor + periods * num, units - periods * den - out_units, num, den), 'KEEPTTL')
 end
-out_remaining, out_reset = math.max(burst - busy, 0), drain(busy)
+out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
+if busy > 0 then
+  local q, r = muldiv(num, busy, den)
+  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+end
 if busy >= burst then
-  out_retry = drain(busy + 1 - burst)
+  local q, r = muldiv(num, busy + 1 - burst, den)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
 end

@@ -22,7 +22,11 @@
 local limit = tonumber(ARGV[a + 1])
 local w = tonumber(ARGV[a + 2])
 
-local now_window = divmod(now, w)
+-- floor(now / w), corrected where the division rounds up to the next integer.
+local now_window = math.floor(now / w)
+if now_window * w > now then
+  now_window = now_window - 1
+end
 local window, previous, current = now_window, 0, 0
 local raw = redis.call('GET', key)
 if raw then

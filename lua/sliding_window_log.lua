@@ -30,14 +30,18 @@
 --
 -- Per call, on a log of n <= 2 * limit members: an allowed request runs 4 commands (ZRANGE
 -- newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty log), and 2 more (ZRANGE BYSCORE for the
--- oldest in the window, ZREMRANGEBYSCORE) when members have left the window; one that does not
--- fit runs at most 4 and then binary-searches by rank for the member whose departure frees enough,
--- at most ceil(log2(n)) + 1 more ZRANGEs (16 at 20,000); each command is O(log n). The
--- exceptions are ZREMRANGEBYSCORE, O(log n + m) for the m members that left the window, each of
--- them inserted, and paid for, by an earlier request; and a refund's rewrite above. A report
--- runs the level, ZADD and PEXPIRE, and the search when it leaves nothing available; a refund
--- the level, one ZRANGE for the members that give (and one for those after them, with a mark),
--- ZREMRANGEBYRANK, ZADD, ZREM, and the search when nothing is available after it.
+-- oldest in the window, ZREMRANGEBYSCORE) when members have left the window. One that does not
+-- fit runs the level's 3 at most, and no more when the oldest member in the window frees enough
+-- (always for one unit on a full log) or only the newest does (a request of the whole limit);
+-- otherwise ZCARD, then a binary search by rank for the member whose departure frees enough
+-- among the last min(n, limit - cost + 1), at most ceil(log2(limit)) ZRANGEs (14 at 10,000).
+-- Each command is O(log n). The exceptions are ZREMRANGEBYSCORE, O(log n + m) for the m members
+-- that left the window, each of them inserted, and paid for, by an earlier request; and a
+-- refund's rewrite above. A report runs the level, ZADD and PEXPIRE, and ZCARD and the same
+-- search (for one unit) when it leaves nothing available; a refund the level, one ZRANGE for the
+-- members that give (and one for those after them, with a mark), ZREMRANGEBYRANK, ZADD, ZREM,
+-- and when nothing is available after it ZCARD and a search over all n members, at most
+-- ceil(log2(n)) ZRANGEs.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
@@ -58,22 +62,25 @@ if last[1] then
   total = tonumber(string.match(last[1], '^(%d+)'))
 end
 
--- `before`: the running total just before the oldest member still in the window. Members at or
--- before the horizon have left it (`stale`: some are still stored). The oldest member is read by
--- rank first, so that the search by score is made only when one has left (an empty log needs
--- neither).
+-- `first` and `first_at`: the running total and the time of the oldest member still in the
+-- window; `before`: the running total just before it. Members at or before the horizon have left
+-- it (`stale`: some are still stored). The oldest member is read by rank first, so that the
+-- search by score is made only when one has left (an empty log needs neither).
 local horizon = t - window_us
-local count, before, stale = 0, 0, false
+local count, before, stale, first, first_at = 0, 0, false, 0, 0
 if newest then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  if tonumber(oldest[2]) <= horizon then
+  first_at = tonumber(oldest[2])
+  if first_at <= horizon then
     stale = true
     oldest = redis.call('ZRANGE', key, '(' .. string.format('%d', horizon), '+inf', 'BYSCORE',
-      'LIMIT', 0, 1)
+      'LIMIT', 0, 1, 'WITHSCORES')
+    first_at = tonumber(oldest[2])
   end
   if oldest[1] then
     local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
-    before = tonumber(c) - tonumber(n)
+    first = tonumber(c)
+    before = first - tonumber(n)
     count = total - before
   else
     -- Every member has left: the log is empty, and the next one written starts the totals anew
@@ -99,23 +106,30 @@ if newest then
 end
 if not admits then
   -- The request fits once the oldest (count + cost - limit) units have left the window: at the
-  -- time of the first member whose running total reaches `target`. The newest one does (cost <=
-  -- limit), so the search starts with it as the answer. Members that have left the window but
-  -- are still stored come first, with totals below `target`: the search passes them.
+  -- time of the first member whose running total reaches `target`. The level has read two
+  -- candidates: the oldest member in the window, which is the one when it holds enough (always
+  -- for one unit on a full log), and the newest, which reaches `target` (cost <= limit) and is
+  -- the one when `target` is its total (a request of the whole limit). Otherwise the search by
+  -- rank starts with the newest as the answer, among the last `total - target + 1` members (each
+  -- holds at least one unit). Members that have left the window but are still stored come
+  -- first, with totals below `target`: the search passes them.
   local target = before + count + cost - limit
-  local lo, hi = 0, redis.call('ZCARD', key) - 1
-  local leaves_at = nil
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
-    if tonumber(string.match(m[1], '^(%d+)')) >= target then
-      hi, leaves_at = mid, tonumber(m[2])
-    else
-      lo = mid + 1
+  local leaves_at = first_at
+  if first < target then
+    leaves_at = newest
+    if target < total then
+      local n = redis.call('ZCARD', key)
+      local lo, hi = math.max(n - (total - target + 1), 0), n - 1
+      while lo < hi do
+        local mid = math.floor((lo + hi) / 2)
+        local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
+        if tonumber(string.match(m[1], '^(%d+)')) >= target then
+          hi, leaves_at = mid, tonumber(m[2])
+        else
+          lo = mid + 1
+        end
+      end
     end
-  end
-  if leaves_at == nil then
-    leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
   end
   out_retry = leaves_at + window_us - now
 end
@@ -139,8 +153,10 @@ if newest then
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
-  local lo, hi = 0, redis.call('ZCARD', key) - 1
-  local leaves_at = nil
+  -- The newest member reaches `target`, and at most `total - target + 1` members do (see keep).
+  local n = redis.call('ZCARD', key)
+  local lo, hi = math.max(n - (total - target + 1), 0), n - 1
+  local leaves_at = newest
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
@@ -149,9 +165,6 @@ if out_remaining == 0 then
     else
       lo = mid + 1
     end
-  end
-  if leaves_at == nil then
-    leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
   end
   out_retry = leaves_at + window_us - now
 end
@@ -252,8 +265,9 @@ if newest then
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
+  -- The newest member, at `newest`, reaches `target`: the search starts with it as the answer.
   local lo, hi = 0, redis.call('ZCARD', key) - 1
-  local leaves_at = nil
+  local leaves_at = newest
   while lo < hi do
     local mid = math.floor((lo + hi) / 2)
     local m = redis.call('ZRANGE', key, mid, mid, 'WITHSCORES')
@@ -262,9 +276,6 @@ if out_remaining == 0 then
     else
       lo = mid + 1
     end
-  end
-  if leaves_at == nil then
-    leaves_at = tonumber(redis.call('ZRANGE', key, lo, lo, 'WITHSCORES')[2])
   end
   out_retry = leaves_at + window_us - now
 end

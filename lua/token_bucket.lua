@@ -57,47 +57,46 @@ if tokens < capacity then
 end
 local skew = t - now
 
--- Time until the level reaches `target` whole tokens, from the caller's now:
--- skew + ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US. (skew
--- counts even when the level is there already, as in Rust: a refund can leave a full bucket
--- updated after the caller's now.)
-local function wait_for(target)
-  if tokens >= target then
-    return math.min(skew, MAX_WAIT_US)
-  end
-  local q, r = muldiv(period, target - tokens, rate)
-  local wait
-  if r > fraction then
-    wait = q + 1
-  else
-    wait = q - divmod(fraction - r, rate)
-  end
-  return math.min(skew + wait, MAX_WAIT_US)
-end
-
+-- A wait is the time until the level reaches `target` whole tokens, from the caller's now:
+-- skew + ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US, which is
+-- skew + q + 1 when r > fraction and skew + q - floor((fraction - r) / rate) otherwise, for
+-- q, r = muldiv(period, target - tokens, rate); skew alone when the level is there already (it
+-- counts even then, as in Rust: a refund can leave a full bucket updated after the caller's
+-- now). Each section writes out the waits it needs rather than calling a function for them: a
+-- function here would be a closure over eight of these locals, whose upvalues are made and
+-- closed on every call of the script (about 0.3 us a call).
 local admits = tokens >= cost
 --- take
 tokens = tokens - cost
-out_reset = wait_for(capacity)
+local q, r = muldiv(period, capacity - tokens, rate)
+out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
 redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
 out_remaining = tokens
 --- keep
-out_remaining, out_reset = math.max(tokens, 0), wait_for(capacity)
+out_remaining, out_reset = math.max(tokens, 0), math.min(skew, MAX_WAIT_US)
+if tokens < capacity then
+  local q, r = muldiv(period, capacity - tokens, rate)
+  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+end
 if not admits then
-  out_retry = wait_for(cost)
+  local q, r = muldiv(period, cost - tokens, rate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
 end
 --- report
 -- Recorded: what fits before usage reaches twice the capacity (nothing when a lowered capacity
--- left a deeper debt).
+-- left a deeper debt). The bucket is below capacity after it, and below 1 token too when a
+-- retry is due.
 out_units = math.max(math.min(cost, capacity + tokens), 0)
 tokens = tokens - out_units
-out_reset = wait_for(capacity)
+local q, r = muldiv(period, capacity - tokens, rate)
+out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
 if out_units > 0 then
   redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
 end
 out_remaining = math.max(tokens, 0)
 if tokens < 1 then
-  out_retry = wait_for(1)
+  q, r = muldiv(period, 1 - tokens, rate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
 end
 --- refund
 -- At most the whole tokens in use (none for a missing key: a full bucket), and with a mark only
@@ -122,7 +121,12 @@ if out_units > 0 then
   end
   redis.call('SET', key, struct.pack('<ddddd', tokens, fraction, t, rate, period), 'KEEPTTL')
 end
-out_remaining, out_reset = math.max(tokens, 0), wait_for(capacity)
+out_remaining, out_reset = math.max(tokens, 0), math.min(skew, MAX_WAIT_US)
+if tokens < capacity then
+  local q, r = muldiv(period, capacity - tokens, rate)
+  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+end
 if tokens < 1 then
-  out_retry = wait_for(1)
+  local q, r = muldiv(period, 1 - tokens, rate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
 end
