@@ -2,7 +2,7 @@
 //!
 //! Lua numbers are IEEE doubles, exact only below 2^53, while a product such as
 //! `elapsed_us * refill_tokens` can exceed that. The scripts therefore compute `a * b / c` with a
-//! long multiplication when the product is too large (see `muldiv` in `lua/common.lua`); here
+//! long multiplication when the product is too large (see `muldiv` in `lua/muldiv.lua`); here
 //! `u128` does the same job. Both give the exact floor and remainder, so answers never drift.
 
 /// `(floor(a * b / c), a * b mod c)`, with the quotient saturated at `u64::MAX`.
