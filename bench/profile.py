@@ -4,14 +4,16 @@
     python3 bench/profile.py                       # token_bucket on Redis, 50 connections
     python3 bench/profile.py --store embedded      # the embedded store (no Redis)
     python3 bench/profile.py --batch-max 1         # every decision sent alone
+    python3 bench/profile.py --store cluster       # a 3-master Redis Cluster
 
 It builds the release binary, starts its own redis-server (unless --store embedded) and the
 service on loopback ports, drives POST /v1/acquire with wrk (keys drawn from 100,000 subjects)
 and, while wrk runs, samples the service and Redis with `perf record` (installed with apt as
 linux-perf when missing). It writes, per process, the share of samples by object (kernel, the
 binary, libc, ...) and the top symbols under bench/results/<time>-profile-<what>.txt, with the
-throughput of the run and Redis's CPU time per decision (INFO cpu). perf needs the
-kernel's permission (perf_event_paranoid <= 1, or root).
+throughput of the run, and each process's CPU time per request (service, each Redis; from
+/proc), which shows where the machine's two cores went. perf needs the kernel's permission
+(perf_event_paranoid <= 1, or root).
 """
 
 import argparse
@@ -24,6 +26,18 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import run as bench  # noqa: E402  (the benchmark's helpers: processes, wrk, Redis)
+
+
+def cpu_seconds(pid):
+    """User and system CPU time of process `pid`, all threads, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_pid(port):
+    return int(dict(l.split(":", 1) for l in bench.redis_cli(port, "INFO", "server").splitlines()
+                    if ":" in l)["process_id"])
 
 
 def perf_record(pid, seconds, out):
@@ -43,7 +57,7 @@ def summary(data, top):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--store", choices=["redis", "embedded"], default="redis")
+    ap.add_argument("--store", choices=["redis", "embedded", "cluster"], default="redis")
     ap.add_argument("--algorithm", default="token_bucket", choices=bench.ALGORITHMS)
     ap.add_argument("--connections", type=int, default=50)
     ap.add_argument("--seconds", type=int, default=8)
@@ -62,18 +76,20 @@ def main():
     sections = []
     try:
         redis_port = bench.start_redis(procs) if opts.store == "redis" else None
+        cluster = bench.start_cluster(procs) if opts.store == "cluster" else None
         extra = {} if opts.batch_max is None else {"RATELIMITER__REDIS__BATCH_MAX": str(opts.batch_max)}
-        base, service = bench.start_service(procs, binary, redis_port, 16, extra=extra)
+        base, service = bench.start_service(procs, binary, redis_port, 16, cluster=cluster, extra=extra)
         targets = {"service": service.pid}
         if redis_port:
-            pid = int(dict(l.split(":", 1) for l in bench.redis_cli(redis_port, "INFO", "server").splitlines()
-                           if ":" in l)["process_id"])
-            targets["redis"] = pid
+            targets["redis"] = redis_pid(redis_port)
+        for i, node in enumerate((cluster or "").split(",") if cluster else []):
+            targets[f"redis-master-{i + 1}"] = redis_pid(int(node.rsplit(":", 1)[1]))
         policy = bench.policy_name(opts.algorithm)
         script = os.path.join(bench.BENCH, "wrk.lua")
         # Warm up, so that the profile sees the steady state.
         bench.wrk(base + "/v1/acquire", opts.connections, 2, script, [policy, bench.SPREAD])
         cpu = bench.redis_cpu_s(redis_port) if redis_port else 0.0
+        cpu_before = {name: cpu_seconds(pid) for name, pid in targets.items()}
         tmp = tempfile.mkdtemp(prefix="ratelimiter-perf-")
         recorders = {name: perf_record(pid, opts.seconds, os.path.join(tmp, f"{name}.data"))
                      for name, pid in targets.items()}
@@ -85,6 +101,13 @@ def main():
         for r in recorders.values():
             r.wait()
         redis_us = ((bench.redis_cpu_s(redis_port) - cpu) * 1e6 / max(1, result["requests"])) if redis_port else None
+        # The sampling itself costs a little CPU in each process: compare runs of this script.
+        per_request = {name: (cpu_seconds(pid) - cpu_before[name]) * 1e6 / max(1, result["requests"])
+                       for name, pid in targets.items()}
+        sections.append("# CPU per request (us, user + system, from /proc; the run's wall time is "
+                        f"{opts.seconds} s on {os.cpu_count()} cores): "
+                        + ", ".join(f"{name} {us:.2f}" for name, us in per_request.items())
+                        + f", all {sum(per_request.values()):.2f}\n")
         for name in targets:
             sections.append(f"## {name}\n" + summary(os.path.join(tmp, f"{name}.data"), opts.top))
     finally:
