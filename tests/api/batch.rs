@@ -95,6 +95,28 @@ fn persisted(conn: &mut redis::Connection, jobs: &[Job], keys: &[String]) -> Vec
         .collect()
 }
 
+/// One acquire of `cost` for each of `keys`, in order, as a batch takes them.
+fn acquires<'a>(
+    policy: &Policy,
+    keys: impl IntoIterator<Item = &'a LimitKey>,
+    cost: u64,
+    now_us: Option<u64>,
+) -> Vec<Job> {
+    keys.into_iter()
+        .map(|key| {
+            let decision = Decide {
+                policy,
+                key,
+                op: Op::Acquire,
+                cost,
+                marks: &[],
+                now_us,
+            };
+            Job::new("rl", decision).expect("a one-limit acquire goes in a batch")
+        })
+        .collect()
+}
+
 fn load_batch_script(conn: &mut redis::Connection) {
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -322,23 +344,7 @@ fn a_decision_that_fails_in_a_batch_fails_alone() {
         .arg("x")
         .query(&mut conn)
         .expect("LPUSH");
-    let jobs: Vec<Job> = keys
-        .iter()
-        .map(|key| {
-            Job::new(
-                "rl",
-                Decide {
-                    policy: &policy,
-                    key,
-                    op: Op::Acquire,
-                    cost: 2,
-                    marks: &[],
-                    now_us: Some(T0),
-                },
-            )
-            .expect("batched")
-        })
-        .collect();
+    let jobs = acquires(&policy, &keys, 2, Some(T0));
     let reply: redis::Value = command(&jobs, false)
         .query(&mut conn)
         .expect("the batch runs");
@@ -367,22 +373,7 @@ fn the_decisions_of_a_batch_given_no_time_share_one_reading_of_redis_clock() {
         ),
     );
     let key = subject(0);
-    let jobs: Vec<Job> = (0..5)
-        .map(|_| {
-            Job::new(
-                "rl",
-                Decide {
-                    policy: &policy,
-                    key: &key,
-                    op: Op::Acquire,
-                    cost: 1,
-                    marks: &[],
-                    now_us: None,
-                },
-            )
-            .expect("batched")
-        })
-        .collect();
+    let jobs = acquires(&policy, std::iter::repeat_n(&key, 5), 1, None);
     let reply: redis::Value = command(&jobs, false)
         .query(&mut conn)
         .expect("the batch runs");
@@ -459,22 +450,6 @@ fn decisions_whose_deadline_passes_while_they_wait_are_never_sent() {
     assert_eq!(seen.decision().remaining, 98, "{seen:?}");
 }
 
-/// The cluster's masters, each with a plain connection.
-fn cluster_masters(cluster: &TestCluster) -> Vec<redis::Connection> {
-    cluster
-        .nodes()
-        .iter()
-        .map(|n| n.conn())
-        .filter_map(|mut conn| {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query(&mut conn)
-                .expect("INFO replication");
-            info.contains("role:master").then_some(conn)
-        })
-        .collect()
-}
-
 #[test]
 fn on_a_cluster_decisions_go_in_batches_per_master_and_stay_exact() {
     let cluster = TestCluster::start();
@@ -493,7 +468,7 @@ fn on_a_cluster_decisions_go_in_batches_per_master_and_stay_exact() {
         ))
         .expect("cluster store");
     rt.block_on(store.load_scripts()).expect("scripts load");
-    let mut masters = cluster_masters(&cluster);
+    let mut masters = cluster.masters();
     assert_eq!(masters.len(), 3);
     for conn in &mut masters {
         let _: () = redis::cmd("CONFIG")
@@ -530,7 +505,7 @@ fn on_a_cluster_decisions_go_in_batches_per_master_and_stay_exact() {
 #[test]
 fn on_a_cluster_node_a_batch_reaches_keys_of_several_of_its_slots_and_no_other() {
     let cluster = TestCluster::start();
-    let mut masters = cluster_masters(&cluster);
+    let mut masters = cluster.masters();
     let conn = &mut masters[0];
     let _: String = redis::cmd("SCRIPT")
         .arg("LOAD")
@@ -569,23 +544,7 @@ fn on_a_cluster_node_a_batch_reaches_keys_of_several_of_its_slots_and_no_other()
         .collect();
     assert!(slots.len() > 1, "{slots:?}");
     let keys: Vec<&LimitKey> = local.iter().chain([&foreign]).collect();
-    let jobs: Vec<Job> = keys
-        .iter()
-        .map(|key| {
-            Job::new(
-                "rl",
-                Decide {
-                    policy: &policy,
-                    key,
-                    op: Op::Acquire,
-                    cost: 1,
-                    marks: &[],
-                    now_us: Some(T0),
-                },
-            )
-            .expect("batched")
-        })
-        .collect();
+    let jobs = acquires(&policy, keys, 1, Some(T0));
     let reply: redis::Value = command(&jobs, true).query(conn).expect("the batch runs");
     let answers = answers(reply, &jobs);
     for answer in &answers[..3] {

@@ -257,6 +257,21 @@ impl TestCluster {
             .join(",")
     }
 
+    /// A plain connection to each node that is a master now.
+    pub fn masters(&self) -> Vec<redis::Connection> {
+        self.nodes()
+            .iter()
+            .map(|n| n.conn())
+            .filter_map(|mut conn| {
+                let info: String = redis::cmd("INFO")
+                    .arg("replication")
+                    .query(&mut conn)
+                    .expect("INFO replication");
+                info.contains("role:master").then_some(conn)
+            })
+            .collect()
+    }
+
     pub fn nodes(&self) -> &[TestRedis] {
         &self.nodes
     }
@@ -477,21 +492,7 @@ pub fn masters(app: &TestApp) -> Option<Vec<redis::Connection>> {
     if let Some(redis) = &app._redis {
         return Some(vec![redis.conn()]);
     }
-    let cluster = app.cluster.as_ref()?;
-    Some(
-        cluster
-            .nodes()
-            .iter()
-            .map(|n| n.conn())
-            .filter_map(|mut conn| {
-                let info: String = redis::cmd("INFO")
-                    .arg("replication")
-                    .query(&mut conn)
-                    .expect("INFO replication");
-                info.contains("role:master").then_some(conn)
-            })
-            .collect(),
-    )
+    Some(app.cluster.as_ref()?.masters())
 }
 
 /// The value of one sample of `/metrics`, found by its name and labels; 0 when absent.
