@@ -519,13 +519,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     }
     reply.header(&mut response, RATELIMIT_POLICY);
 
-    reply
-        .push("\"")
-        .push(&a.etag.generation)
-        .push(".")
-        .push_u64(a.etag.version)
-        .push("\"");
-    reply.header(&mut response, POLICY_ETAG);
+    reply.push_etag(&a.etag).header(&mut response, POLICY_ETAG);
     fixed_header(&mut response, DECIDED_BY, a.decided_by.as_str());
 
     // A fail-open answer counted nothing, so there is no remaining quota to report.

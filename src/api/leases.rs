@@ -353,13 +353,7 @@ fn headers(response: &mut HttpResponseBuilder, leased: &Leased) -> Reply {
             .push_u64(leased.remaining());
         reply.header(response, RATELIMIT);
     }
-    reply
-        .push("\"")
-        .push(&leased.etag.generation)
-        .push(".")
-        .push_u64(leased.etag.version)
-        .push("\"");
-    reply.header(response, POLICY_ETAG);
+    reply.push_etag(&leased.etag).header(response, POLICY_ETAG);
     fixed_header(response, DECIDED_BY, leased.decided_by.as_str());
     reply
 }

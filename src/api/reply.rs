@@ -10,6 +10,8 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
+use crate::store::Etag;
+
 /// The decision answers' own headers, named once (the parse of a name, for each answer, showed
 /// in the profile).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -42,6 +44,16 @@ impl Reply {
     pub fn push_u64(&mut self, n: u64) -> &mut Self {
         self.buf.extend_from_slice(self.num.format(n).as_bytes());
         self
+    }
+
+    /// Appends a policy's ETag as its header value, quoted: `"<generation>.<version>"` (the
+    /// form of `Etag`'s `Display`).
+    pub fn push_etag(&mut self, etag: &Etag) -> &mut Self {
+        self.push("\"")
+            .push(&etag.generation)
+            .push(".")
+            .push_u64(etag.version)
+            .push("\"")
     }
 
     /// Ends the value being written and sets it as header `name`.

@@ -247,8 +247,6 @@ const LANES: usize = 16;
 pub struct Batches {
     lanes: ThreadLocal<[Arc<Lane>; LANES]>,
     max: usize,
-    /// Calls a lane may have at Redis before decisions wait.
-    depth: usize,
     batches: metrics::Counter,
     batched: metrics::Counter,
 }
@@ -258,7 +256,6 @@ impl Batches {
         Self {
             lanes: ThreadLocal::new(),
             max: max.max(1),
-            depth: DEPTH,
             batches: metrics::counter!(m::REDIS_BATCHES),
             batched: metrics::counter!(m::REDIS_BATCHED_DECISIONS),
         }
@@ -281,7 +278,7 @@ impl Batches {
         };
         let waiting = {
             let mut state = lane.lock();
-            if state.in_flight >= self.depth {
+            if state.in_flight >= DEPTH {
                 let (answer, receiver) = oneshot::channel();
                 state.queue.push_back(Waiting {
                     job,
