@@ -13,6 +13,10 @@
 -- ARGV[m + i]  refund only, after every parameter: the i-th limit's mark from a ticket (see
 --              src/limiter/mod.rs, Rule::refund), or empty for a refund without a ticket; the
 --              part reads it as `mark` (a number, or nil)
+-- Joint        a joint acquire (the Envoy descriptors of one request: src/service/joint.rs)
+--              decides the limits of several subjects at once, each with its own cost: ARGV[1]
+--              is 0, and each limit's cost comes just before its parameters (the part reads it
+--              as `cost`; `a` still points just before the parameters)
 -- Reply        {allowed (0|1), then for each limit in policy order: units, remaining,
 --              reset_after_us, retry_after_us; then now}. `units` is whether the limit admits
 --              (0|1) for an acquire or a peek, the units recorded for a report, the units given

@@ -211,6 +211,15 @@ pub struct ServerSettings {
     pub shutdown_timeout_s: u64,
 }
 
+/// Envoy's rate-limit service over gRPC (see `grpc`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcSettings {
+    /// Address to serve `envoy.service.ratelimit.v3.RateLimitService` on (plaintext HTTP/2);
+    /// not served when unset.
+    pub bind: Option<SocketAddr>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
@@ -334,6 +343,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub server: ServerSettings,
+    pub grpc: GrpcSettings,
     pub redis: RedisSettings,
     pub auth: AuthSettings,
     pub limits: LimitsSettings,
@@ -346,6 +356,8 @@ pub struct Settings {
 #[serde(deny_unknown_fields)]
 struct RawSettings {
     server: ServerSettings,
+    #[serde(default)]
+    grpc: GrpcSettings,
     redis: RedisSettings,
     #[serde(default)]
     auth: AuthSettings,
@@ -515,8 +527,17 @@ impl RawSettings {
             }
             policies.push(policy);
         }
+        if let Some(grpc) = self.grpc.bind {
+            if grpc == self.server.bind && grpc.port() != 0 {
+                return Err(invalid(
+                    "grpc.bind",
+                    "must differ from server.bind: the HTTP API and gRPC listen on ports of their own",
+                ));
+            }
+        }
         Ok(Settings {
             server: self.server,
+            grpc: self.grpc,
             redis: self.redis,
             auth: self.auth,
             limits: self.limits,

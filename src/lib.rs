@@ -1,6 +1,8 @@
 //! ratelimiter: a rate-limit service any program calls over HTTP/JSON.
 //!
 //! The map, from the edge inwards:
+//! - [`grpc`]: Envoy's rate-limit service over gRPC, on the same policies and quotas, when
+//!   `grpc.bind` is set.
 //! - [`api`]: HTTP only. Routes, JSON shapes, `RateLimit` headers, the OpenAPI document, and the
 //!   one place errors become `application/problem+json`.
 //! - [`service`]: acquires and leases with fail modes, the policy cache following the store's
@@ -19,6 +21,7 @@
 
 pub mod api;
 pub mod config;
+pub mod grpc;
 pub mod limiter;
 pub mod metrics;
 pub mod policy;

@@ -40,6 +40,16 @@ pub const LEASES: &str = "ratelimiter_leases_total";
 pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
+/// Envoy rate-limit calls over gRPC (`ShouldRateLimit`), labelled `code`: the answer's overall
+/// `ok` or `over_limit`, or the gRPC status of a call that got none (`invalid_argument`,
+/// `unauthenticated`, `unavailable`, `internal`).
+pub const GRPC_REQUESTS: &str = "ratelimiter_grpc_requests_total";
+/// Descriptors of those calls, labelled `matched`: `true` when a policy serves it, `false` when
+/// none does (answered `OK` without deciding). The decisions of matched ones are counted in
+/// `ratelimiter_decisions_total` with those of the HTTP API.
+pub const GRPC_DESCRIPTORS: &str = "ratelimiter_grpc_descriptors_total";
+/// Time to answer a gRPC `ShouldRateLimit` call, from decoded request to answer, in seconds.
+pub const GRPC_SECONDS: &str = "ratelimiter_grpc_request_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.
 pub const REDIS_SECONDS: &str = "ratelimiter_redis_call_duration_seconds";
 /// Script calls that carried a batch of several decisions (see `store::batch`).

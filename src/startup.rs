@@ -13,6 +13,7 @@ use crate::api;
 use crate::api::auth::Tokens;
 use crate::api::span::TrustedProxies;
 use crate::config::{ServerSettings, Settings};
+use crate::grpc;
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
 use crate::store::connection::ConnectionMode;
@@ -24,6 +25,9 @@ pub struct Application {
     port: u16,
     server: Server,
     limiter: Arc<RateLimiter>,
+    /// The gRPC server's port and task, when `grpc.bind` is set.
+    grpc: Option<(u16, tokio::task::JoinHandle<()>)>,
+    shutdown_timeout: Duration,
 }
 
 impl Application {
@@ -141,10 +145,18 @@ impl Application {
             redis_files,
         )?;
         tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
+        let grpc = match settings.grpc.bind {
+            Some(bind) => Some(
+                serve_grpc(bind, limiter.clone(), Tokens::from_settings(&settings.auth)).await?,
+            ),
+            None => None,
+        };
         Ok(Self {
             port: address.port(),
             server,
             limiter,
+            grpc,
+            shutdown_timeout: Duration::from_secs(server_settings.shutdown_timeout_s),
         })
     }
 
@@ -152,14 +164,62 @@ impl Application {
         self.port
     }
 
+    /// The port Envoy's rate-limit service listens on, when `grpc.bind` is set.
+    pub fn grpc_port(&self) -> Option<u16> {
+        self.grpc.as_ref().map(|(port, _)| *port)
+    }
+
     /// Serves until SIGINT or SIGTERM, then stops accepting, lets in-flight requests finish (up
-    /// to `server.shutdown_timeout_s`) and closes the store's connections.
+    /// to `server.shutdown_timeout_s`, gRPC calls too) and closes the store's connections.
     pub async fn run_until_stopped(self) -> std::io::Result<()> {
         let result = self.server.await;
+        if let Some((_, grpc)) = self.grpc {
+            // The gRPC server saw the same signal; its calls in flight get the same time.
+            if tokio::time::timeout(self.shutdown_timeout, grpc)
+                .await
+                .is_err()
+            {
+                tracing::warn!("gRPC calls still in flight at the shutdown timeout were dropped");
+            }
+        }
         tracing::info!("stopped");
         drop(self.limiter);
         result
     }
+}
+
+/// Binds `bind` and serves Envoy's rate-limit service on it, on the runtime this is called on,
+/// until SIGINT or SIGTERM (the HTTP server's signals). Answers the bound port and the server's
+/// task.
+async fn serve_grpc(
+    bind: SocketAddr,
+    limiter: Arc<RateLimiter>,
+    tokens: Tokens,
+) -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(bind)
+        .await
+        .with_context(|| format!("cannot listen on {bind} (grpc.bind)"))?;
+    let address = listener.local_addr()?;
+    let shutdown = async {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async {
+                match term.as_mut() {
+                    Some(t) => { t.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+        }
+    };
+    let task = tokio::spawn(async move {
+        if let Err(e) = grpc::serve(listener, limiter, tokens, shutdown).await {
+            tracing::error!(error = %e, "the gRPC server failed");
+        }
+    });
+    tracing::info!(%address, "serving Envoy's rate-limit service (gRPC)");
+    Ok((address.port(), task))
 }
 
 /// HTTP worker threads for `server.workers`: 0 means one per core.

@@ -50,6 +50,41 @@ impl Tokens {
     pub fn admin_required(&self) -> bool {
         !self.admin.is_empty()
     }
+
+    /// Whether a call with these `authorization` values may ask for decisions (the gRPC edge's
+    /// check, as [`Client`] is the HTTP one's), or why not.
+    pub fn check_client<'a>(
+        &self,
+        mut values: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<(), &'static str> {
+        check_values(&self.client, &mut values)
+    }
+}
+
+/// Whether the `Authorization` values of a request carry one of `accepted` (or none is needed).
+fn check_values(
+    accepted: &[TokenDigest],
+    values: &mut dyn Iterator<Item = &[u8]>,
+) -> Result<(), &'static str> {
+    if accepted.is_empty() {
+        return Ok(());
+    }
+    let Some(value) = values.next() else {
+        return Err("a bearer token is required");
+    };
+    // A proxy and a client may each disagree on which of two headers counts; refuse rather than
+    // guess.
+    if values.next().is_some() {
+        return Err("the request has more than one Authorization header; send exactly one");
+    }
+    let Some(presented) = bearer_token(value) else {
+        return Err("a bearer token is required");
+    };
+    if is_accepted(accepted, presented) {
+        Ok(())
+    } else {
+        Err("the bearer token is not accepted")
+    }
 }
 
 /// The token of an `Authorization` header value: the scheme is case-insensitive (RFC 9110
@@ -86,29 +121,11 @@ fn check(req: &HttpRequest, accepted: impl Fn(&Tokens) -> &[TokenDigest]) -> Res
             "no tokens are configured for this endpoint",
         ));
     };
-    let accepted = accepted(tokens);
-    if accepted.is_empty() {
-        return Ok(());
-    }
-    let mut headers = req.headers().get_all(header::AUTHORIZATION);
-    let Some(value) = headers.next() else {
-        return Err(ApiError::Unauthorized("a bearer token is required"));
-    };
-    // A proxy and a client may each disagree on which of two headers counts; refuse rather than
-    // guess.
-    if headers.next().is_some() {
-        return Err(ApiError::Unauthorized(
-            "the request has more than one Authorization header; send exactly one",
-        ));
-    }
-    let Some(presented) = bearer_token(value.as_bytes()) else {
-        return Err(ApiError::Unauthorized("a bearer token is required"));
-    };
-    if is_accepted(accepted, presented) {
-        Ok(())
-    } else {
-        Err(ApiError::Unauthorized("the bearer token is not accepted"))
-    }
+    let mut values = req
+        .headers()
+        .get_all(header::AUTHORIZATION)
+        .map(|v| v.as_bytes());
+    check_values(accepted(tokens), &mut values).map_err(ApiError::Unauthorized)
 }
 
 /// Present in a handler's arguments: the request carries an admin token (or none is needed).

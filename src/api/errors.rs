@@ -171,6 +171,12 @@ impl ApiError {
                     "The policy already exists",
                     Some("name"),
                 ),
+                ServiceError::DescriptorClaimed { .. } => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:descriptor-claimed",
+                    "Another policy serves the same descriptor shape",
+                    Some("descriptor"),
+                ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
                 ServiceError::BadTicket(_) => invalid_field(Some("ticket")),
                 ServiceError::ConcurrencyPolicy(_) | ServiceError::RatePolicy(_) => {

@@ -29,9 +29,10 @@ use super::leases::LeasePath;
 use super::policies::PolicyPath;
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
 use crate::limiter::Field;
+use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
 use crate::policy::{
-    concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
-    MAX_UNITS, NAME_PATTERN,
+    concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_KEY_BYTES,
+    MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
 };
 use crate::service::lease_id::{LEASE_ID_PATTERN, MAX_LEASE_ID_BYTES};
 
@@ -186,6 +187,57 @@ fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     )
     .property("fail_mode", fail_mode())
     .property("mode", mode())
+    .property("descriptor", descriptor())
+}
+
+/// `descriptor`: the Envoy rate-limit descriptors a rate policy serves over gRPC.
+fn descriptor() -> ObjectBuilder {
+    let text = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::new(Type::String))
+            .min_length(Some(1))
+            .max_length(Some(MAX_DESCRIPTOR_TEXT))
+            .description(Some(description))
+    };
+    let entry = ObjectBuilder::new()
+        .property(
+            "key",
+            text("The descriptor entry's key, as Envoy's rate-limit action sets it (`remote_address`, a `descriptor_key`, `generic_key`…)"),
+        )
+        .required("key")
+        .property(
+            "value",
+            text("A fixed value: the policy serves only descriptors whose entry has this value (e.g. `path` = `/login`). Left out, any value matches, and the value is part of the subject key"),
+        )
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .description(Some(format!(
+            "Rate policies only (422 on a concurrency policy). The Envoy rate-limit descriptors \
+             this policy decides when the service serves Envoy's rate-limit protocol \
+             (`grpc.bind`): those of `domain` whose entry keys are `entries`' keys, in order, \
+             with each fixed `value` where one is given. When several policies match, the one \
+             with a fixed value at the first entry where they differ wins; two policies may not \
+             serve the same keys and fixed values in one domain (409, `descriptor-claimed`). \
+             The subject key is the value of the one entry without a fixed value; with several, \
+             their values in order, each with `\\` and `|` escaped by `\\`, joined by `|`; \
+             with none, the fixed values the same way; over {MAX_KEY_BYTES} bytes, `sha256:` \
+             and its hex digest. `POST /v1/acquire` with that key decides the same subject."
+        )))
+        .property(
+            "domain",
+            text("Envoy's rate-limit `domain` (the filter's `domain` setting)"),
+        )
+        .required("domain")
+        .property(
+            "entries",
+            ArrayBuilder::new()
+                .items(entry)
+                .min_items(Some(1))
+                .max_items(Some(MAX_ENTRIES)),
+        )
+        .required("entries")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
 }
 
 /// A policy document; see the module's documentation.

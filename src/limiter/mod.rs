@@ -440,6 +440,36 @@ pub fn decide_all(
     decide_op(params, states, ttls, Op::Acquire, cost, now_us, &[])
 }
 
+/// Decides one acquire over the limits of several subjects at once (the Envoy descriptors of
+/// one request), limit `i` with its own `costs[i]`: allowed only if every limit admits its cost,
+/// and then every limit takes it; if any denies, none takes anything. Returns whether it was
+/// allowed and each limit's decision, in order: when denied, each describes its limit as it
+/// stands (`allowed` says whether it admitted). The slices are as long as `params`.
+pub fn decide_joint(
+    params: &[Params],
+    states: &mut [Option<State>],
+    ttls: &mut [Option<u64>],
+    costs: &[u64],
+    now_us: u64,
+) -> (bool, Vec<Decision>) {
+    let mut decisions = Vec::with_capacity(params.len());
+    let mut look = |take: bool, decisions: &mut Vec<Decision>| {
+        decisions.clear();
+        for (i, p) in params.iter().enumerate() {
+            let o = p.decide(states[i].take(), costs[i], now_us, take);
+            states[i] = o.state;
+            ttls[i] = o.ttl_us;
+            decisions.push(o.decision);
+        }
+        decisions.iter().all(|d| d.allowed)
+    };
+    let allowed = look(false, &mut decisions);
+    if allowed {
+        look(true, &mut decisions);
+    }
+    (allowed, decisions)
+}
+
 /// Decides one operation over all of a policy's limits at once, as [`decide_all`] does for an
 /// acquire. A peek decides as an acquire would and keeps every state as it was; a report takes
 /// from every limit ([`Rule::report`]); a refund gives back to every limit ([`Rule::refund`]),

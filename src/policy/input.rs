@@ -8,8 +8,8 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    concurrency, Algorithm, FailMode, Limit, Mode, Policy, PolicyName, MAX_DESCRIPTION_BYTES,
-    MAX_LIMITS,
+    concurrency, Algorithm, Descriptor, FailMode, Limit, Mode, Policy, PolicyName,
+    MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
 
@@ -94,7 +94,7 @@ impl ValidationError {
 }
 
 /// Fields of a policy besides its limit's (flat form) or its `limits`.
-const POLICY_FIELDS: [&str; 4] = ["name", "description", "fail_mode", "mode"];
+const POLICY_FIELDS: [&str; 5] = ["name", "description", "fail_mode", "mode", "descriptor"];
 
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
 /// or the `limits` form (`{"name", "limits": [{"name", "algorithm", <fields>…}…]}`). `path_name`,
@@ -174,8 +174,21 @@ pub fn parse_policy(
         }
     };
 
+    let descriptor = match doc.get("descriptor") {
+        None | Some(Value::Null) => None,
+        Some(d) => Some(Descriptor::parse(d)?),
+    };
+
     match limits {
-        Ok(limits) => Ok(Policy::new(name, limits, description, fail_mode).with_mode(mode)),
+        Ok(limits) => Ok(Policy::new(name, limits, description, fail_mode)
+            .with_mode(mode)
+            .with_descriptor(descriptor)),
+        // Envoy's rate-limit service decides requests, not units of work held for a while.
+        Err(_) if descriptor.is_some() => Err(ValidationError::invalid(
+            "descriptor",
+            "is for rate policies: a concurrency policy is held by leases, not decided per \
+             request over gRPC",
+        )),
         // Shadow mode answers acquires as allowed whatever was decided; what a lease would do in
         // it (a lease id for a slot not held?) is not settled, so it is refused rather than
         // guessed.

@@ -9,6 +9,7 @@
 //! fields.
 
 pub mod concurrency;
+pub mod descriptor;
 pub mod input;
 mod name;
 
@@ -19,8 +20,9 @@ use utoipa::ToSchema;
 use crate::limiter::ScriptArgs;
 pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS};
 
+pub use descriptor::Descriptor;
 pub use input::{parse_policy, ValidationError};
-pub use name::{LimitKey, PolicyName, NAME_PATTERN};
+pub use name::{LimitKey, PolicyName, MAX_KEY_BYTES, NAME_PATTERN};
 
 /// Longest `description`, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 1_024;
@@ -129,6 +131,9 @@ pub struct Policy {
     pub fail_mode: FailMode,
     /// Always [`Mode::Enforce`] for a concurrency policy.
     pub mode: Mode,
+    /// The Envoy rate-limit descriptors the policy serves over gRPC; always `None` for a
+    /// concurrency policy.
+    pub descriptor: Option<Descriptor>,
     /// Each limit's parameters, in order, as the stores take them.
     params: Box<[Params]>,
     /// A concurrency policy's limit; `None` for a rate policy.
@@ -154,6 +159,7 @@ impl PartialEq for Policy {
             description,
             fail_mode,
             mode,
+            descriptor,
             params,
             concurrency,
             incarnation: _,
@@ -163,6 +169,7 @@ impl PartialEq for Policy {
             && *description == other.description
             && *fail_mode == other.fail_mode
             && *mode == other.mode
+            && *descriptor == other.descriptor
             && *params == other.params
             && *concurrency == other.concurrency
     }
@@ -185,6 +192,7 @@ impl Policy {
             description,
             fail_mode,
             mode: Mode::Enforce,
+            descriptor: None,
             concurrency: None,
             incarnation: 0,
         }
@@ -203,6 +211,7 @@ impl Policy {
             description,
             fail_mode,
             mode: Mode::Enforce,
+            descriptor: None,
             params: Box::new([]),
             concurrency: Some(params),
             incarnation: 0,
@@ -229,6 +238,12 @@ impl Policy {
     /// The same policy in `mode`.
     pub fn with_mode(mut self, mode: Mode) -> Self {
         self.mode = mode;
+        self
+    }
+
+    /// The same policy serving `descriptor` over gRPC.
+    pub fn with_descriptor(mut self, descriptor: Option<Descriptor>) -> Self {
+        self.descriptor = descriptor;
         self
     }
 
@@ -321,6 +336,9 @@ impl Serialize for PolicyDoc {
         }
         map.serialize_entry("fail_mode", &p.fail_mode)?;
         map.serialize_entry("mode", &p.mode)?;
+        if let Some(d) = &p.descriptor {
+            map.serialize_entry("descriptor", d)?;
+        }
         map.end()
     }
 }

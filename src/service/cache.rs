@@ -41,6 +41,9 @@ struct Inner {
     tombstones: HashMap<Arc<str>, u64>,
     /// Entries that hold a policy.
     live: usize,
+    /// The live policies that serve Envoy descriptors, by `Descriptor::index_key` (domain and
+    /// entry keys), in no order.
+    descriptors: HashMap<String, Vec<Arc<Policy>>>,
 }
 
 /// Where the cache stands in the store's change log.
@@ -60,6 +63,7 @@ impl Inner {
         }
         let name: Arc<str> = Arc::from(name);
         self.tombstones.remove(&name);
+        let name_str = name.clone();
         let is_live = policy.is_some();
         let old = match policy {
             Some(p) => self.entries.insert(
@@ -83,8 +87,28 @@ impl Inner {
             // tombstone is needed.
             None => self.entries.remove(&name),
         };
-        let was_live = old.is_some_and(|e| e.policy.is_some());
-        self.live = self.live - usize::from(was_live) + usize::from(is_live);
+        let old = old.and_then(|e| e.policy);
+        self.live = self.live - usize::from(old.is_some()) + usize::from(is_live);
+        if let Some(d) = old.as_ref().and_then(|p| p.descriptor.as_ref()) {
+            let index = d.index_key();
+            if let Some(list) = self.descriptors.get_mut(&index) {
+                list.retain(|p| old.as_ref().is_none_or(|o| !Arc::ptr_eq(p, o)));
+                if list.is_empty() {
+                    self.descriptors.remove(&index);
+                }
+            }
+        }
+        if let Some(Entry {
+            policy: Some(p), ..
+        }) = self.entries.get(&name_str)
+        {
+            if let Some(d) = &p.descriptor {
+                self.descriptors
+                    .entry(d.index_key())
+                    .or_default()
+                    .push(p.clone());
+            }
+        }
     }
 
     /// Moves `applied` forward and drops the tombstones it has caught up with.
@@ -121,6 +145,62 @@ impl PolicyCache {
                 version: entry.version,
             },
         ))
+    }
+
+    /// The policy serving an Envoy descriptor of `domain` with these `(key, value)` entries, and
+    /// its ETag: among the policies of the domain with exactly these keys in order whose fixed
+    /// values the descriptor has, the most specific (`Descriptor::more_specific_than`; by name
+    /// between equals, which validation keeps from existing).
+    pub fn for_descriptor(
+        &self,
+        domain: &str,
+        entries: &[(&str, &str)],
+    ) -> Option<(Arc<Policy>, Etag)> {
+        let index = crate::policy::descriptor::index_key(domain, entries.iter().map(|e| e.0));
+        let inner = self.read();
+        let candidates = inner.descriptors.get(&index)?;
+        let mut best: Option<&Arc<Policy>> = None;
+        for p in candidates {
+            let Some(d) = &p.descriptor else { continue };
+            if !d.matches(entries.iter().map(|e| e.1)) {
+                continue;
+            }
+            best = match best {
+                Some(b) => {
+                    let bd = b.descriptor.as_ref();
+                    let wins = bd.is_some_and(|bd| d.more_specific_than(bd))
+                        || (bd.is_some_and(|bd| !bd.more_specific_than(d)) && p.name < b.name);
+                    Some(if wins { p } else { b })
+                }
+                None => Some(p),
+            };
+        }
+        let policy = best?.clone();
+        let version = inner.entries.get(policy.name.as_str())?.version;
+        let generation = inner.generation.clone()?;
+        Some((
+            policy,
+            Etag {
+                generation,
+                version,
+            },
+        ))
+    }
+
+    /// The name of a live policy other than `except` that claims the same descriptor shape as
+    /// `policy` (`Descriptor::shape`), if any.
+    pub fn shape_claimed_by(&self, policy: &Policy) -> Option<String> {
+        let d = policy.descriptor.as_ref()?;
+        let shape = d.shape();
+        let inner = self.read();
+        inner
+            .descriptors
+            .get(&d.index_key())?
+            .iter()
+            .find(|p| {
+                p.name != policy.name && p.descriptor.as_ref().is_some_and(|o| o.shape() == shape)
+            })
+            .map(|p| p.name.to_string())
     }
 
     pub fn position(&self) -> Position {

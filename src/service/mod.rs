@@ -11,6 +11,7 @@
 
 pub mod cache;
 pub mod denials;
+pub mod joint;
 pub mod lease_id;
 pub mod leases;
 pub mod policies;
@@ -34,6 +35,7 @@ use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
 use denials::Lookup;
+pub use joint::Ask;
 pub use lease_id::LeaseId;
 pub use leases::{Leased, Released};
 pub use policies::PolicySync;
@@ -46,6 +48,9 @@ pub enum ServiceError {
     UnknownPolicy(String),
     #[error("a policy named `{0}` already exists")]
     PolicyExists(String),
+    /// A policy would serve the same Envoy descriptor shape, in the same domain, as another.
+    #[error("`descriptor` serves the same descriptor shape in domain `{domain}` as policy `{other}` already")]
+    DescriptorClaimed { domain: String, other: String },
     #[error("the store holds {0} policies already, the most `limits.max_policies` allows")]
     TooManyPolicies(u64),
     /// `If-Match` or `If-None-Match` did not hold; `current` is the policy's ETag now.
@@ -496,22 +501,10 @@ impl RateLimiter {
             FailMode::Closed => Err(error.outcome_known().into()),
             // `local` on the embedded store (full, the only way it fails) allows, as `open`. A
             // report recorded nothing and a refund gave nothing back (units 0).
-            FailMode::Open | FailMode::Local => {
-                let mut verdict = Verdict::at(now_us.unwrap_or_else(system_now_us));
-                for p in policy.params() {
-                    let remaining = match op {
-                        Op::Acquire | Op::Peek => p.quota().saturating_sub(cost),
-                        Op::Report | Op::Refund => p.quota(),
-                    };
-                    verdict.push(Decision {
-                        allowed: true,
-                        remaining,
-                        reset_after_us: 0,
-                        retry_after_us: 0,
-                    });
-                }
-                Ok((verdict, DecidedBy::FailOpen))
-            }
+            FailMode::Open | FailMode::Local => Ok((
+                joint::fail_open_verdict(policy, op, cost, now_us.unwrap_or_else(system_now_us)),
+                DecidedBy::FailOpen,
+            )),
         }
     }
 

@@ -373,6 +373,18 @@ impl RateLimiter {
         policy: Option<Policy>,
         precondition: &Precondition,
     ) -> Result<Written, ServiceError> {
+        if let Some(d) = policy.as_ref().and_then(|p| p.descriptor.as_ref()) {
+            // Checked against the store's policies as of now. Two instances writing the same
+            // shape at the same moment can both pass: matching stays deterministic then (see
+            // `PolicyCache::for_descriptor`), and the later write of either is refused.
+            self.refresh().await?;
+            if let Some(other) = policy.as_ref().and_then(|p| self.cache.shape_claimed_by(p)) {
+                return Err(ServiceError::DescriptorClaimed {
+                    domain: d.domain.clone(),
+                    other,
+                });
+            }
+        }
         let written = self
             .write(kind, Some(name), policy.as_ref(), precondition)
             .await?;

@@ -27,9 +27,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
-use super::{key, ChangePage, Etag, PolicyWrite, Store, StoreError, Written};
+use super::{key, ChangePage, Etag, JointPart, PolicyWrite, Store, StoreError, Written};
 use crate::limiter::concurrency::{self, LeaseAnswer, LeaseCall, LeaseOp};
-use crate::limiter::{decide_op, Op, State, Verdict, MAX_LIMITS};
+use crate::limiter::{decide_joint, decide_op, Op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
@@ -196,6 +196,101 @@ impl MemoryStore {
         Ok(verdict)
     }
 
+    /// Decides a joint acquire at an explicit time ([`Store::acquire_joint`]), under the locks of
+    /// every shard its subjects are in, taken in shard order so that two joint acquires never
+    /// wait on each other. Fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
+    pub fn acquire_joint_at(
+        &self,
+        parts: &[JointPart<'_>],
+        now: u64,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut names: Vec<String> = Vec::new();
+        let mut params = Vec::new();
+        let mut costs = Vec::new();
+        // Each limit's shard, as an index into `shards`.
+        let mut homes = Vec::new();
+        for part in parts {
+            let (keys, n) = key::state_keys(&self.prefix, part.policy, part.key);
+            let home = self.shard_index(part.policy.name.as_str(), part.key.as_str());
+            for (name, p) in keys.into_iter().zip(part.policy.params()).take(n) {
+                names.push(name);
+                params.push(*p);
+                costs.push(part.cost);
+                homes.push(home);
+            }
+        }
+        let mut order = homes.clone();
+        order.sort_unstable();
+        order.dedup();
+        let lock_all = || -> Vec<MutexGuard<'_, HashMap<String, Slot>>> {
+            order.iter().map(|i| lock(&self.shards[*i])).collect()
+        };
+        let at = |home: usize| order.binary_search(&home).unwrap_or(0);
+        let mut shards = lock_all();
+        let missing = |shards: &[MutexGuard<'_, HashMap<String, Slot>>]| -> u64 {
+            names
+                .iter()
+                .zip(&homes)
+                .filter(|(n, h)| !shards[at(**h)].contains_key(n.as_str()))
+                .count() as u64
+        };
+        let mut reserved = self.reserve_count(missing(&shards));
+        if reserved.is_none() {
+            // The sweep locks every shard: these must be released first.
+            drop(shards);
+            self.sweep_when_full(now);
+            shards = lock_all();
+            reserved = self.reserve_count(missing(&shards));
+        }
+        let reserved = reserved.ok_or_else(|| self.refuse())?;
+        let n = names.len();
+        let mut states: Vec<Option<State>> = (0..n).map(|_| None).collect();
+        let mut expires = vec![0; n];
+        let mut taken_out = 0;
+        for (i, name) in names.iter().enumerate() {
+            if let Some(slot) = shards[at(homes[i])].remove(name) {
+                taken_out += 1;
+                if let (true, Kept::Limit(state)) = (slot.expires_at_us > now, slot.state) {
+                    states[i] = Some(state);
+                    expires[i] = slot.expires_at_us;
+                }
+            }
+        }
+        let mut ttls = vec![None; n];
+        let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
+        let mut kept = 0;
+        for (i, name) in names.into_iter().enumerate() {
+            let Some(state) = states[i].take() else {
+                continue;
+            };
+            let expires_at_us = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
+            if expires_at_us > now {
+                shards[at(homes[i])].insert(
+                    name,
+                    Slot {
+                        state: Kept::Limit(state),
+                        expires_at_us,
+                    },
+                );
+                kept += 1;
+            }
+        }
+        self.subjects
+            .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
+        let mut decisions = decisions.into_iter();
+        Ok(parts
+            .iter()
+            .map(|part| {
+                let mut verdict = Verdict::at(now);
+                for d in decisions.by_ref().take(part.policy.params().len()) {
+                    verdict.push(d);
+                }
+                verdict.allowed = allowed;
+                verdict
+            })
+            .collect())
+    }
+
     /// Decides one lease call at an explicit time under one shard's lock, with the policy's
     /// ledger, as [`concurrency::decide`] does (the service's `local` fail mode calls it with
     /// its own clock). The subject's leases are one entry, which expires with its last lease;
@@ -326,6 +421,11 @@ impl MemoryStore {
     /// over its cap; all of them (and says how many) or none.
     fn reserve(&self, shard: &HashMap<String, Slot>, names: &[String]) -> Option<u64> {
         let missing = names.iter().filter(|n| !shard.contains_key(*n)).count() as u64;
+        self.reserve_count(missing)
+    }
+
+    /// Takes `missing` slots, unless the store would be over its cap.
+    fn reserve_count(&self, missing: u64) -> Option<u64> {
         if missing == 0 {
             return Some(0);
         }
@@ -397,10 +497,14 @@ impl MemoryStore {
 
     /// The shard of one subject: by policy and key, so that every limit's state is in it.
     fn shard(&self, policy: &str, key: &str) -> &Mutex<HashMap<String, Slot>> {
+        &self.shards[self.shard_index(policy, key)]
+    }
+
+    fn shard_index(&self, policy: &str, key: &str) -> usize {
         let mut h = DefaultHasher::new();
         policy.hash(&mut h);
         key.hash(&mut h);
-        &self.shards[(h.finish() as usize) % SHARDS]
+        (h.finish() as usize) % SHARDS
     }
 }
 
@@ -416,6 +520,14 @@ impl Store for MemoryStore {
     ) -> Result<Verdict, StoreError> {
         let now = now_us.unwrap_or_else(system_now_us);
         self.decide_at(policy, key, op, cost, marks, now)
+    }
+
+    async fn acquire_joint(
+        &self,
+        parts: &[JointPart<'_>],
+        now_us: Option<u64>,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        self.acquire_joint_at(parts, now_us.unwrap_or_else(system_now_us))
     }
 
     async fn lease(

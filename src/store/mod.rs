@@ -438,6 +438,24 @@ pub fn new_generation() -> String {
     format!("{:016x}", h.finish())
 }
 
+/// One subject's share of a joint acquire ([`Store::acquire_joint`]): the limits of its policy,
+/// for its key, with its cost.
+#[derive(Debug, Clone, Copy)]
+pub struct JointPart<'a> {
+    pub policy: &'a Policy,
+    pub key: &'a LimitKey,
+    pub cost: u64,
+}
+
+/// The most limits, over all parts, that one joint acquire decides atomically (one script's
+/// worth of nested parts; see `lua/common.lua`).
+pub const MAX_JOINT_LIMITS: usize = crate::limiter::MAX_LIMITS;
+
+/// The limits of a joint acquire's parts, in order.
+pub fn joint_limits(parts: &[JointPart<'_>]) -> usize {
+    parts.iter().map(|p| p.policy.params().len()).sum()
+}
+
 /// The operations every store provides.
 pub trait Store: Send + Sync {
     /// Decides one acquire over all of the policy's limits atomically: allowed only if every
@@ -467,6 +485,19 @@ pub trait Store: Send + Sync {
         marks: &[u64],
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
+
+    /// Decides one acquire over the limits of several subjects atomically (the Envoy
+    /// descriptors of one request), as [`crate::limiter::decide_joint`] does: allowed only if
+    /// every limit of every part admits its part's cost, and then each takes it; otherwise none
+    /// changes. `parts` name distinct subjects, of rate policies, with at most
+    /// [`MAX_JOINT_LIMITS`] limits in all; on a Cluster, all of their keys in one slot. Answers
+    /// one verdict per part, each `allowed` as the whole was (its limits' decisions say which
+    /// admitted).
+    fn acquire_joint(
+        &self,
+        parts: &[JointPart<'_>],
+        now_us: Option<u64>,
+    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
 
     /// Decides one lease call on the subject's leases under the concurrency policy `policy`,
     /// with its ledger, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look`
@@ -595,6 +626,14 @@ impl Store for AnyStore {
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
         dispatch!(self, s => s.decide(policy, key, op, cost, marks, now_us))
+    }
+
+    async fn acquire_joint(
+        &self,
+        parts: &[JointPart<'_>],
+        now_us: Option<u64>,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        dispatch!(self, s => s.acquire_joint(parts, now_us))
     }
 
     async fn lease(

@@ -16,8 +16,8 @@ use super::key::PolicyKeys;
 use super::scripts::Scripts;
 use super::topology::{parse_slots, Topology};
 use super::{
-    key, new_generation, Change, ChangePage, ErrorClass, Etag, PolicyWrite, Precondition, Store,
-    StoreError, WriteStatus, Written,
+    key, new_generation, Change, ChangePage, ErrorClass, Etag, JointPart, PolicyWrite,
+    Precondition, Store, StoreError, WriteStatus, Written, MAX_JOINT_LIMITS,
 };
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp};
 use crate::limiter::{Decision, Op, Params, Verdict, MAX_LIMITS};
@@ -132,6 +132,12 @@ impl RedisStore {
             pubsub_urls,
             batches: Some(Arc::new(Batches::new(DEFAULT_BATCH_MAX))),
         }
+    }
+
+    /// Whether the store is a Redis Cluster, where the keys of different subjects are on
+    /// different slots and no one script may decide them together.
+    pub fn is_cluster(&self) -> bool {
+        self.calls.topology.is_some()
     }
 
     /// Reads a Cluster's slot map again (`CLUSTER SLOTS`), so that each master's calls go
@@ -708,6 +714,62 @@ impl Store for RedisStore {
             })
             .await?;
         verdict(&reply, n, op)
+    }
+
+    async fn acquire_joint(
+        &self,
+        parts: &[JointPart<'_>],
+        now_us: Option<u64>,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        let mut names: Vec<String> = Vec::with_capacity(MAX_JOINT_LIMITS);
+        let mut params: Vec<Params> = Vec::with_capacity(MAX_JOINT_LIMITS);
+        // ARGV as `lua/common.lua` lays out a joint acquire: 0, the time, then each limit's cost
+        // and parameters.
+        let mut argv: Vec<Option<u64>> = vec![Some(0), now_us];
+        for part in parts {
+            let (keys, n) = key::state_keys(&self.prefix, part.policy, part.key);
+            for (name, p) in keys.into_iter().zip(part.policy.params()).take(n) {
+                names.push(name);
+                params.push(*p);
+                argv.push(Some(part.cost));
+                argv.extend(p.script_args().as_slice().iter().copied().map(Some));
+            }
+        }
+        if names.is_empty() || names.len() > MAX_JOINT_LIMITS {
+            return Err(StoreError::server(format!(
+                "a joint acquire decides 1 to {MAX_JOINT_LIMITS} limits, not {}",
+                names.len()
+            )));
+        }
+        let script = self.scripts.joint(&params);
+        let reply: Value = self
+            .with_conn_on(Some(&names[0]), async |conn| {
+                let mut call = script.prepare_invoke();
+                for name in &names {
+                    call.key(name.as_str());
+                }
+                for arg in &argv {
+                    match arg {
+                        Some(v) => call.arg(*v),
+                        None => call.arg(""),
+                    };
+                }
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        let whole = verdict(&reply, names.len(), Op::Acquire)?;
+        let mut decisions = whole.limits().iter();
+        Ok(parts
+            .iter()
+            .map(|part| {
+                let mut v = Verdict::at(whole.at_us);
+                for d in decisions.by_ref().take(part.policy.params().len()) {
+                    v.push(*d);
+                }
+                v.allowed = whole.allowed;
+                v
+            })
+            .collect())
     }
 
     async fn lease(

@@ -85,6 +85,17 @@ fn part(algorithm: Algorithm) -> Part {
 /// The script of one operation for limits of these algorithms, in policy order (at most
 /// [`MAX_LIMITS`]), as sent to Redis.
 pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
+    compose_as(algorithms, op, false)
+}
+
+/// The script of a joint acquire over limits of these algorithms, of several subjects (the
+/// Envoy descriptors of one request), each with its own cost before its parameters (see
+/// `lua/common.lua`), at most [`MAX_LIMITS`] in all.
+pub fn compose_joint(algorithms: &[Algorithm]) -> String {
+    compose_as(algorithms, Op::Acquire, true)
+}
+
+fn compose_as(algorithms: &[Algorithm], op: Op, joint: bool) -> String {
     let algorithms = &algorithms[..algorithms.len().min(MAX_LIMITS)];
     let mut s = String::with_capacity(8_192);
     s.push_str(if op == Op::Peek {
@@ -95,7 +106,7 @@ pub fn compose(algorithms: &[Algorithm], op: Op) -> String {
     s.push('\n');
     s.push_str(COMMON);
     push_helpers(&mut s, algorithms);
-    push_body(&mut s, algorithms, op);
+    push_body(&mut s, algorithms, op, joint);
     s
 }
 
@@ -114,7 +125,8 @@ fn push_helpers(s: &mut String, algorithms: &[Algorithm]) {
 }
 
 /// A decision script's body, after `lua/common.lua` and the helpers, down to `return reply`.
-fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op) {
+/// `joint`: each limit reads its own cost, from the argument before its parameters.
+fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool) {
     let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     s.push_str("\nlocal allowed, reply = true, {1");
     for _ in algorithms {
@@ -145,6 +157,10 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op) {
             n = i + 1,
             name = a.as_str()
         );
+        if joint {
+            offset += 1;
+            let _ = writeln!(s, "local cost = tonumber(ARGV[a + 1])\na = {offset}");
+        }
         if op == Op::Refund {
             let _ = writeln!(s, "local mark = tonumber(ARGV[{}])", 2 + params + i + 1);
         }
@@ -263,7 +279,7 @@ pub fn batch_source(cross_slot: bool) -> String {
             // comment lines (the one-limit scripts keep them; fifteen copies would take the
             // script past what one argument of a command line may hold).
             let mut function = String::from(COMMON);
-            push_body(&mut function, &[a], op);
+            push_body(&mut function, &[a], op, false);
             for line in function.lines() {
                 let code = line.trim_start();
                 if !code.is_empty() && !code.starts_with("--") {
@@ -331,6 +347,8 @@ pub struct Scripts {
     singles: [[Script; Algorithm::ALL.len()]; Op::ALL.len()],
     /// Decision scripts of several limits, composed on first use.
     composed: RwLock<HashMap<u32, Arc<Script>>>,
+    /// Joint acquires' scripts, by combination of algorithms, composed on first use.
+    joint: RwLock<HashMap<u32, Arc<Script>>>,
     pub policy_write: Script,
     pub policy_read: Script,
     /// A concurrency limit's look (no writes, `EVALSHA_RO`).
@@ -365,6 +383,7 @@ impl Scripts {
         Self {
             singles: Op::ALL.map(|op| Algorithm::ALL.map(|a| Script::new(&compose(&[a], op)))),
             composed: RwLock::default(),
+            joint: RwLock::default(),
             policy_write: Script::new(POLICY_WRITE),
             policy_read: Script::new(POLICY_READ),
             lease_look: Script::new(&lease_sources().0),
@@ -405,6 +424,29 @@ impl Scripts {
             .or_insert(script)
             .clone()
             .into()
+    }
+}
+
+impl Scripts {
+    /// The script of a joint acquire over limits with these parameters, in order.
+    pub fn joint(&self, limits: &[Params]) -> Arc<Script> {
+        let code = combination(limits, Op::Acquire);
+        if let Some(s) = self
+            .joint
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&code)
+        {
+            return s.clone();
+        }
+        let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
+        let script = Arc::new(Script::new(&compose_joint(&algorithms)));
+        self.joint
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(code)
+            .or_insert(script)
+            .clone()
     }
 }
 

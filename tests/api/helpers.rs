@@ -293,6 +293,8 @@ pub struct TestApp {
     /// Keeps the app's Redis running as long as the app.
     pub _redis: Option<Arc<TestRedis>>,
     pub cluster: Option<Arc<TestCluster>>,
+    /// The gRPC port, when the app was started with `RATELIMITER__GRPC__BIND`.
+    pub grpc_port: Option<u16>,
 }
 
 /// Starts the app on a free port: on the embedded store, or on a fresh private Redis.
@@ -338,12 +340,14 @@ pub async fn spawn_app_with_file(
     let settings = Settings::load_from(config_file, env).expect("test settings are valid");
     let app = Application::build(settings).await.expect("the app starts");
     let address = format!("http://127.0.0.1:{}", app.port());
+    let grpc_port = app.grpc_port();
     tokio::spawn(app.run_until_stopped());
     TestApp {
         address,
         client: reqwest::Client::new(),
         _redis: redis,
         cluster: None,
+        grpc_port,
     }
 }
 

@@ -15,6 +15,7 @@ mod edge;
 mod errors;
 mod faults;
 mod gcra;
+mod grpc;
 mod incarnation;
 mod instances;
 mod lease_scripts;

@@ -967,7 +967,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     for _ in 0..15_000 {
         now += next(&mut x) % 5_000;
         let r = next(&mut x);
-        let cost = if r % 1_000 == 0 {
+        let cost = if r.is_multiple_of(1_000) {
             1 + r / 1_000 % 2_000
         } else {
             1

@@ -1,0 +1,419 @@
+//! Envoy's rate-limit service over gRPC (`envoy.service.ratelimit.v3.RateLimitService`), served
+//! beside the HTTP API when `grpc.bind` is set, on the same policies, store and quotas.
+//!
+//! A `ShouldRateLimit` call names a `domain` and descriptors; each descriptor is matched to the
+//! policy that serves it (`policy::descriptor`, through the policy cache's index) and decided
+//! under the subject key its values make, so `POST /v1/acquire` with that key shares its quota.
+//! The matched descriptors are decided together, all or nothing (`service::joint`). The answer
+//! has one status per descriptor, in order (`OK` without a decision for a descriptor no policy
+//! serves), and the IETF `RateLimit-Policy` and `RateLimit` fields, plus `Retry-After` on a
+//! denial, in `response_headers_to_add`, which Envoy adds to its answer to the client.
+//!
+//! Failures: a policy with `fail_mode: closed` whose store cannot answer fails the call with
+//! `UNAVAILABLE` (Envoy's `failure_mode_deny` then decides); `open` and `local` answer, marked
+//! by a `Decided-By: fail_open` or `fail_local` field. An empty domain, no descriptors, a
+//! descriptor without entries, or an empty value in a matched descriptor: `INVALID_ARGUMENT`.
+//! With `auth.client_tokens` set, a call needs `authorization: Bearer <token>` metadata, or is
+//! `UNAUTHENTICATED`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use metrics::{Counter, Histogram};
+use tonic::{Request, Response, Status};
+
+use crate::api::auth::Tokens;
+use crate::limiter::{Op, MAX_UNITS};
+use crate::metrics as m;
+use crate::policy::{LimitKey, Policy};
+use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
+
+/// Most descriptors in one call.
+pub const MAX_DESCRIPTORS: usize = 64;
+
+/// Serves the rate-limit service on `listener` until `shutdown` completes, then lets calls in
+/// flight finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    limiter: Arc<RateLimiter>,
+    tokens: Tokens,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let service = RateLimitServiceServer::new(Grpc::new(limiter, tokens));
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}
+
+/// The `RateLimitService` implementation.
+pub struct Grpc {
+    limiter: Arc<RateLimiter>,
+    tokens: Tokens,
+    ok: Counter,
+    over_limit: Counter,
+    matched: Counter,
+    unmatched: Counter,
+    seconds: Histogram,
+}
+
+impl Grpc {
+    pub fn new(limiter: Arc<RateLimiter>, tokens: Tokens) -> Self {
+        let _ = m::handle();
+        let descriptors =
+            |matched: &'static str| metrics::counter!(m::GRPC_DESCRIPTORS, "matched" => matched);
+        Self {
+            limiter,
+            tokens,
+            ok: metrics::counter!(m::GRPC_REQUESTS, "code" => "ok"),
+            over_limit: metrics::counter!(m::GRPC_REQUESTS, "code" => "over_limit"),
+            matched: descriptors("true"),
+            unmatched: descriptors("false"),
+            seconds: metrics::histogram!(m::GRPC_SECONDS),
+        }
+    }
+
+    /// Answers one call, or the status it fails with.
+    async fn answer(
+        &self,
+        request: &Request<RateLimitRequest>,
+    ) -> Result<RateLimitResponse, Status> {
+        let values = request
+            .metadata()
+            .get_all("authorization")
+            .into_iter()
+            .map(|v| v.as_bytes());
+        self.tokens
+            .check_client(values)
+            .map_err(Status::unauthenticated)?;
+        let req = request.get_ref();
+        if req.domain.is_empty() {
+            return Err(Status::invalid_argument("`domain` must not be empty"));
+        }
+        if req.descriptors.is_empty() || req.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(Status::invalid_argument(format!(
+                "`descriptors` must hold 1 to {MAX_DESCRIPTORS} descriptors"
+            )));
+        }
+        // Envoy leaves the request's `hits_addend` 0 to mean 1.
+        let default_cost = u64::from(req.hits_addend.max(1));
+        let cache = self.limiter.cache();
+        let mut asks: Vec<Ask> = Vec::with_capacity(req.descriptors.len());
+        // For each descriptor, its ask's index (`None`: no policy serves it), and whether its
+        // hits are to be given back rather than taken.
+        let mut slots: Vec<Option<usize>> = Vec::with_capacity(req.descriptors.len());
+        let mut negative: Vec<bool> = Vec::new();
+        for (i, d) in req.descriptors.iter().enumerate() {
+            if d.entries.is_empty() {
+                return Err(Status::invalid_argument(format!(
+                    "`descriptors[{i}]` has no entries"
+                )));
+            }
+            let entries: Vec<(&str, &str)> = d
+                .entries
+                .iter()
+                .map(|e| (e.key.as_str(), e.value.as_str()))
+                .collect();
+            let Some((policy, etag)) = cache.for_descriptor(&req.domain, &entries) else {
+                self.unmatched.increment(1);
+                slots.push(None);
+                continue;
+            };
+            self.matched.increment(1);
+            let served = policy.descriptor.as_ref();
+            let key = served
+                .map(|s| s.subject(entries.iter().map(|e| e.1)))
+                .unwrap_or(Err("the policy no longer serves descriptors"))
+                .and_then(LimitKey::parse)
+                .map_err(|reason| {
+                    Status::invalid_argument(format!(
+                        "`descriptors[{i}]` (served by policy `{}`): {reason}",
+                        policy.name
+                    ))
+                })?;
+            let cost = d
+                .hits_addend
+                .map_or(default_cost, |h| h.value)
+                .min(MAX_UNITS + 1);
+            negative.push(d.is_negative_hits);
+            slots.push(Some(asks.len()));
+            asks.push(Ask {
+                policy,
+                etag,
+                key,
+                cost,
+            });
+        }
+        // Negative hits give units back (a refund without a ticket) and take part in nothing
+        // else (a negative 0 is a look, as a 0 is); the rest are decided together.
+        let mut answers: Vec<Option<Acquired>> = asks.iter().map(|_| None).collect();
+        let mut together: Vec<usize> = Vec::with_capacity(asks.len());
+        for (i, ask) in asks.iter().enumerate() {
+            if !negative[i] || ask.cost == 0 {
+                together.push(i);
+                continue;
+            }
+            let name = ask.policy.name.as_str();
+            let cost = ask.cost.min(MAX_UNITS);
+            let given = self
+                .limiter
+                .decide(Op::Refund, name, &ask.key, cost, None, None)
+                .await
+                .map_err(status)?;
+            answers[i] = Some(given);
+        }
+        let picked: Vec<Ask> = together.iter().map(|&i| asks[i].clone()).collect();
+        let decided = self
+            .limiter
+            .acquire_together(&picked)
+            .await
+            .map_err(status)?;
+        for (&i, a) in together.iter().zip(decided) {
+            answers[i] = Some(a);
+        }
+        Ok(respond(&slots, &answers))
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Grpc {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let started = Instant::now();
+        let answer = self.answer(&request).await;
+        self.seconds.record(started.elapsed().as_secs_f64());
+        match &answer {
+            Ok(r) if r.overall_code == Code::OverLimit as i32 => self.over_limit.increment(1),
+            Ok(_) => self.ok.increment(1),
+            Err(s) => {
+                let code = match s.code() {
+                    tonic::Code::InvalidArgument => "invalid_argument",
+                    tonic::Code::Unauthenticated => "unauthenticated",
+                    tonic::Code::Unavailable => "unavailable",
+                    _ => "internal",
+                };
+                metrics::counter!(m::GRPC_REQUESTS, "code" => code).increment(1);
+                tracing::debug!(domain = %request.get_ref().domain, code, message = s.message(), "gRPC rate-limit call failed");
+            }
+        }
+        answer.map(Response::new)
+    }
+}
+
+/// The gRPC status of a call that got no answer.
+fn status(e: ServiceError) -> Status {
+    match e {
+        ServiceError::Store(e) => Status::unavailable(format!(
+            "the rate-limit store could not decide and a policy's fail_mode is closed: {e}"
+        )),
+        // Deleted between the match and the decision: a retry finds what serves it now.
+        ServiceError::UnknownPolicy(name) => {
+            Status::unavailable(format!("policy `{name}` changed during the call; retry"))
+        }
+        other => Status::internal(other.to_string()),
+    }
+}
+
+/// The answer: per descriptor, its status; overall, `OVER_LIMIT` when any is; and the
+/// `RateLimit` fields of every policy that decided.
+fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitResponse {
+    let mut statuses = Vec::with_capacity(slots.len());
+    let mut over = false;
+    let mut retry_after_us = 0;
+    let mut degraded: Option<DecidedBy> = None;
+    for slot in slots {
+        let Some(a) = slot.and_then(|i| answers.get(i)?.as_ref()) else {
+            statuses.push(DescriptorStatus {
+                code: Code::Ok as i32,
+                ..DescriptorStatus::default()
+            });
+            continue;
+        };
+        let denies = !a.shadow && a.verdict.limits().iter().any(|d| !d.allowed);
+        if denies {
+            over = true;
+            retry_after_us = retry_after_us.max(
+                a.verdict
+                    .limits()
+                    .iter()
+                    .filter(|d| !d.allowed)
+                    .map(|d| d.retry_after_us)
+                    .max()
+                    .unwrap_or(0),
+            );
+        }
+        if a.degraded {
+            degraded = Some(a.decided_by);
+        }
+        statuses.push(descriptor_status(a, denies));
+    }
+    let mut headers = Vec::with_capacity(4);
+    let decided: Vec<&Acquired> = dedup(answers);
+    if !decided.is_empty() {
+        headers.push(header("RateLimit-Policy", ratelimit_policy(&decided)));
+        let counted: Vec<&Acquired> = decided
+            .iter()
+            .copied()
+            .filter(|a| a.decided_by != DecidedBy::FailOpen)
+            .collect();
+        if !counted.is_empty() {
+            headers.push(header("RateLimit", ratelimit(&counted)));
+        }
+    }
+    if over {
+        let seconds = retry_after_us.div_ceil(1_000_000).max(1);
+        headers.push(header("Retry-After", seconds.to_string()));
+    }
+    if let Some(d) = degraded {
+        headers.push(header("Decided-By", d.as_str().to_owned()));
+    }
+    RateLimitResponse {
+        overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
+        statuses,
+        response_headers_to_add: headers,
+        ..RateLimitResponse::default()
+    }
+}
+
+/// One descriptor's status, from its binding limit (the one that denies, or the one with the
+/// least left).
+fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
+    let binding = a.verdict.binding();
+    let d = a.verdict.decision();
+    let limit = a.policy.limits.get(binding);
+    let current_limit = limit.map(|l| RateLimit {
+        name: item_name(&a.policy, binding),
+        requests_per_unit: u32::try_from(l.params.quota()).unwrap_or(u32::MAX),
+        unit: unit(l.params.window_us()) as i32,
+    });
+    let remaining = if a.decided_by == DecidedBy::FailOpen {
+        0
+    } else {
+        d.remaining
+    };
+    DescriptorStatus {
+        code: if denies { Code::OverLimit } else { Code::Ok } as i32,
+        current_limit,
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(duration(d.reset_after_us)),
+        ..DescriptorStatus::default()
+    }
+}
+
+/// The unit a window maps onto exactly; `UNKNOWN` for any other window (a 90-second window, a
+/// bucket that refills in 2.5 s): the exact window is in `RateLimit-Policy`'s `w`.
+fn unit(window_us: u64) -> Unit {
+    const S: u64 = 1_000_000;
+    match window_us {
+        S => Unit::Second,
+        w if w == 60 * S => Unit::Minute,
+        w if w == 3_600 * S => Unit::Hour,
+        w if w == 86_400 * S => Unit::Day,
+        w if w == 7 * 86_400 * S => Unit::Week,
+        _ => Unit::Unknown,
+    }
+}
+
+fn duration(us: u64) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(us % 1_000_000 * 1_000).unwrap_or(0),
+    }
+}
+
+/// A limit's name in the `RateLimit` fields and in `current_limit`: `<policy>` for a policy of
+/// one limit, `<policy>/<limit>` for each of several, as the HTTP API names them.
+fn item_name(policy: &Policy, limit: usize) -> String {
+    match (policy.is_composite(), policy.limits.get(limit)) {
+        (true, Some(l)) => format!("{}/{}", policy.name, l.name),
+        _ => policy.name.to_string(),
+    }
+}
+
+/// The answers of distinct policies, in order of first appearance (two descriptors of one
+/// policy and subject would repeat its items).
+fn dedup(answers: &[Option<Acquired>]) -> Vec<&Acquired> {
+    let mut seen: Vec<&Acquired> = Vec::new();
+    for a in answers.iter().flatten() {
+        if !seen.iter().any(|s| s.policy.name == a.policy.name) {
+            seen.push(a);
+        }
+    }
+    seen
+}
+
+/// `"<name>";q=<quota>;w=<window seconds>` for each limit of each policy.
+fn ratelimit_policy(decided: &[&Acquired]) -> String {
+    let mut items = Vec::new();
+    for a in decided {
+        for (i, l) in a.policy.limits.iter().enumerate() {
+            items.push(format!(
+                "\"{}\";q={};w={}",
+                item_name(&a.policy, i),
+                l.params.quota(),
+                l.window_seconds()
+            ));
+        }
+    }
+    items.join(", ")
+}
+
+/// `"<name>";r=<remaining>;t=<seconds until reset>` for each limit of each policy.
+fn ratelimit(decided: &[&Acquired]) -> String {
+    let mut items = Vec::new();
+    for a in decided {
+        for (i, d) in a.verdict.limits().iter().enumerate() {
+            items.push(format!(
+                "\"{}\";r={};t={}",
+                item_name(&a.policy, i),
+                d.remaining,
+                d.reset_after_us.div_ceil(1_000_000)
+            ));
+        }
+    }
+    items.join(", ")
+}
+
+fn header(key: &str, value: String) -> HeaderValue {
+    HeaderValue {
+        key: key.to_owned(),
+        value,
+        ..HeaderValue::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_map_onto_units_only_exactly() {
+        assert_eq!(unit(1_000_000), Unit::Second);
+        assert_eq!(unit(60_000_000), Unit::Minute);
+        assert_eq!(unit(3_600_000_000), Unit::Hour);
+        assert_eq!(unit(86_400_000_000), Unit::Day);
+        assert_eq!(unit(604_800_000_000), Unit::Week);
+        assert_eq!(unit(90_000_000), Unit::Unknown);
+        assert_eq!(unit(2_500_000), Unit::Unknown);
+    }
+
+    #[test]
+    fn durations_split_into_seconds_and_nanos() {
+        let d = duration(2_500_001);
+        assert_eq!((d.seconds, d.nanos), (2, 500_001_000));
+    }
+}

@@ -1,0 +1,354 @@
+//! Several subjects decided as one request: the Envoy descriptors of one `ShouldRateLimit` call.
+//!
+//! All or nothing: when any enforced descriptor denies, none of them keeps anything. How that
+//! holds depends on the store:
+//! - The embedded store and one Redis decide every enforced subject in one atomic step
+//!   (`Store::acquire_joint`: the shards' locks, or one script), when their limits number at most
+//!   `MAX_JOINT_LIMITS` in all.
+//! - A Redis Cluster keeps different subjects on different slots, which no one script may touch.
+//!   There (and past `MAX_JOINT_LIMITS` limits) the subjects are decided one after another, in
+//!   order; at the first denial the rest are only looked at (a peek), and what the earlier ones
+//!   took is refunded with their tickets. Nothing stays taken, but between the take and the
+//!   refund (one round trip) another request may find those units gone.
+//!
+//! Around that step: two descriptors that name the same policy and subject are one subject,
+//! decided once for the sum of their costs; a descriptor of cost 0 (`hits_addend` set to 0)
+//! takes nothing and answers what an acquire of 1 unit would (a peek); a policy in shadow mode
+//! is decided after the others, on its own (it answers allowed whatever it decides), taking only
+//! when they allowed; a cost above a limit's quota denies without asking the store.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
+use crate::limiter::{Decision, Op, Verdict};
+use crate::policy::{FailMode, LimitKey, Mode, Policy};
+use crate::store::memory::system_now_us;
+use crate::store::{joint_limits, AnyStore, Etag, JointPart, Store, StoreError, MAX_JOINT_LIMITS};
+
+/// One descriptor's subject, as matched to its policy.
+#[derive(Debug, Clone)]
+pub struct Ask {
+    pub policy: Arc<Policy>,
+    pub etag: Etag,
+    pub key: LimitKey,
+    /// Units to take; 0 takes nothing (a peek of 1 unit).
+    pub cost: u64,
+}
+
+/// One subject of the request: the asks that name it, and their summed cost.
+struct Subject {
+    policy: Arc<Policy>,
+    etag: Etag,
+    key: LimitKey,
+    cost: u64,
+}
+
+/// How a subject is decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Enforced,
+    /// Above its tightest limit's quota: denied, never sent.
+    AboveQuota,
+    Shadow,
+    Peek,
+}
+
+impl RateLimiter {
+    /// Decides `asks` together, all or nothing (see the module documentation), and answers one
+    /// [`Acquired`] per ask, in order. Fails as a lone acquire would (`fail_mode: closed` and an
+    /// unreachable store): the request as a whole gets no answer.
+    pub async fn acquire_together(&self, asks: &[Ask]) -> Result<Vec<Acquired>, ServiceError> {
+        let started = Instant::now();
+        // One subject per (policy, key): asks naming the same one add up their costs.
+        let mut subjects: Vec<Subject> = Vec::with_capacity(asks.len());
+        let mut of_ask = Vec::with_capacity(asks.len());
+        for ask in asks {
+            let same = subjects
+                .iter()
+                .position(|s| s.policy.name == ask.policy.name && s.key == ask.key);
+            match same {
+                Some(i) => {
+                    subjects[i].cost = subjects[i].cost.saturating_add(ask.cost);
+                    of_ask.push(i);
+                }
+                None => {
+                    of_ask.push(subjects.len());
+                    subjects.push(Subject {
+                        policy: ask.policy.clone(),
+                        etag: ask.etag.clone(),
+                        key: ask.key.clone(),
+                        cost: ask.cost,
+                    });
+                }
+            }
+        }
+        let kinds: Vec<Kind> = subjects
+            .iter()
+            .map(|s| {
+                let quota = s.policy.tightest().map_or(0, |l| l.params.quota());
+                if s.cost == 0 {
+                    Kind::Peek
+                } else if self.shadow || s.policy.mode == Mode::Shadow {
+                    Kind::Shadow
+                } else if s.cost > quota {
+                    Kind::AboveQuota
+                } else {
+                    Kind::Enforced
+                }
+            })
+            .collect();
+        let mut answers: Vec<Option<Acquired>> = subjects.iter().map(|_| None).collect();
+
+        let enforced: Vec<usize> = (0..subjects.len())
+            .filter(|&i| kinds[i] == Kind::Enforced)
+            .collect();
+        let above = kinds.contains(&Kind::AboveQuota);
+        let allowed = if above {
+            // Denied whatever the others say: nothing is taken, each is looked at.
+            for &i in &enforced {
+                answers[i] = Some(self.look(&subjects[i]).await?);
+            }
+            false
+        } else {
+            self.decide_enforced(&subjects, &enforced, &mut answers)
+                .await?
+        };
+        for (i, s) in subjects.iter().enumerate() {
+            match kinds[i] {
+                Kind::Enforced => {}
+                Kind::AboveQuota => {
+                    let mut a = self.look(s).await?;
+                    // Nothing can admit this cost: the limits it exceeds deny.
+                    let mut verdict = Verdict::at(a.verdict.at_us);
+                    for (l, d) in s.policy.limits.iter().zip(a.verdict.limits()) {
+                        let exceeds = s.cost > l.params.quota();
+                        verdict.push(Decision {
+                            allowed: d.allowed && !exceeds,
+                            retry_after_us: if exceeds {
+                                crate::limiter::MAX_WAIT_US
+                            } else {
+                                d.retry_after_us
+                            },
+                            ..*d
+                        });
+                    }
+                    verdict.allowed = false;
+                    a.verdict = verdict;
+                    a.op = Op::Acquire;
+                    answers[i] = Some(a);
+                }
+                Kind::Shadow => {
+                    let op = if allowed { Op::Acquire } else { Op::Peek };
+                    let cost = s
+                        .cost
+                        .min(s.policy.tightest().map_or(1, |l| l.params.quota()));
+                    answers[i] = Some(
+                        self.decide(op, s.policy.name.as_str(), &s.key, cost.max(1), None, None)
+                            .await?,
+                    );
+                }
+                Kind::Peek => answers[i] = Some(self.look(s).await?),
+            }
+        }
+        if enforced.len() > 1 {
+            self.acquire_seconds.record(started.elapsed().as_secs_f64());
+        }
+        Ok(of_ask
+            .into_iter()
+            .filter_map(|i| answers[i].clone())
+            .collect())
+    }
+
+    /// What an acquire of 1 unit would answer for the subject, taking nothing.
+    async fn look(&self, s: &Subject) -> Result<Acquired, ServiceError> {
+        self.decide(Op::Peek, s.policy.name.as_str(), &s.key, 1, None, None)
+            .await
+    }
+
+    /// Decides the enforced subjects `which`, all or nothing; answers whether they were allowed.
+    async fn decide_enforced(
+        &self,
+        subjects: &[Subject],
+        which: &[usize],
+        answers: &mut [Option<Acquired>],
+    ) -> Result<bool, ServiceError> {
+        match which {
+            [] => return Ok(true),
+            [one] => {
+                let s = &subjects[*one];
+                let a = self
+                    .decide(
+                        Op::Acquire,
+                        s.policy.name.as_str(),
+                        &s.key,
+                        s.cost,
+                        None,
+                        None,
+                    )
+                    .await?;
+                let allowed = a.verdict.allowed;
+                answers[*one] = Some(a);
+                return Ok(allowed);
+            }
+            _ => {}
+        }
+        let parts: Vec<JointPart<'_>> = which
+            .iter()
+            .map(|&i| JointPart {
+                policy: &subjects[i].policy,
+                key: &subjects[i].key,
+                cost: subjects[i].cost,
+            })
+            .collect();
+        let atomic = match &self.store {
+            AnyStore::Memory(_) => true,
+            AnyStore::Redis(r) => !r.is_cluster(),
+        };
+        if !atomic || joint_limits(&parts) > MAX_JOINT_LIMITS {
+            return self.decide_in_turn(subjects, which, answers).await;
+        }
+        let (verdicts, decided_by) = match self.store.acquire_joint(&parts, None).await {
+            Ok(v) => (v, self.store_decider()),
+            Err(e) => self.joint_by_fail_mode(&parts, e)?,
+        };
+        let allowed = verdicts.iter().all(|v| v.allowed);
+        for (&i, verdict) in which.iter().zip(verdicts) {
+            let s = &subjects[i];
+            let counters = self.counters(&s.policy);
+            match (decided_by.is_degraded(), verdict.allowed) {
+                (true, _) => counters.degraded.increment(1),
+                (false, true) => counters.allowed.increment(1),
+                (false, false) => counters.denied.increment(1),
+            }
+            answers[i] = Some(Acquired {
+                op: Op::Acquire,
+                policy: s.policy.clone(),
+                etag: s.etag.clone(),
+                verdict,
+                degraded: decided_by.is_degraded(),
+                decided_by,
+                shadow: false,
+                ticket: None,
+            });
+        }
+        Ok(allowed)
+    }
+
+    /// The joint step on a Cluster, or past `MAX_JOINT_LIMITS` limits: each subject in turn; at
+    /// the first denial the rest are peeked and what the earlier ones took is refunded.
+    async fn decide_in_turn(
+        &self,
+        subjects: &[Subject],
+        which: &[usize],
+        answers: &mut [Option<Acquired>],
+    ) -> Result<bool, ServiceError> {
+        let mut allowed = true;
+        let mut taken: Vec<usize> = Vec::new();
+        for &i in which {
+            let s = &subjects[i];
+            let name = s.policy.name.as_str();
+            let decided = if allowed {
+                self.decide(Op::Acquire, name, &s.key, s.cost, None, None)
+                    .await
+            } else {
+                self.look(s).await
+            };
+            let a = match decided {
+                Ok(a) => a,
+                Err(e) => {
+                    self.give_back(subjects, &taken, answers).await;
+                    return Err(e);
+                }
+            };
+            if allowed && a.verdict.allowed {
+                taken.push(i);
+            } else {
+                allowed = false;
+            }
+            answers[i] = Some(a);
+        }
+        if !allowed {
+            self.give_back(subjects, &taken, answers).await;
+        }
+        Ok(allowed)
+    }
+
+    /// Refunds what the acquires of `taken` took, with their tickets, and answers each with the
+    /// subject as the refund left it. A refund that fails is logged: those units come back when
+    /// their window passes.
+    async fn give_back(
+        &self,
+        subjects: &[Subject],
+        taken: &[usize],
+        answers: &mut [Option<Acquired>],
+    ) {
+        for &i in taken {
+            let s = &subjects[i];
+            let Some(ticket) = answers[i].as_ref().and_then(|a| a.ticket.as_ref()) else {
+                continue;
+            };
+            let text = ticket.to_string();
+            let name = s.policy.name.as_str();
+            match self
+                .decide(Op::Refund, name, &s.key, s.cost, Some(&text), None)
+                .await
+            {
+                Ok(refunded) => answers[i] = Some(refunded),
+                Err(e) => {
+                    tracing::warn!(policy = %s.policy.name, error = %e, "could not give back what a descriptor took when another denied; its units return when their window passes");
+                }
+            }
+        }
+    }
+
+    /// The answer to a joint acquire whose store failed, by its policies' fail modes: any
+    /// `closed` fails the whole request; when every one is `local`, this instance's in-process
+    /// store decides them together; otherwise (some `open`, or that store full) every one is
+    /// allowed, counting nothing, as `open` answers.
+    fn joint_by_fail_mode(
+        &self,
+        parts: &[JointPart<'_>],
+        error: StoreError,
+    ) -> Result<(Vec<Verdict>, DecidedBy), ServiceError> {
+        if parts.iter().any(|p| p.policy.fail_mode == FailMode::Closed) {
+            return Err(error.outcome_known().into());
+        }
+        static DEGRADED: crate::telemetry::Summarized = crate::telemetry::Summarized::per_second();
+        if let Some(count) = DEGRADED.hit() {
+            tracing::warn!(%error, count, "store failed on a joint acquire; answering by fail modes");
+        }
+        let now = system_now_us();
+        let all_local = parts.iter().all(|p| p.policy.fail_mode == FailMode::Local);
+        if let (true, Some(local)) = (all_local, &self.local) {
+            if let Ok(verdicts) = local.acquire_joint_at(parts, now) {
+                return Ok((verdicts, DecidedBy::FailLocal));
+            }
+        }
+        // Mixed `open` and `local`, or a full local store: allowed, as `open` answers.
+        let verdicts = parts
+            .iter()
+            .map(|p| fail_open_verdict(p.policy, Op::Acquire, p.cost, now))
+            .collect();
+        Ok((verdicts, DecidedBy::FailOpen))
+    }
+}
+
+/// A fail-open answer: allowed, each limit with its quota less `cost` left (an acquire or a
+/// peek) or its whole quota (a report or a refund, which recorded nothing).
+pub(super) fn fail_open_verdict(policy: &Policy, op: Op, cost: u64, now: u64) -> Verdict {
+    let mut verdict = Verdict::at(now);
+    for p in policy.params() {
+        let remaining = match op {
+            Op::Acquire | Op::Peek => p.quota().saturating_sub(cost),
+            Op::Report | Op::Refund => p.quota(),
+        };
+        verdict.push(Decision {
+            allowed: true,
+            remaining,
+            reset_after_us: 0,
+            retry_after_us: 0,
+        });
+    }
+    verdict
+}

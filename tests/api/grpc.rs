@@ -1,0 +1,593 @@
+//! Envoy's rate-limit protocol over gRPC, with a tonic client built from the `envoy-types`
+//! messages, against the app on the embedded store, one Redis and a Cluster: exact limits under
+//! concurrency, all-or-nothing over descriptors, `hits_addend`, unmatched descriptors, one quota
+//! shared with `POST /v1/acquire`, fail modes with Redis stopped, and bad calls.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::UInt64Value;
+use serde_json::{json, Value};
+use tonic::transport::Channel;
+
+use crate::helpers::{
+    spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
+};
+
+const GRPC: (&str, &str) = ("RATELIMITER__GRPC__BIND", "127.0.0.1:0");
+
+async fn app(backend: Backend) -> TestApp {
+    app_with(backend, &[]).await
+}
+
+async fn app_with(backend: Backend, extra: &[(&str, &str)]) -> TestApp {
+    let mut settings = vec![GRPC];
+    settings.extend_from_slice(extra);
+    match backend {
+        Backend::Embedded => spawn_app_with(None, &settings).await,
+        Backend::Redis => spawn_app_with(Some(Arc::new(TestRedis::start())), &settings).await,
+        Backend::Cluster => spawn_app_on_cluster(Arc::new(TestCluster::start()), &settings).await,
+    }
+}
+
+async fn client(app: &TestApp) -> RateLimitServiceClient<Channel> {
+    let port = app.grpc_port.expect("the app serves gRPC");
+    RateLimitServiceClient::connect(format!("http://127.0.0.1:{port}"))
+        .await
+        .expect("gRPC connects")
+}
+
+/// A descriptor of `(key, value)` entries.
+fn descriptor(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: (*k).to_owned(),
+                value: (*v).to_owned(),
+            })
+            .collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+fn request(domain: &str, descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn call(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: RateLimitRequest,
+) -> RateLimitResponse {
+    client
+        .should_rate_limit(req)
+        .await
+        .expect("an answer")
+        .into_inner()
+}
+
+/// One `remote_address` descriptor of domain `edge`.
+fn by_address(address: &str) -> RateLimitRequest {
+    request("edge", vec![descriptor(&[("remote_address", address)])])
+}
+
+fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
+}
+
+fn per_address(limit: u64) -> Value {
+    json!({
+        "name": "per-address", "algorithm": "fixed_window", "limit": limit, "window_ms": 60_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "remote_address"}]}
+    })
+}
+
+/// Exactly `limit` of 200 concurrent calls for one address are `OK`.
+async fn limits_per_address_exactly(backend: Backend) {
+    let app = app(backend).await;
+    app.create_policy(per_address(50)).await;
+    let client = client(&app).await;
+    let calls = (0..200).map(|_| {
+        let mut c = client.clone();
+        tokio::spawn(async move { call(&mut c, by_address("10.0.0.1")).await })
+    });
+    let mut ok = 0;
+    for answer in futures_util::future::join_all(calls).await {
+        let r = answer.expect("the call ran");
+        assert_eq!(r.statuses.len(), 1);
+        assert_eq!(r.statuses[0].code, r.overall_code);
+        if r.overall_code == Code::Ok as i32 {
+            ok += 1;
+        } else {
+            assert_eq!(r.overall_code, Code::OverLimit as i32);
+            assert!(header(&r, "retry-after").is_some(), "{r:?}");
+        }
+    }
+    assert_eq!(ok, 50, "{backend:?}: exactly the limit");
+    // Another address has its own quota.
+    let r = call(&mut client.clone(), by_address("10.0.0.2")).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses[0].limit_remaining, 49);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_per_address_exactly_on_the_embedded_store() {
+    limits_per_address_exactly(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_per_address_exactly_on_redis() {
+    limits_per_address_exactly(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_per_address_exactly_on_a_cluster() {
+    limits_per_address_exactly(Backend::Cluster).await;
+}
+
+/// Two policies of domain `edge`: `per-user` (limit 5) on `user`, and `per-path` (limit 2) on
+/// `path`.
+async fn two_policies(app: &TestApp) {
+    app.create_policy(json!({
+        "name": "per-user", "algorithm": "token_bucket", "capacity": 5,
+        "refill_tokens": 1, "refill_period_ms": 60_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "user"}]}
+    }))
+    .await;
+    app.create_policy(json!({
+        "name": "per-path", "algorithm": "sliding_window_counter", "limit": 2, "window_ms": 60_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "path"}]}
+    }))
+    .await;
+}
+
+fn user_and_path() -> RateLimitRequest {
+    request(
+        "edge",
+        vec![
+            descriptor(&[("user", "alice")]),
+            descriptor(&[("path", "/a")]),
+        ],
+    )
+}
+
+/// A denial of the second descriptor takes nothing from the first.
+async fn a_denial_takes_nothing_from_the_others(backend: Backend) {
+    let app = app(backend).await;
+    two_policies(&app).await;
+    let mut client = client(&app).await;
+    for left in [4, 3] {
+        let r = call(&mut client, user_and_path()).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
+        assert_eq!(r.statuses[0].limit_remaining, left);
+        assert_eq!(r.statuses[1].limit_remaining, left - 3);
+    }
+    // `per-path` is spent: the call is over its limit, and `per-user` keeps its 3.
+    for _ in 0..3 {
+        let r = call(&mut client, user_and_path()).await;
+        assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+        assert_eq!(r.statuses[0].code, Code::Ok as i32, "the first admits");
+        assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
+        assert_eq!(
+            r.statuses[0].limit_remaining, 3,
+            "nothing taken from the first"
+        );
+        let limit = r.statuses[1].current_limit.as_ref().expect("a limit");
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit),
+            ("per-path", 2)
+        );
+        let retry: u64 = header(&r, "retry-after")
+            .and_then(|v| v.parse().ok())
+            .expect("Retry-After");
+        // A sliding window counter frees its units over up to two windows.
+        assert!((1..=120).contains(&retry), "{retry}");
+    }
+    let alone = app.acquire("per-user", "alice", 1).await;
+    assert_eq!(
+        alone["remaining"], 2,
+        "per-user lost nothing to the denials"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_takes_nothing_from_the_others_on_the_embedded_store() {
+    a_denial_takes_nothing_from_the_others(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_takes_nothing_from_the_others_on_redis() {
+    a_denial_takes_nothing_from_the_others(Backend::Redis).await;
+}
+
+/// On a Cluster the descriptors are decided in turn and what the first took is refunded: after
+/// the answer, nothing stays taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_takes_nothing_from_the_others_on_a_cluster_once_refunded() {
+    a_denial_takes_nothing_from_the_others(Backend::Cluster).await;
+}
+
+/// Under concurrency, all or nothing holds exactly: 40 calls, each of both descriptors, against
+/// `per-user` (5) and `per-path` (2): exactly 2 allowed, and `per-user` keeps 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_nothing_holds_under_concurrency_on_redis() {
+    let app = app(Backend::Redis).await;
+    two_policies(&app).await;
+    let client = client(&app).await;
+    let calls = (0..40).map(|_| {
+        let mut c = client.clone();
+        tokio::spawn(async move { call(&mut c, user_and_path()).await })
+    });
+    let ok = futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .filter(|r| r.as_ref().is_ok_and(|r| r.overall_code == Code::Ok as i32))
+        .count();
+    assert_eq!(ok, 2);
+    assert_eq!(app.acquire("per-user", "alice", 1).await["remaining"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(per_address(10)).await;
+    let mut client = client(&app).await;
+    let mut req = by_address("a");
+    req.hits_addend = 4;
+    let r = call(&mut client, req.clone()).await;
+    assert_eq!(r.statuses[0].limit_remaining, 6);
+    // The descriptor's own overrides the request's.
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 5 });
+    let r = call(&mut client, req.clone()).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1)
+    );
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 2 });
+    let r = call(&mut client, req.clone()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "2 > 1 left");
+    assert_eq!(r.statuses[0].limit_remaining, 1, "a denial takes nothing");
+    // 0 takes nothing and answers whether 1 unit would fit.
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 0 });
+    let r = call(&mut client, req.clone()).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 1)
+    );
+    // Negative hits give units back.
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 3 });
+    req.descriptors[0].is_negative_hits = true;
+    let r = call(&mut client, req.clone()).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::Ok as i32, 4)
+    );
+    // Above the limit's quota: never allowed, and nothing asked of the store.
+    req.descriptors[0].is_negative_hits = false;
+    req.descriptors[0].hits_addend = Some(UInt64Value { value: 11 });
+    let r = call(&mut client, req).await;
+    assert_eq!(
+        (r.overall_code, r.statuses[0].limit_remaining),
+        (Code::OverLimit as i32, 4)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmatched_descriptors_are_ok_and_the_most_specific_policy_serves() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(json!({
+        "name": "any-path", "algorithm": "fixed_window", "limit": 100, "window_ms": 1_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "path"}, {"key": "remote_address"}]}
+    }))
+    .await;
+    app.create_policy(json!({
+        "name": "login", "algorithm": "fixed_window", "limit": 3, "window_ms": 60_000,
+        "descriptor": {"domain": "edge", "entries": [
+            {"key": "path", "value": "/login"}, {"key": "remote_address"}]}
+    }))
+    .await;
+    let mut client = client(&app).await;
+    let r = call(
+        &mut client,
+        request(
+            "edge",
+            vec![
+                descriptor(&[("path", "/login"), ("remote_address", "1.2.3.4")]),
+                descriptor(&[("path", "/home"), ("remote_address", "1.2.3.4")]),
+                descriptor(&[("remote_address", "1.2.3.4")]),
+                descriptor(&[("path", "/login")]),
+            ],
+        ),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert_eq!(r.statuses.len(), 4);
+    let limit = |i: usize| {
+        r.statuses[i]
+            .current_limit
+            .as_ref()
+            .map(|l| (l.name.clone(), l.unit))
+    };
+    assert_eq!(
+        limit(0),
+        Some(("login".to_owned(), 2)),
+        "fixed value wins; MINUTE"
+    );
+    assert_eq!(limit(1), Some(("any-path".to_owned(), 1)), "SECOND");
+    assert_eq!(
+        (limit(2), limit(3)),
+        (None, None),
+        "no policy serves these: OK"
+    );
+    assert_eq!(r.statuses[0].limit_remaining, 2);
+    // Another domain matches nothing.
+    let r = call(
+        &mut client,
+        request("other", vec![descriptor(&[("remote_address", "1.2.3.4")])]),
+    )
+    .await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    assert!(r.statuses[0].current_limit.is_none());
+    // The subject of several variable entries: their values joined by `|`.
+    let shared = app.acquire("any-path", "/home|1.2.3.4", 1).await;
+    assert_eq!(shared["remaining"], 98, "the gRPC call took 1 already");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_and_the_http_api_share_one_quota() {
+    for backend in [Backend::Embedded, Backend::Redis] {
+        let app = app(backend).await;
+        app.create_policy(per_address(6)).await;
+        let mut client = client(&app).await;
+        let mut answers = Vec::new();
+        for i in 0..8 {
+            if i % 2 == 0 {
+                let r = call(&mut client, by_address("10.9.9.9")).await;
+                answers.push((
+                    r.overall_code == Code::Ok as i32,
+                    u64::from(r.statuses[0].limit_remaining),
+                ));
+            } else {
+                let a = app.acquire("per-address", "10.9.9.9", 1).await;
+                answers.push((a["allowed"] == true, a["remaining"].as_u64().unwrap_or(99)));
+            }
+        }
+        let expected: Vec<(bool, u64)> = (0..8u64)
+            .map(|i| (i < 6, 6u64.saturating_sub(i + 1)))
+            .collect();
+        assert_eq!(answers, expected, "{backend:?}: one quota, decided alike");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_carry_the_ratelimit_fields_for_envoy_to_add() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(per_address(2)).await;
+    let mut client = client(&app).await;
+    let r = call(&mut client, by_address("h")).await;
+    assert_eq!(
+        header(&r, "RateLimit-Policy"),
+        Some("\"per-address\";q=2;w=60")
+    );
+    // A fixed window ends on the minute: `t` is what is left of it.
+    let t = |r: &RateLimitResponse, left: u64| {
+        let v = header(r, "RateLimit").expect("RateLimit").to_owned();
+        let prefix = format!("\"per-address\";r={left};t=");
+        let t: u64 = v
+            .strip_prefix(&prefix)
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{v}"));
+        assert!((1..=60).contains(&t), "{v}");
+        t
+    };
+    let reset = t(&r, 1);
+    assert_eq!(header(&r, "Retry-After"), None);
+    let until = r.statuses[0]
+        .duration_until_reset
+        .as_ref()
+        .expect("a reset");
+    assert!(until.seconds.abs_diff(reset as i64) <= 1, "{until:?}");
+    call(&mut client, by_address("h")).await;
+    let r = call(&mut client, by_address("h")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let reset = t(&r, 0);
+    assert_eq!(header(&r, "Retry-After"), Some(reset.to_string().as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_calls_are_invalid_arguments() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(per_address(2)).await;
+    let mut client = client(&app).await;
+    let cases = [
+        (
+            request("", vec![descriptor(&[("remote_address", "a")])]),
+            "domain",
+        ),
+        (request("edge", vec![]), "descriptors"),
+        (request("edge", vec![descriptor(&[])]), "descriptors[0]"),
+        (
+            request(
+                "edge",
+                vec![
+                    descriptor(&[("x", "1")]),
+                    descriptor(&[("remote_address", "")]),
+                ],
+            ),
+            "descriptors[1]",
+        ),
+    ];
+    for (req, names) in cases {
+        let status = client.should_rate_limit(req).await.expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(names), "{status:?}");
+    }
+    // Nothing was taken by the refused calls.
+    let r = call(&mut client, by_address("a")).await;
+    assert_eq!(r.statuses[0].limit_remaining, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_tokens_guard_grpc_calls_too() {
+    let app = app_with(
+        Backend::Embedded,
+        &[("RATELIMITER__AUTH__CLIENT_TOKENS", "s3cret")],
+    )
+    .await;
+    let mut client = client(&app).await;
+    let status = client
+        .should_rate_limit(by_address("a"))
+        .await
+        .expect_err("no token");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let mut req = tonic::Request::new(by_address("a"));
+    req.metadata_mut()
+        .insert("authorization", "Bearer s3cret".parse().expect("ascii"));
+    let r = client.should_rate_limit(req).await.expect("with the token");
+    assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
+}
+
+/// With Redis stopped: `closed` is `UNAVAILABLE`, `open` is `OK` marked `fail_open`, `local`
+/// decides in this instance, marked `fail_local`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_modes_answer_when_redis_is_stopped() {
+    let redis = Arc::new(TestRedis::start());
+    let app = spawn_app_with(
+        Some(redis.clone()),
+        &[GRPC, ("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
+    )
+    .await;
+    for mode in ["open", "closed", "local"] {
+        app.create_policy(json!({
+            "name": mode, "algorithm": "fixed_window", "limit": 2, "window_ms": 60_000,
+            "fail_mode": mode,
+            "descriptor": {"domain": "edge", "entries": [{"key": mode}]}
+        }))
+        .await;
+    }
+    let mut client = client(&app).await;
+    let one = |mode: &str| request("edge", vec![descriptor(&[(mode, "k")])]);
+    assert_eq!(
+        call(&mut client, one("open")).await.overall_code,
+        Code::Ok as i32
+    );
+    let stopping = redis.clone();
+    tokio::task::spawn_blocking(move || stopping.stop())
+        .await
+        .expect("stop");
+
+    let status = client
+        .should_rate_limit(one("closed"))
+        .await
+        .expect_err("closed");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    for _ in 0..3 {
+        let r = call(&mut client, one("open")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        assert_eq!(header(&r, "Decided-By"), Some("fail_open"));
+        assert_eq!(header(&r, "RateLimit"), None, "nothing was counted");
+    }
+    let local: Vec<i32> = {
+        let mut codes = Vec::new();
+        for _ in 0..3 {
+            let r = call(&mut client, one("local")).await;
+            assert_eq!(header(&r, "Decided-By"), Some("fail_local"));
+            codes.push(r.overall_code);
+        }
+        codes
+    };
+    assert_eq!(
+        local,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+    // Descriptors of `open` and `closed` together: the closed one fails the call.
+    let both = request(
+        "edge",
+        vec![descriptor(&[("open", "k")]), descriptor(&[("closed", "k")])],
+    );
+    let status = client
+        .should_rate_limit(both)
+        .await
+        .expect_err("closed wins");
+    assert_eq!(status.code(), tonic::Code::Unavailable);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_are_validated_and_unique_per_shape() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(per_address(2)).await;
+    let clash = app
+        .post(
+            "/v1/policies",
+            &json!({
+                "name": "again", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000,
+                "descriptor": {"domain": "edge", "entries": [{"key": "remote_address"}]}
+            }),
+        )
+        .await;
+    assert_eq!(clash.status(), 409);
+    let body: Value = clash.json().await.expect("problem");
+    assert_eq!(body["field"], "descriptor", "{body}");
+    // Another domain, or a fixed value, is another shape.
+    for descriptor in [
+        json!({"domain": "other", "entries": [{"key": "remote_address"}]}),
+        json!({"domain": "edge", "entries": [{"key": "remote_address", "value": "10.0.0.1"}]}),
+    ] {
+        let name = format!("p{}", descriptor.to_string().len());
+        app.create_policy(json!({
+            "name": name, "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000,
+            "descriptor": descriptor
+        }))
+        .await;
+    }
+    // A policy may keep its own shape when replaced.
+    let put = app.put("/v1/policies/per-address", &per_address(3)).await;
+    assert_eq!(put.status(), 200);
+    let read: Value = app
+        .get("/v1/policies/per-address")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(read["descriptor"], per_address(3)["descriptor"]);
+    for (doc, field) in [
+        (
+            json!({"domain": "edge", "entries": []}),
+            "descriptor.entries",
+        ),
+        (json!({"entries": [{"key": "a"}]}), "descriptor.domain"),
+        (
+            json!({"domain": "edge", "entries": [{"key": "a", "valu": "x"}]}),
+            "descriptor.entries[0].valu",
+        ),
+    ] {
+        let r = app
+            .post(
+                "/v1/policies",
+                &json!({"name": "bad", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000, "descriptor": doc}),
+            )
+            .await;
+        assert!(matches!(r.status().as_u16(), 400 | 422), "{doc}");
+        let body: Value = r.json().await.expect("problem");
+        assert_eq!(body["field"], field, "{body}");
+    }
+    let r = app
+        .post(
+            "/v1/policies",
+            &json!({"name": "c", "algorithm": "concurrency", "limit": 1, "lease_ms": 1_000,
+                    "descriptor": {"domain": "edge", "entries": [{"key": "x"}]}}),
+        )
+        .await;
+    assert_eq!(r.status(), 422);
+}
