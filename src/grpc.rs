@@ -32,6 +32,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use metrics::{Counter, Histogram};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::api::auth::Tokens;
 use crate::limiter::{Op, MAX_UNITS};
@@ -194,7 +195,20 @@ impl RateLimitService for Grpc {
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
         let started = Instant::now();
-        let answer = self.answer(&request).await;
+        // The root span of the call, as the HTTP side's (`api::span`): every log line of the
+        // decision (a fail mode answering, a refund that failed) says it came over gRPC, and
+        // from where. Client-controlled text is recorded with `Debug`, escaped.
+        let span = tracing::info_span!(
+            "grpc",
+            rpc = "ShouldRateLimit",
+            peer = tracing::field::Empty,
+            domain = ?request.get_ref().domain,
+            descriptors = request.get_ref().descriptors.len(),
+        );
+        if let Some(peer) = request.remote_addr() {
+            span.record("peer", tracing::field::display(peer));
+        }
+        let answer = self.answer(&request).instrument(span).await;
         self.seconds.record(started.elapsed().as_secs_f64());
         match &answer {
             Ok(r) if r.overall_code == Code::OverLimit as i32 => self.over_limit.increment(1),

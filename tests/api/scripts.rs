@@ -8,7 +8,9 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{decide_all, sliding_window_log, Decision, Op, State, Verdict};
+use ratelimiter::limiter::{
+    decide_all, decide_joint, sliding_window_log, Decision, Op, State, Verdict,
+};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
@@ -731,6 +733,108 @@ fn composed_scripts_decide_exactly_as_decide_all() {
     assert!(
         partial_denials.get() > 100,
         "only {} denials where some limit admitted",
+        partial_denials.get()
+    );
+}
+
+// --- Joint scripts: several subjects, each with its own cost, as `decide_joint` decides them ----
+
+/// A joint acquire's script over `keys` at `now`, limit `i` with `costs[i]`, then every key
+/// persisted, in one transaction: its reply as `lua/common.lua` gives it.
+fn joint_persisted(
+    conn: &mut redis::Connection,
+    sha: &str,
+    keys: &[String],
+    params: &[Params],
+    costs: &[u64],
+    now: u64,
+) -> Result<Vec<u64>, String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVALSHA")
+        .arg(sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(0)
+        .arg(now);
+    for (p, cost) in params.iter().zip(costs) {
+        pipe.arg(*cost).arg(p.script_args().as_slice());
+    }
+    for k in keys {
+        pipe.cmd("PERSIST").arg(k).ignore();
+    }
+    let (reply,): (Vec<u64>,) = pipe.query(conn).map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+#[test]
+fn joint_scripts_decide_exactly_as_decide_joint() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    // Denials by some subjects while others admit: what all or nothing is about.
+    let partial_denials = std::cell::Cell::new(0u64);
+    let mut runner = TestRunner::new(Config {
+        cases: 192,
+        ..Config::default()
+    });
+    let subjects = proptest::collection::vec(limits(), 2..=4);
+    let result = runner.run(&(subjects, steps()), |(specs, steps)| {
+        let mut lab = lab.borrow_mut();
+        // Each limit a subject of its own (its own policy), with its own cost.
+        let mut params = Vec::new();
+        let mut keys = Vec::new();
+        for spec in &specs {
+            let (policy, k) = composite(&mut lab, std::slice::from_ref(spec));
+            params.extend_from_slice(policy.params());
+            keys.extend(k);
+        }
+        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let sha = load(&mut lab.conn, &scripts::compose_joint(&algorithms));
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(step.dt_us);
+            // Each subject's cost: mostly small, sometimes its whole quota.
+            let costs: Vec<u64> = params
+                .iter()
+                .enumerate()
+                .map(|(j, p)| {
+                    let pick = step.cost_pick.rotate_left(8 * j as u32);
+                    match pick % 8 {
+                        0 => p.quota(),
+                        _ => 1 + pick % p.quota().min(5),
+                    }
+                })
+                .collect();
+            let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
+            if !allowed && decisions.iter().any(|d| d.allowed) {
+                partial_denials.set(partial_denials.get() + 1);
+            }
+            let mut expected = Verdict::at(now);
+            for d in decisions {
+                expected.push(d);
+            }
+            expected.allowed = allowed;
+            let got = joint_persisted(&mut lab.conn, &sha, &keys, &params, &costs, now)
+                .map_err(TestCaseError::fail)?;
+            prop_assert_eq!(
+                got,
+                as_reply(&expected),
+                "step {} at {} costs {:?} of {:?}",
+                i,
+                now,
+                costs,
+                specs
+            );
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    assert!(
+        partial_denials.get() > 100,
+        "only {} denials where some subject admitted",
         partial_denials.get()
     );
 }
