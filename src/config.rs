@@ -525,6 +525,13 @@ impl RawSettings {
                     "repeats an earlier policy's name",
                 ));
             }
+            let shape = |p: &Policy| p.descriptor.as_ref().map(|d| d.shape());
+            if shape(&policy).is_some() && policies.iter().any(|p| shape(p) == shape(&policy)) {
+                return Err(invalid(
+                    &format!("{at}.descriptor"),
+                    "serves the same descriptor shape, in the same domain, as an earlier policy",
+                ));
+            }
             policies.push(policy);
         }
         if let Some(grpc) = self.grpc.bind {
@@ -697,6 +704,37 @@ mod tests {
         );
         let e = Settings::load_from(Some(&f.0), env(&[])).expect_err("burst 0");
         assert!(e.to_string().contains("policies[0].limits[0].burst"), "{e}");
+    }
+
+    #[test]
+    fn policies_in_the_file_may_serve_envoy_descriptors_each_shape_once() {
+        let policy = |name: &str, domain: &str| {
+            format!(
+                "[[policies]]\nname = \"{name}\"\nalgorithm = \"fixed_window\"\nlimit = 5\nwindow_ms = 1000\n\
+                 descriptor = {{ domain = \"{domain}\", entries = [{{ key = \"remote_address\" }}] }}\n\n"
+            )
+        };
+        let f = file(&(policy("a", "edge") + &policy("b", "other")));
+        let s = Settings::load_from(
+            Some(&f.0),
+            env(&[("RATELIMITER__GRPC__BIND", "127.0.0.1:8081")]),
+        )
+        .expect("valid");
+        let served = s.policies[1].descriptor.as_ref().map(|d| d.domain.as_str());
+        assert_eq!(served, Some("other"));
+        assert_eq!(s.grpc.bind.map(|a| a.port()), Some(8081));
+        let f = file(&(policy("a", "edge") + &policy("b", "edge")));
+        let e = Settings::load_from(Some(&f.0), env(&[])).expect_err("the same shape twice");
+        assert!(e.to_string().contains("policies[1].descriptor"), "{e}");
+        let e = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__GRPC__BIND", "127.0.0.1:8080"),
+                ("RATELIMITER__SERVER__BIND", "127.0.0.1:8080"),
+            ]),
+        )
+        .expect_err("one port for both");
+        assert!(e.to_string().contains("grpc.bind"), "{e}");
     }
 
     #[test]

@@ -15,10 +15,12 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
+    metric, spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
 };
 
 const GRPC: (&str, &str) = ("RATELIMITER__GRPC__BIND", "127.0.0.1:0");
+
+const EVERY_BACKEND: [Backend; 3] = [Backend::Embedded, Backend::Redis, Backend::Cluster];
 
 async fn app(backend: Backend) -> TestApp {
     app_with(backend, &[]).await
@@ -86,9 +88,12 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
         .map(|h| h.value.as_str())
 }
 
+/// `limit` per address an hour, as a token bucket: no window edge for a test to cross, and
+/// answers exact to the microsecond.
 fn per_address(limit: u64) -> Value {
     json!({
-        "name": "per-address", "algorithm": "fixed_window", "limit": limit, "window_ms": 60_000,
+        "name": "per-address", "algorithm": "token_bucket",
+        "capacity": limit, "refill_tokens": limit, "refill_period_ms": 3_600_000,
         "descriptor": {"domain": "edge", "entries": [{"key": "remote_address"}]}
     })
 }
@@ -240,7 +245,13 @@ async fn all_or_nothing_holds_under_concurrency_on_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
-    let app = app(Backend::Embedded).await;
+    for backend in EVERY_BACKEND {
+        hits_addend_is_the_cost(backend).await;
+    }
+}
+
+async fn hits_addend_is_the_cost(backend: Backend) {
+    let app = app(backend).await;
     app.create_policy(per_address(10)).await;
     let mut client = client(&app).await;
     let mut req = by_address("a");
@@ -285,9 +296,16 @@ async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unmatched_descriptors_are_ok_and_the_most_specific_policy_serves() {
-    let app = app(Backend::Embedded).await;
+    for backend in EVERY_BACKEND {
+        unmatched_and_most_specific(backend).await;
+    }
+}
+
+async fn unmatched_and_most_specific(backend: Backend) {
+    let app = app(backend).await;
     app.create_policy(json!({
-        "name": "any-path", "algorithm": "fixed_window", "limit": 100, "window_ms": 1_000,
+        "name": "any-path", "algorithm": "token_bucket",
+        "capacity": 100, "refill_tokens": 100, "refill_period_ms": 3_600_000,
         "descriptor": {"domain": "edge", "entries": [{"key": "path"}, {"key": "remote_address"}]}
     }))
     .await;
@@ -324,7 +342,7 @@ async fn unmatched_descriptors_are_ok_and_the_most_specific_policy_serves() {
         Some(("login".to_owned(), 2)),
         "fixed value wins; MINUTE"
     );
-    assert_eq!(limit(1), Some(("any-path".to_owned(), 1)), "SECOND");
+    assert_eq!(limit(1), Some(("any-path".to_owned(), 3)), "HOUR");
     assert_eq!(
         (limit(2), limit(3)),
         (None, None),
@@ -346,7 +364,7 @@ async fn unmatched_descriptors_are_ok_and_the_most_specific_policy_serves() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_and_the_http_api_share_one_quota() {
-    for backend in [Backend::Embedded, Backend::Redis] {
+    for backend in EVERY_BACKEND {
         let app = app(backend).await;
         app.create_policy(per_address(6)).await;
         let mut client = client(&app).await;
@@ -378,31 +396,21 @@ async fn answers_carry_the_ratelimit_fields_for_envoy_to_add() {
     let r = call(&mut client, by_address("h")).await;
     assert_eq!(
         header(&r, "RateLimit-Policy"),
-        Some("\"per-address\";q=2;w=60")
+        Some("\"per-address\";q=2;w=3600")
     );
-    // A fixed window ends on the minute: `t` is what is left of it.
-    let t = |r: &RateLimitResponse, left: u64| {
-        let v = header(r, "RateLimit").expect("RateLimit").to_owned();
-        let prefix = format!("\"per-address\";r={left};t=");
-        let t: u64 = v
-            .strip_prefix(&prefix)
-            .and_then(|t| t.parse().ok())
-            .unwrap_or_else(|| panic!("{v}"));
-        assert!((1..=60).contains(&t), "{v}");
-        t
-    };
-    let reset = t(&r, 1);
+    // One of 2 tokens gone: back in half an hour.
+    assert_eq!(header(&r, "RateLimit"), Some("\"per-address\";r=1;t=1800"));
     assert_eq!(header(&r, "Retry-After"), None);
     let until = r.statuses[0]
         .duration_until_reset
         .as_ref()
         .expect("a reset");
-    assert!(until.seconds.abs_diff(reset as i64) <= 1, "{until:?}");
+    assert_eq!((until.seconds, until.nanos), (1_800, 0));
     call(&mut client, by_address("h")).await;
     let r = call(&mut client, by_address("h")).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    let reset = t(&r, 0);
-    assert_eq!(header(&r, "Retry-After"), Some(reset.to_string().as_str()));
+    assert_eq!(header(&r, "RateLimit"), Some("\"per-address\";r=0;t=3600"));
+    assert_eq!(header(&r, "Retry-After"), Some("1800"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -410,6 +418,9 @@ async fn bad_calls_are_invalid_arguments() {
     let app = app(Backend::Embedded).await;
     app.create_policy(per_address(2)).await;
     let mut client = client(&app).await;
+    // The recorder is the process's: only this test makes invalid calls.
+    let invalid = [("code", "invalid_argument")];
+    let before = metric(&app, "ratelimiter_grpc_requests_total", &invalid).await;
     let cases = [
         (
             request("", vec![descriptor(&[("remote_address", "a")])]),
@@ -433,6 +444,8 @@ async fn bad_calls_are_invalid_arguments() {
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains(names), "{status:?}");
     }
+    let after = metric(&app, "ratelimiter_grpc_requests_total", &invalid).await;
+    assert_eq!(after - before, 4.0, "each refused call counted");
     // Nothing was taken by the refused calls.
     let r = call(&mut client, by_address("a")).await;
     assert_eq!(r.statuses[0].limit_remaining, 1);
