@@ -1,7 +1,8 @@
-# ratelimiter: a rate-limit HTTP service.
+# ratelimiter: a rate-limit HTTP service, and Envoy's rate-limit service over gRPC when asked.
 #
 #   docker build -t ratelimiter .
 #   docker run -p 8080:8080 -e RATELIMITER__REDIS__URL=redis://host:6379 ratelimiter
+#   docker run -p 8080:8080 -p 8081:8081 -e RATELIMITER__GRPC__BIND=0.0.0.0:8081 ratelimiter
 #
 # Without RATELIMITER__REDIS__URL the container runs the embedded in-process store (limits are
 # per container). CI does not build this image (no Docker engine runs there); it runs the same
@@ -49,7 +50,8 @@ RUN groupadd --system ratelimiter \
 COPY --from=builder /usr/local/bin/ratelimiter /usr/local/bin/ratelimiter
 
 ENV RATELIMITER__SERVER__BIND=0.0.0.0:8080
-EXPOSE 8080
+# 8081: Envoy's rate-limit service, served only with RATELIMITER__GRPC__BIND set.
+EXPOSE 8080 8081
 USER ratelimiter:ratelimiter
 
 # The health check needs no extra package: bash (present in debian:bookworm-slim) opens a TCP

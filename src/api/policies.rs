@@ -207,7 +207,7 @@ pub async fn list(
     responses(
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The new policy's URL"), ("ETag" = String, description = "The version created"))),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "A policy of that name exists, or the store holds `limits.max_policies` policies", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A policy of that name exists (`policy-exists`), the store holds `limits.max_policies` policies (`too-many-policies`), or another policy serves the same Envoy descriptor shape (`descriptor-claimed`, naming `descriptor`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
@@ -278,7 +278,7 @@ pub async fn read(
         (status = 200, description = "Replaced", body = PolicyDoc, headers(("ETag" = String, description = "The version written"))),
         (status = 201, description = "Created", body = PolicyDoc, headers(("Location" = String, description = "The policy's URL"), ("ETag" = String, description = "The version written"))),
         (status = 400, description = "Not a JSON object, a field of the wrong JSON type, or a malformed `If-Match`/`If-None-Match`", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "The store holds `limits.max_policies` policies", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The store holds `limits.max_policies` policies (`too-many-policies`), or another policy serves the same Envoy descriptor shape (`descriptor-claimed`, naming `descriptor`)", body = Problem, content_type = "application/problem+json"),
         (status = 412, description = "`If-Match` or `If-None-Match` does not hold; `ETag` is the policy's version now", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field, or a `name` that differs from the path", body = Problem, content_type = "application/problem+json"),
