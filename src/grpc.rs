@@ -65,7 +65,6 @@ pub struct Grpc {
     tokens: Tokens,
     ok: Counter,
     over_limit: Counter,
-    matched: Counter,
     unmatched: Counter,
     seconds: Histogram,
 }
@@ -73,15 +72,12 @@ pub struct Grpc {
 impl Grpc {
     pub fn new(limiter: Arc<RateLimiter>, tokens: Tokens) -> Self {
         let _ = m::handle();
-        let descriptors =
-            |matched: &'static str| metrics::counter!(m::GRPC_DESCRIPTORS, "matched" => matched);
         Self {
             limiter,
             tokens,
             ok: metrics::counter!(m::GRPC_REQUESTS, "code" => "ok"),
             over_limit: metrics::counter!(m::GRPC_REQUESTS, "code" => "over_limit"),
-            matched: descriptors("true"),
-            unmatched: descriptors("false"),
+            unmatched: metrics::counter!(m::GRPC_UNMATCHED),
             seconds: metrics::histogram!(m::GRPC_SECONDS),
         }
     }
@@ -132,7 +128,6 @@ impl Grpc {
                 slots.push(None);
                 continue;
             };
-            self.matched.increment(1);
             let served = policy.descriptor.as_ref();
             let key = served
                 .map(|s| s.subject(entries.iter().map(|e| e.1)))
@@ -184,7 +179,19 @@ impl Grpc {
         for (&i, a) in together.iter().zip(decided) {
             answers[i] = Some(a);
         }
-        Ok(respond(&slots, &answers))
+        let response = respond(&slots, &answers);
+        for (slot, status) in slots.iter().zip(&response.statuses) {
+            if let Some(a) = slot.and_then(|i| answers.get(i)?.as_ref()) {
+                let code = if status.code == Code::OverLimit as i32 {
+                    "over_limit"
+                } else {
+                    "ok"
+                };
+                metrics::counter!(m::GRPC_DESCRIPTORS, "policy" => a.policy.name.to_string(), "code" => code)
+                    .increment(1);
+            }
+        }
+        Ok(response)
     }
 }
 

@@ -44,10 +44,12 @@ pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// `ok` or `over_limit`, or the gRPC status of a call that got none (`invalid_argument`,
 /// `unauthenticated`, `unavailable`, `internal`).
 pub const GRPC_REQUESTS: &str = "ratelimiter_grpc_requests_total";
-/// Descriptors of those calls, labelled `matched`: `true` when a policy serves it, `false` when
-/// none does (answered `OK` without deciding). The decisions of matched ones are counted in
-/// `ratelimiter_decisions_total` with those of the HTTP API.
+/// Descriptors of those calls that a policy served, labelled `policy` and `code` (`ok` or
+/// `over_limit`, as answered). Their decisions also count in `ratelimiter_decisions_total`, with
+/// the HTTP API's.
 pub const GRPC_DESCRIPTORS: &str = "ratelimiter_grpc_descriptors_total";
+/// Descriptors of those calls that no policy serves, answered `OK` without a decision.
+pub const GRPC_UNMATCHED: &str = "ratelimiter_grpc_unmatched_descriptors_total";
 /// Time to answer a gRPC `ShouldRateLimit` call, from decoded request to answer, in seconds.
 pub const GRPC_SECONDS: &str = "ratelimiter_grpc_request_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.

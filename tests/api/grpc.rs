@@ -391,15 +391,18 @@ async fn grpc_and_the_http_api_share_one_quota() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_carry_the_ratelimit_fields_for_envoy_to_add() {
     let app = app(Backend::Embedded).await;
-    app.create_policy(per_address(2)).await;
+    // A name no other test uses: the metrics recorder is the process's.
+    let mut policy = per_address(2);
+    policy["name"] = json!("fields");
+    app.create_policy(policy).await;
     let mut client = client(&app).await;
     let r = call(&mut client, by_address("h")).await;
     assert_eq!(
         header(&r, "RateLimit-Policy"),
-        Some("\"per-address\";q=2;w=3600")
+        Some("\"fields\";q=2;w=3600")
     );
     // One of 2 tokens gone: back in half an hour.
-    assert_eq!(header(&r, "RateLimit"), Some("\"per-address\";r=1;t=1800"));
+    assert_eq!(header(&r, "RateLimit"), Some("\"fields\";r=1;t=1800"));
     assert_eq!(header(&r, "Retry-After"), None);
     let until = r.statuses[0]
         .duration_until_reset
@@ -409,8 +412,24 @@ async fn answers_carry_the_ratelimit_fields_for_envoy_to_add() {
     call(&mut client, by_address("h")).await;
     let r = call(&mut client, by_address("h")).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert_eq!(header(&r, "RateLimit"), Some("\"per-address\";r=0;t=3600"));
+    assert_eq!(header(&r, "RateLimit"), Some("\"fields\";r=0;t=3600"));
     assert_eq!(header(&r, "Retry-After"), Some("1800"));
+    let counted = |code: &'static str| {
+        let app = &app;
+        async move {
+            let labels = [("policy", "fields"), ("code", code)];
+            metric(app, "ratelimiter_grpc_descriptors_total", &labels).await
+        }
+    };
+    assert_eq!(
+        (counted("ok").await, counted("over_limit").await),
+        (2.0, 1.0)
+    );
+    let decided = [("policy", "fields"), ("outcome", "denied")];
+    assert_eq!(
+        metric(&app, "ratelimiter_decisions_total", &decided).await,
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
