@@ -170,12 +170,13 @@ impl Grpc {
                 .map_err(status)?;
             answers[i] = Some(given);
         }
-        let picked: Vec<Ask> = together.iter().map(|&i| asks[i].clone()).collect();
-        let decided = self
-            .limiter
-            .acquire_together(&picked)
-            .await
-            .map_err(status)?;
+        let decided = if together.len() == asks.len() {
+            self.limiter.acquire_together(&asks).await
+        } else {
+            let picked: Vec<Ask> = together.iter().map(|&i| asks[i].clone()).collect();
+            self.limiter.acquire_together(&picked).await
+        }
+        .map_err(status)?;
         for (&i, a) in together.iter().zip(decided) {
             answers[i] = Some(a);
         }
