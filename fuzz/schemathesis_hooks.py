@@ -11,7 +11,8 @@ Schemathesis generates.
 - A PUT body's `name`, when given, equals the path's name.
 - The limits of a policy have distinct names.
 - The `key` of an acquire, peek, report, refund, reset or lease is at most 256 bytes of UTF-8,
-  and a policy's `description` at most 1,024 (the schema's `maxLength` counts characters).
+  a policy's `description` at most 1,024, and its `descriptor`'s `domain`, entry keys and values
+  at most 256 each (the schema's `maxLength` counts characters).
 - A policy is of one kind: taking a lease of a rate policy, and an acquire, peek, report, refund
   or reset on a concurrency policy, are 422 naming `policy`, which the schema cannot say (both
   kinds of call take any policy name); and a lease's `cost` above its policy's `limit` is a 422
@@ -58,6 +59,7 @@ import schemathesis
 
 KEY_BYTES = 256
 DESCRIPTION_BYTES = 1024
+DESCRIPTOR_TEXT_BYTES = 256
 FIXED = frozenset(os.environ.get("FUZZ_FIXED_POLICIES", "").split())
 BASE_URL = os.environ.get("FUZZ_BASE_URL", "").rstrip("/")
 # The operations whose body names a subject: `policy` and `key`.
@@ -132,6 +134,24 @@ def _distinct_names(limits):
         seen.add(name)
 
 
+def _descriptor_in_bytes(descriptor):
+    """A policy's `descriptor` with its texts cut to DESCRIPTOR_TEXT_BYTES of UTF-8 (never to
+    nothing: a character is at most 4 bytes)."""
+    if not isinstance(descriptor, dict):
+        return
+    if isinstance(descriptor.get("domain"), str):
+        descriptor["domain"] = _utf8_prefix(descriptor["domain"], DESCRIPTOR_TEXT_BYTES)
+    entries = descriptor.get("entries")
+    if isinstance(entries, list):
+        # Generated entries may be one object twice: copy them first.
+        entries = json.loads(json.dumps(entries))
+        descriptor["entries"] = entries
+        for entry in entries:
+            for field in ("key", "value"):
+                if isinstance(entry, dict) and isinstance(entry.get(field), str):
+                    entry[field] = _utf8_prefix(entry[field], DESCRIPTOR_TEXT_BYTES)
+
+
 @schemathesis.hook
 def before_call(context, case, kwargs):
     """Every case of every phase, as it is about to be sent (after the stateful phase's links
@@ -163,6 +183,7 @@ def before_call(context, case, kwargs):
             _distinct_names(body["limits"])
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
+        _descriptor_in_bytes(body.get("descriptor"))
 
     if (path in DECISIONS or path == "/v1/leases") and body is not None \
             and isinstance(body.get("key"), str):

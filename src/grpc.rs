@@ -35,7 +35,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::api::auth::Tokens;
-use crate::limiter::{Op, MAX_UNITS};
+use crate::limiter::{Op, MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
@@ -296,7 +296,8 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
             headers.push(header("RateLimit", ratelimit(&counted)));
         }
     }
-    if over {
+    // A cost above a limit's quota is never allowed: no time to wait for.
+    if over && retry_after_us < MAX_WAIT_US {
         let seconds = retry_after_us.div_ceil(1_000_000).max(1);
         headers.push(header("Retry-After", seconds.to_string()));
     }

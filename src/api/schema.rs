@@ -187,7 +187,11 @@ fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     )
     .property("fail_mode", fail_mode())
     .property("mode", mode())
-    .property("descriptor", descriptor())
+}
+
+/// [`policy_object`] of a rate policy, which may serve Envoy descriptors.
+fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
+    policy_object(title, name_is).property("descriptor", descriptor())
 }
 
 /// `descriptor`: the Envoy rate-limit descriptors a rate policy serves over gRPC.
@@ -197,7 +201,12 @@ fn descriptor() -> ObjectBuilder {
             .schema_type(SchemaType::new(Type::String))
             .min_length(Some(1))
             .max_length(Some(MAX_DESCRIPTOR_TEXT))
-            .description(Some(description))
+            // No control characters (Unicode's Cc, as `char::is_control`).
+            .pattern(Some("^[^\\u0000-\\u001F\\u007F-\\u009F]+$"))
+            .description(Some(format!(
+                "{description}; at most {MAX_DESCRIPTOR_TEXT} bytes of UTF-8, no control \
+                 characters"
+            )))
     };
     let entry = ObjectBuilder::new()
         .property(
@@ -213,7 +222,7 @@ fn descriptor() -> ObjectBuilder {
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
         .description(Some(format!(
-            "Rate policies only (422 on a concurrency policy). The Envoy rate-limit descriptors \
+            "The Envoy rate-limit descriptors \
              this policy decides when the service serves Envoy's rate-limit protocol \
              (`grpc.bind`): those of `domain` whose entry keys are `entries`' keys, in order, \
              with each fixed `value` where one is given. When several policies match, the one \
@@ -258,7 +267,7 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
     for a in Algorithm::ALL {
         one_of = one_of.item(limit_object(
             a,
-            policy_object(format!("{} policy", a.as_str()), name_is),
+            rate_policy_object(format!("{} policy", a.as_str()), name_is),
         ));
     }
     one_of = one_of.item(
@@ -287,7 +296,7 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
                 .min_items(Some(2))
                 .max_items(Some(MAX_LIMITS)),
         );
-    let limits = policy_object("policy of several limits".to_owned(), name_is)
+    let limits = rate_policy_object("policy of several limits".to_owned(), name_is)
         .property("limits", limits)
         .required("limits")
         .additional_properties(Some(AdditionalProperties::FreeForm(false)));

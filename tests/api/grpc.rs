@@ -292,6 +292,7 @@ async fn hits_addend_is_the_cost(backend: Backend) {
         (r.overall_code, r.statuses[0].limit_remaining),
         (Code::OverLimit as i32, 4)
     );
+    assert_eq!(header(&r, "Retry-After"), None, "no wait lets it through");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
