@@ -434,6 +434,16 @@ def grpc_bind(port):
     return {"RATELIMITER__GRPC__BIND": f"127.0.0.1:{port}"}
 
 
+def create_grpc_policies(base):
+    """GRPC_POLICIES on the service at `base`."""
+    for name, key in GRPC_POLICIES:
+        doc = {"algorithm": "token_bucket", **POLICIES["token_bucket"],
+               "descriptor": {"domain": GRPC_DOMAIN, "entries": [{"key": key}]}}
+        status, body = http("PUT", f"{base}/v1/policies/{name}", doc)
+        if status not in (200, 201):
+            fail(f"creating {name}: {status} {body!r}")
+
+
 def grpc_load(binary, port, concurrency, channels, duration, warmup, descriptors):
     """bench/grpc_load.rs: `concurrency` ShouldRateLimit calls in flight over `channels` HTTP/2
     connections, each with one descriptor per entry key in `descriptors`, values drawn from
@@ -505,12 +515,7 @@ def grpc_section(opts, binary, connections, stores):
     first, first_key = GRPC_POLICIES[0]
     cells, summary = [], []
     for store, (base, port, pid, redis_port) in stores.items():
-        for name, key in GRPC_POLICIES:
-            doc = {"algorithm": "token_bucket", **POLICIES["token_bucket"],
-                   "descriptor": {"domain": GRPC_DOMAIN, "entries": [{"key": key}]}}
-            status, body = http("PUT", f"{base}/v1/policies/{name}", doc)
-            if status not in (200, 201):
-                fail(f"creating {name}: {status} {body!r}")
+        create_grpc_policies(base)
         for c in connections:
             channels = min(c, opts.grpc_channels)
 
