@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """The ratelimiter benchmark: POST /v1/acquire against its two ceilings, side by side.
 
-    python3 bench/run.py              # the default run (about 4 minutes, after the build)
-    python3 bench/run.py --smoke      # a few seconds: checks that the table comes out (CI)
-    python3 bench/run.py --grpc-only  # the gRPC section alone (about 3 minutes)
+    python3 bench/run.py              # the default run (about 10 minutes, after the build)
+    python3 bench/run.py --smoke      # about 80 seconds: checks that the tables come out (CI)
+    python3 bench/run.py --grpc-only  # the gRPC section alone (about 2 minutes)
 
 It builds the service in release mode, starts its own redis-server on a free loopback port, a
 service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
@@ -894,7 +894,7 @@ def targets(results):
         limit = grpc["settings"]["envoy_timeout_ms"]
         one, two = r["grpc_1"], r["grpc_2"]
         worst = max(one["worst_p99_ms"], two["worst_p99_ms"])
-        lines.append(f"gRPC on {r['store']}, {r['connections']} calls in flight: p99 {one['p99_ms']:.2f} ms (one "
+        lines.append(f"gRPC on {r['store']}, {r['connections']} call{'' if r['connections'] == 1 else 's'} in flight: p99 {one['p99_ms']:.2f} ms (one "
                      f"descriptor), {two['p99_ms']:.2f} ms (two), worst round {worst:.2f}, under Envoy's {limit} ms "
                      f"default timeout ({'met' if worst < limit else 'MISSED'}); {one['slow'] + two['slow']} of "
                      f"{one['requests'] + two['requests']} calls slower; {r['grpc_1_vs_http']:.2f} x the HTTP "
