@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The ratelimiter benchmark: POST /v1/acquire against its two ceilings, side by side.
 
-    python3 bench/run.py              # the default run (about 4 minutes, after the build)
-    python3 bench/run.py --smoke      # a few seconds: checks that the table comes out (CI)
+    python3 bench/run.py              # the default run (about 10 minutes, after the build)
+    python3 bench/run.py --smoke      # about 80 seconds: checks that the tables come out (CI)
+    python3 bench/run.py --grpc-only  # the gRPC section alone (about 2 minutes)
 
 It builds the service in release mode, starts its own redis-server on a free loopback port, a
 service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
@@ -21,6 +22,13 @@ connection acquiring one key that has nothing left) with and without the local d
 the script calls it cost Redis, and the embedded store's memory for 1,000,000 subjects and its
 reclaiming of them.
 
+Its gRPC section measures Envoy's rate-limit protocol (ShouldRateLimit) on the services on the
+embedded store and on that Redis, with bench/grpc_load.rs: calls of one descriptor and of two
+(decided together, all or nothing), beside POST /v1/acquire of the same policy on the same
+100,000 keys, at the same concurrency (calls in flight = wrk's connections, over at most
+--grpc-channels HTTP/2 connections), the three in turn in each of --grpc-rounds rounds, with each
+process's CPU time per call; it checks each p99 against Envoy's default timeout of 20 ms.
+
 It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
 127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
 machine's cores: compare ratios from one run, and medians of several runs.
@@ -31,6 +39,7 @@ import datetime
 import json
 import math
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -73,6 +82,19 @@ DAY_MS = 86_400_000
 LIMITS = {a: [(None, a, POLICIES[a])] for a in ALGORITHMS}
 LIMITS[TWO] = [("burst", "token_bucket", POLICIES["token_bucket"]),
                ("daily", "fixed_window", {"limit": 10_000_000, "window_ms": DAY_MS})]
+
+
+# Envoy's rate-limit protocol over gRPC: two policies that serve descriptors of one domain, each
+# the token bucket above (it admits nearly everything, so the allowed path is measured). A call of
+# one descriptor is decided by the first; a call of two by both, together (all or nothing). The
+# HTTP acquires measured beside them name the first policy, on the same keys.
+GRPC_DOMAIN = "edge"
+GRPC_POLICIES = [("bench-grpc-address", "remote_address"), ("bench-grpc-user", "user")]
+# What Envoy's rate-limit filter waits for an answer by default (its `timeout`) before it goes on
+# as its failure mode says.
+ENVOY_TIMEOUT_MS = 20
+# The gRPC section's measurements in each cell, in the order of its first round.
+GRPC_KINDS = ["grpc_1", "grpc_2", "http"]
 
 
 def policy_name(label):
@@ -239,6 +261,7 @@ def wrk(url, connections, duration, script, args=()):
         "p50_ms": r["p50_us"] / 1000,
         "p99_ms": r["p99_us"] / 1000,
         "p999_ms": r["p999_us"] / 1000,
+        "max_ms": r["max_us"] / 1000,
         "errors": r["errors"] + r["non_2xx"],
     }
 
@@ -406,12 +429,231 @@ def flood_run(procs, binary, connections, duration, script):
     return rows
 
 
+def grpc_bind(port):
+    """Settings that make a service serve Envoy's rate-limit protocol on `port` too."""
+    return {"RATELIMITER__GRPC__BIND": f"127.0.0.1:{port}"}
+
+
+def create_grpc_policies(base):
+    """GRPC_POLICIES on the service at `base`."""
+    for name, key in GRPC_POLICIES:
+        doc = {"algorithm": "token_bucket", **POLICIES["token_bucket"],
+               "descriptor": {"domain": GRPC_DOMAIN, "entries": [{"key": key}]}}
+        status, body = http("PUT", f"{base}/v1/policies/{name}", doc)
+        if status not in (200, 201):
+            fail(f"creating {name}: {status} {body!r}")
+
+
+def grpc_load(binary, port, concurrency, channels, duration, warmup, descriptors):
+    """bench/grpc_load.rs: `concurrency` ShouldRateLimit calls in flight over `channels` HTTP/2
+    connections, each with one descriptor per entry key in `descriptors`, values drawn from
+    SPREAD; counted for `duration` seconds after `warmup`. In wrk()'s shape, plus the calls slower
+    than Envoy's default timeout and the calls of the whole run (warm-up included)."""
+    cmd = [binary, "--target", f"127.0.0.1:{port}", "--connections", str(channels), "--concurrency", str(concurrency),
+           "--duration", str(duration), "--warmup", str(warmup), "--domain", GRPC_DOMAIN, "--keys", str(SPREAD),
+           "--slow-ms", str(ENVOY_TIMEOUT_MS)]
+    for key in descriptors:
+        cmd += ["--descriptor", key]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    line = next((l for l in out.stdout.splitlines() if l.startswith("{")), None)
+    if out.returncode != 0 or line is None:
+        fail(f"grpc_load failed: {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+    r = json.loads(line)
+    if r["unmatched"]:
+        fail(f"grpc_load: {r['unmatched']} of {r['calls']} answers had a descriptor no policy decided: {' '.join(cmd)}")
+    latency = r["latency_us"]
+    return {
+        "requests": r["calls"],
+        "calls_total": r["calls_total"],
+        "rps": r["calls_per_s"],
+        "p50_ms": latency["p50"] / 1000,
+        "p90_ms": latency["p90"] / 1000,
+        "p99_ms": latency["p99"] / 1000,
+        "p999_ms": latency["p999"] / 1000,
+        "max_ms": latency["max"] / 1000,
+        "errors": r["errors"] + r["unknown"],
+        "error_codes": r["error_codes"],
+        "over_limit": r["over_limit"],
+        "slow": r["slow"],
+    }
+
+
+def cpu_s(pid):
+    """CPU seconds (user and system, all threads) process `pid` has used."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s():
+    """CPU seconds used by the children this script has waited for (the load generators)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def with_cpu(measure, pid, redis_port):
+    """`measure()`'s result with CPU time per call of the service (`pid`), of the load generator
+    that `measure()` runs and waits for, and of Redis (on `redis_port`, when not None)."""
+    service, client = cpu_s(pid), children_cpu_s()
+    redis = redis_cpu_s(redis_port) if redis_port else None
+    r = measure()
+    calls = max(1, r.get("calls_total", r["requests"]))
+    r["service_cpu_us"] = (cpu_s(pid) - service) * 1e6 / calls
+    r["client_cpu_us"] = (children_cpu_s() - client) * 1e6 / calls
+    if redis is not None:
+        r["redis_cpu_us"] = (redis_cpu_s(redis_port) - redis) * 1e6 / calls
+    return r
+
+
+def grpc_section(opts, binary, connections, stores):
+    """ShouldRateLimit over gRPC, one descriptor and two (the joint path), beside POST /v1/acquire
+    of the same policy on the same keys, on each store's service, at each concurrency: the three
+    in turn, `opts.grpc_rounds` times, each round starting with the next of them. `stores`: name
+    -> (HTTP base, gRPC port, service pid, Redis port or None)."""
+    warmup = 0.2 if opts.smoke else 0.5
+    script = os.path.join(BENCH, "wrk.lua")
+    first, first_key = GRPC_POLICIES[0]
+    cells, summary = [], []
+    for store, (base, port, pid, redis_port) in stores.items():
+        create_grpc_policies(base)
+        for c in connections:
+            channels = min(c, opts.grpc_channels)
+
+            def measure(kind):
+                if kind == "http":
+                    return wrk(base + "/v1/acquire", c, opts.duration, script, [first, SPREAD])
+                keys = [first_key] if kind == "grpc_1" else [k for _, k in GRPC_POLICIES]
+                return grpc_load(binary, port, c, channels, opts.duration, warmup, keys)
+
+            rounds = []
+            for i in range(opts.grpc_rounds):
+                order = GRPC_KINDS[i % 3:] + GRPC_KINDS[:i % 3]
+                cell = {"store": store, "connections": c, "channels": channels, "round": i, "order": order}
+                for kind in order:
+                    cell[kind] = with_cpu(lambda: measure(kind), pid, redis_port)
+                cells.append(cell)
+                rounds.append(cell)
+            summary.append(grpc_summary(store, c, channels, rounds))
+    return {
+        "settings": {"duration_s": opts.duration, "warmup_s": warmup, "rounds": opts.grpc_rounds,
+                     "channels": opts.grpc_channels, "keys": SPREAD, "domain": GRPC_DOMAIN,
+                     "policies": dict(GRPC_POLICIES), "algorithm": "token_bucket",
+                     "http_policy": first, "envoy_timeout_ms": ENVOY_TIMEOUT_MS},
+        "cells": cells,
+        "summary": summary,
+    }
+
+
+def grpc_summary(store, connections, channels, rounds):
+    """One cell over its rounds: medians of each measurement, summed errors and slow calls, and
+    the medians of the rounds' ratios (each round measures the three side by side)."""
+    row = {"store": store, "connections": connections, "channels": channels, "rounds": len(rounds)}
+    for kind in GRPC_KINDS:
+        fields = [f for f in ("rps", "p50_ms", "p99_ms", "p999_ms", "service_cpu_us", "client_cpu_us", "redis_cpu_us")
+                  if f in rounds[0][kind]]
+        row[kind] = {f: statistics.median(r[kind][f] for r in rounds) for f in fields}
+        row[kind]["worst_p99_ms"] = max(r[kind]["p99_ms"] for r in rounds)
+        row[kind]["max_ms"] = max(r[kind]["max_ms"] for r in rounds)
+        row[kind]["errors"] = sum(r[kind]["errors"] for r in rounds)
+        row[kind]["requests"] = sum(r[kind]["requests"] for r in rounds)
+        if "slow" in rounds[0][kind]:
+            row[kind]["slow"] = sum(r[kind]["slow"] for r in rounds)
+    ratio = lambda a, b: statistics.median(r[a]["rps"] / r[b]["rps"] for r in rounds if r[b]["rps"])
+    row["grpc_1_vs_http"] = ratio("grpc_1", "http")
+    row["grpc_2_vs_grpc_1"] = ratio("grpc_2", "grpc_1")
+    row["grpc_2_vs_http"] = ratio("grpc_2", "http")
+    return row
+
+
 def fmt_row(cols, widths):
     return "  ".join(str(c).rjust(w) if i else str(c).ljust(w) for i, (c, w) in enumerate(zip(cols, widths)))
 
 
 def ms(v):
     return "-" if v is None else f"{v:.2f}"
+
+
+def http_section(procs, opts, binary, bare_binary, redis_port, redis_base, embedded_base, connections, algorithms,
+                 results):
+    """The HTTP section: every algorithm's acquire on one Redis, a cluster and the embedded store beside its
+    ceilings, the script costs inside Redis, the hot-key flood and the embedded store's memory."""
+    cluster_base, _ = start_service(procs, binary, None, 0, workers=opts.workers, cluster=start_cluster(procs))
+    # The same service with every decision sent alone (no batches), beside the default.
+    unbatched_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode,
+                                      opts.workers, extra={"RATELIMITER__REDIS__BATCH_MAX": "1"})
+    bare_base = start_bare(procs, bare_binary, opts.workers)
+    script = os.path.join(BENCH, "wrk.lua")
+    with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
+        # Its ARGV: capacity, refill_tokens, refill_period_us, cost.
+        classic = (load_script(redis_port, f.read()), ["classic:{k__rand_int__}"],
+                   limit_args("token_bucket", POLICIES["token_bucket"]) + [1])
+
+    for algorithm in algorithms:
+        # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
+        healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, script) for c in connections}
+        bare = {c: wrk(bare_base + "/healthz", c, opts.duration, script) for c in connections}
+        sha = load_script(redis_port, script_source(binary, algorithm))
+        policy = policy_name(algorithm)
+        for keys in (1, SPREAD):
+            state_keys, args = script_call(algorithm, policy, "hot" if keys == 1 else "k__rand_int__")
+            for c in connections:
+                cpu = redis_cpu_s(redis_port)
+                on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
+                # Redis's CPU time per acquire through the service (its policy refreshes, 4 a
+                # second, included: negligible beside thousands of acquires).
+                on_redis["redis_cpu_us"] = (redis_cpu_s(redis_port) - cpu) * 1e6 / max(1, on_redis["requests"])
+                ceiling = redis_benchmark(redis_port, c, opts.duration, sha, state_keys, args,
+                                          keys if keys > 1 else 0)
+                embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
+                # A hot key lives on one master, so the cluster only differs on spread keys.
+                on_cluster = None
+                if keys > 1:
+                    on_cluster = wrk(cluster_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
+                row = {
+                    "algorithm": algorithm, "keys": keys, "connections": c,
+                    "redis": on_redis, "cluster": on_cluster, "evalsha": ceiling, "embedded": embedded,
+                    "healthz": healthz[c], "bare": bare[c],
+                    "redis_vs_evalsha": on_redis["rps"] / ceiling["rps"],
+                    "embedded_vs_healthz": embedded["rps"] / healthz[c]["rps"],
+                    "healthz_vs_bare": healthz[c]["rps"] / bare[c]["rps"],
+                }
+                if algorithm == "token_bucket" and keys > 1:
+                    # The classic script's ceiling (the issue's yardstick) and the service
+                    # without batches, at the same concurrency on the same keys.
+                    row["classic"] = redis_benchmark(redis_port, c, opts.duration, classic[0], classic[1],
+                                                     classic[2], keys)
+                    cpu = redis_cpu_s(redis_port)
+                    row["unbatched"] = wrk(unbatched_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
+                    row["unbatched"]["redis_cpu_us"] = ((redis_cpu_s(redis_port) - cpu) * 1e6
+                                                        / max(1, row["unbatched"]["requests"]))
+                    row["redis_vs_classic"] = on_redis["rps"] / row["classic"]["rps"]
+                    row["unbatched_vs_classic"] = row["unbatched"]["rps"] / row["classic"]["rps"]
+                results["rows"].append(row)
+
+    # Script costs, interleaved over several rounds (one Redis, noisy neighbours): medians.
+    calls, rounds = (20_000, 1) if opts.smoke else (100_000, 5)
+    scripts = {}
+    for algorithm in algorithms:
+        sha = load_script(redis_port, script_source(binary, algorithm))
+        scripts[algorithm] = (sha, *script_call(algorithm, f"cost-{algorithm}", "k__rand_int__"))
+    scripts["classic_token_bucket"] = classic
+    scripts["return_1"] = (load_script(redis_port, "return 1"), ["x"], [])
+    samples = {name: [] for name in scripts}
+    for _ in range(rounds):
+        for name, (sha, keys, args) in scripts.items():
+            samples[name].append(commandstats_usec_per_call(redis_port, sha, keys, args, calls))
+    results["script_cost_usec"] = {name: statistics.median(v) for name, v in samples.items()}
+    results["script_cost_samples"] = samples
+    if TWO in samples and "token_bucket" in samples:
+        # Each round measures the two side by side: the median of the rounds' ratios.
+        ratios = [t / o for t, o in zip(samples[TWO], samples["token_bucket"])]
+        results["two_limits_vs_one"] = {"script_cost": statistics.median(ratios), "script_cost_rounds": ratios}
+
+    results["flood"] = flood_run(procs, binary, max(connections), opts.duration, script)
+
+    if opts.memory_subjects:
+        results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 40,
+                                       2_000 if opts.smoke else 30_000)
 
 
 def main():
@@ -425,12 +667,22 @@ def main():
                     help="redis.connection_mode of the service (default multiplexed)")
     ap.add_argument("--workers", type=int, default=0, help="server.workers of the services (default 0: one per core)")
     ap.add_argument("--memory-subjects", type=int, default=1_000_000, help="0 skips the memory run")
+    ap.add_argument("--grpc-rounds", type=int, default=3,
+                    help="rounds of the gRPC section, each cell's three measurements in turn (default 3; 0 skips it)")
+    ap.add_argument("--grpc-channels", type=int, default=2,
+                    help="HTTP/2 connections of the gRPC load generator, at most one per call in flight (default 2: "
+                         "one per Envoy worker on 2 cores)")
+    ap.add_argument("--grpc-only", action="store_true",
+                    help="only the gRPC section (with its HTTP acquires beside it); results as grpc-<time>.json")
     ap.add_argument("--smoke", action="store_true", help="a few seconds, to check the table comes out")
     ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     opts = ap.parse_args()
     if opts.smoke:
         opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", f"token_bucket,{TWO}", 2000
+        opts.grpc_rounds = min(opts.grpc_rounds, 1)
+    if opts.grpc_only and not opts.grpc_rounds:
+        fail("--grpc-only with --grpc-rounds 0 measures nothing")
 
     connections = [int(c) for c in opts.connections.split(",")]
     algorithms = [a for a in opts.algorithms.split(",") if a]
@@ -442,101 +694,41 @@ def main():
         need(tool, package)
     if not opts.no_build:
         subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=ROOT)
-        subprocess.check_call(["cargo", "build", "--release", "--quiet", "--example", "bare_http"], cwd=ROOT)
+        subprocess.check_call(["cargo", "build", "--release", "--quiet", "--example", "bare_http", "--example",
+                               "grpc_load"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "ratelimiter")
     bare_binary = os.path.join(ROOT, "target", "release", "examples", "bare_http")
-    for path in (binary, bare_binary):
+    grpc_binary = os.path.join(ROOT, "target", "release", "examples", "grpc_load")
+    needed = [binary] + ([] if opts.grpc_only else [bare_binary]) + ([grpc_binary] if opts.grpc_rounds else [])
+    for path in needed:
         if not os.path.exists(path):
-            fail(f"{path} is missing: run `cargo build --release && cargo build --release --example bare_http`")
+            fail(f"{path} is missing: run `cargo build --release && cargo build --release --example bare_http "
+                 f"--example grpc_load`")
 
     began = time.monotonic()
     procs = Processes()
     results = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": {"cores": os.cpu_count(), "redis": redis_cli_version()},
                "settings": {"duration_s": opts.duration, "pool_size": opts.pool_size,
-                            "connection_mode": opts.connection_mode, "workers": opts.workers, "spread": SPREAD},
+                            "connection_mode": opts.connection_mode, "workers": opts.workers, "spread": SPREAD,
+                            "sections": ["grpc"] if opts.grpc_only else ["http", "grpc"] if opts.grpc_rounds else ["http"]},
                "rows": [], "script_cost_usec": {}, "memory": None}
     try:
         redis_port = start_redis(procs)
-        redis_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
-        embedded_base, _ = start_service(procs, binary, None, 0, workers=opts.workers)
-        cluster_base, _ = start_service(procs, binary, None, 0, workers=opts.workers, cluster=start_cluster(procs))
-        # The same service with every decision sent alone (no batches), beside the default.
-        unbatched_base, _ = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode,
-                                          opts.workers, extra={"RATELIMITER__REDIS__BATCH_MAX": "1"})
-        bare_base = start_bare(procs, bare_binary, opts.workers)
-        script = os.path.join(BENCH, "wrk.lua")
-        with open(os.path.join(BENCH, "classic_token_bucket.lua")) as f:
-            # Its ARGV: capacity, refill_tokens, refill_period_us, cost.
-            classic = (load_script(redis_port, f.read()), ["classic:{k__rand_int__}"],
-                       limit_args("token_bucket", POLICIES["token_bucket"]) + [1])
-
-        for algorithm in algorithms:
-            # The HTTP ceiling again for each algorithm, so that it is measured beside its rows.
-            healthz = {c: wrk(redis_base + "/healthz", c, opts.duration, script) for c in connections}
-            bare = {c: wrk(bare_base + "/healthz", c, opts.duration, script) for c in connections}
-            sha = load_script(redis_port, script_source(binary, algorithm))
-            policy = policy_name(algorithm)
-            for keys in (1, SPREAD):
-                state_keys, args = script_call(algorithm, policy, "hot" if keys == 1 else "k__rand_int__")
-                for c in connections:
-                    cpu = redis_cpu_s(redis_port)
-                    on_redis = wrk(redis_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
-                    # Redis's CPU time per acquire through the service (its policy refreshes, 4 a
-                    # second, included: negligible beside thousands of acquires).
-                    on_redis["redis_cpu_us"] = (redis_cpu_s(redis_port) - cpu) * 1e6 / max(1, on_redis["requests"])
-                    ceiling = redis_benchmark(redis_port, c, opts.duration, sha, state_keys, args,
-                                              keys if keys > 1 else 0)
-                    embedded = wrk(embedded_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
-                    # A hot key lives on one master, so the cluster only differs on spread keys.
-                    on_cluster = None
-                    if keys > 1:
-                        on_cluster = wrk(cluster_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
-                    row = {
-                        "algorithm": algorithm, "keys": keys, "connections": c,
-                        "redis": on_redis, "cluster": on_cluster, "evalsha": ceiling, "embedded": embedded,
-                        "healthz": healthz[c], "bare": bare[c],
-                        "redis_vs_evalsha": on_redis["rps"] / ceiling["rps"],
-                        "embedded_vs_healthz": embedded["rps"] / healthz[c]["rps"],
-                        "healthz_vs_bare": healthz[c]["rps"] / bare[c]["rps"],
-                    }
-                    if algorithm == "token_bucket" and keys > 1:
-                        # The classic script's ceiling (the issue's yardstick) and the service
-                        # without batches, at the same concurrency on the same keys.
-                        row["classic"] = redis_benchmark(redis_port, c, opts.duration, classic[0], classic[1],
-                                                         classic[2], keys)
-                        cpu = redis_cpu_s(redis_port)
-                        row["unbatched"] = wrk(unbatched_base + "/v1/acquire", c, opts.duration, script, [policy, keys])
-                        row["unbatched"]["redis_cpu_us"] = ((redis_cpu_s(redis_port) - cpu) * 1e6
-                                                            / max(1, row["unbatched"]["requests"]))
-                        row["redis_vs_classic"] = on_redis["rps"] / row["classic"]["rps"]
-                        row["unbatched_vs_classic"] = row["unbatched"]["rps"] / row["classic"]["rps"]
-                    results["rows"].append(row)
-
-        # Script costs, interleaved over several rounds (one Redis, noisy neighbours): medians.
-        calls, rounds = (20_000, 1) if opts.smoke else (100_000, 5)
-        scripts = {}
-        for algorithm in algorithms:
-            sha = load_script(redis_port, script_source(binary, algorithm))
-            scripts[algorithm] = (sha, *script_call(algorithm, f"cost-{algorithm}", "k__rand_int__"))
-        scripts["classic_token_bucket"] = classic
-        scripts["return_1"] = (load_script(redis_port, "return 1"), ["x"], [])
-        samples = {name: [] for name in scripts}
-        for _ in range(rounds):
-            for name, (sha, keys, args) in scripts.items():
-                samples[name].append(commandstats_usec_per_call(redis_port, sha, keys, args, calls))
-        results["script_cost_usec"] = {name: statistics.median(v) for name, v in samples.items()}
-        results["script_cost_samples"] = samples
-        if TWO in samples and "token_bucket" in samples:
-            # Each round measures the two side by side: the median of the rounds' ratios.
-            ratios = [t / o for t, o in zip(samples[TWO], samples["token_bucket"])]
-            results["two_limits_vs_one"] = {"script_cost": statistics.median(ratios), "script_cost_rounds": ratios}
-
-        results["flood"] = flood_run(procs, binary, max(connections), opts.duration, script)
-
-        if opts.memory_subjects:
-            results["memory"] = memory_run(procs, binary, opts.memory_subjects, 10 if opts.smoke else 40,
-                                           2_000 if opts.smoke else 30_000)
+        # The two services the gRPC section measures serve Envoy's protocol too (grpc.bind).
+        redis_grpc, embedded_grpc = free_port(), free_port()
+        redis_base, redis_child = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode,
+                                                opts.workers, extra=grpc_bind(redis_grpc))
+        embedded_base, embedded_child = start_service(procs, binary, None, 0, workers=opts.workers,
+                                                      extra=grpc_bind(embedded_grpc))
+        if not opts.grpc_only:
+            http_section(procs, opts, binary, bare_binary, redis_port, redis_base, embedded_base, connections,
+                         algorithms, results)
+        if opts.grpc_rounds:
+            results["grpc"] = grpc_section(opts, grpc_binary, connections, {
+                "embedded": (embedded_base, embedded_grpc, embedded_child.pid, None),
+                "redis": (redis_base, redis_grpc, redis_child.pid, redis_port),
+            })
     finally:
         procs.stop_all()
     results["seconds"] = round(time.monotonic() - began, 1)
@@ -545,7 +737,7 @@ def main():
     report(results)
     os.makedirs(opts.out, exist_ok=True)
     stamp = results["started"].replace(":", "").replace("+0000", "Z")
-    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}{stamp}.json")
+    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}{'grpc-' if opts.grpc_only else ''}{stamp}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nwritten to {os.path.relpath(path, ROOT)} in {results['seconds']} s")
@@ -557,6 +749,16 @@ def redis_cli_version():
 
 
 def report(results):
+    if results["rows"]:
+        report_http(results)
+    if results.get("grpc"):
+        report_grpc(results["grpc"])
+    print("\ntargets:")
+    for line in results["targets"]:
+        print("  " + line)
+
+
+def report_http(results):
     widths = [25, 6, 5, 9, 7, 7, 7, 9, 9, 9, 7, 9, 7, 9, 6, 6, 6]
     head = ["algorithm", "keys", "conn", "redis/s", "p50", "p99", "p99.9", "cluster/s", "evalsha/s", "embed/s", "p99",
             "healthz/s", "p99", "bare/s", "r/ev", "e/hz", "hz/b"]
@@ -591,9 +793,31 @@ def report(results):
                   f"for {r['requests']} acquires ({r['calls_per_100_acquires']:.3f} per 100)")
     if results["memory"]:
         print("\nembedded store memory:", json.dumps(results["memory"]))
-    print("\ntargets:")
-    for line in results["targets"]:
-        print("  " + line)
+
+
+def report_grpc(grpc):
+    settings = grpc["settings"]
+    print(f"\ngRPC ShouldRateLimit beside POST /v1/acquire of the same policy (token_bucket, "
+          f"{settings['keys'] // 1000}k keys; medians of {settings['rounds']} round(s) of {settings['duration_s']} s; "
+          f"latencies in ms):")
+    widths = [8, 5, 3, 8, 6, 6, 8, 6, 6, 8, 6, 6, 7, 6, 6, 16]
+    head = ["store", "conn", "ch", "grpc1/s", "p99", "max", "grpc2/s", "p99", "max", "http/s", "p99", "max", "g1/http",
+            "g2/g1", f">{settings['envoy_timeout_ms']}ms", "svc us g1/g2/h"]
+    print(fmt_row(head, widths))
+    for r in grpc["summary"]:
+        one, two, h = r["grpc_1"], r["grpc_2"], r["http"]
+        print(fmt_row([
+            r["store"], r["connections"], r["channels"],
+            f"{one['rps']:.0f}", ms(one["p99_ms"]), ms(one["max_ms"]),
+            f"{two['rps']:.0f}", ms(two["p99_ms"]), ms(two["max_ms"]),
+            f"{h['rps']:.0f}", ms(h["p99_ms"]), ms(h["max_ms"]),
+            f"{r['grpc_1_vs_http']:.2f}", f"{r['grpc_2_vs_grpc_1']:.2f}", one["slow"] + two["slow"],
+            f"{one['service_cpu_us']:.0f}/{two['service_cpu_us']:.0f}/{h['service_cpu_us']:.0f}",
+        ], widths))
+    errors = sum(r[k]["errors"] for r in grpc["summary"] for k in GRPC_KINDS)
+    print(f"(grpc1 = one descriptor a call, grpc2 = two, decided together; ch = HTTP/2 connections; g1/http and "
+          f"g2/g1 = medians of the rounds' ratios; >{settings['envoy_timeout_ms']}ms = gRPC calls slower than "
+          f"Envoy's default timeout; svc us = the service's CPU per call; errors: {errors})")
 
 
 def targets(results):
@@ -665,6 +889,16 @@ def targets(results):
         ok = m["subjects"] >= 1_000_000 and m["rss_full_mib"] < 300 and m["subjects_after_expiry"] == 0
         lines.append(f"memory: {m['subjects']} subjects in {m['rss_full_mib']} MiB, {m['subjects_after_expiry']} left "
                      f"after expiry ({'met' if ok else 'MISSED or not measured at full size'})")
+    grpc = results.get("grpc")
+    for r in grpc["summary"] if grpc else []:
+        limit = grpc["settings"]["envoy_timeout_ms"]
+        one, two = r["grpc_1"], r["grpc_2"]
+        worst = max(one["worst_p99_ms"], two["worst_p99_ms"])
+        lines.append(f"gRPC on {r['store']}, {r['connections']} call{'' if r['connections'] == 1 else 's'} in flight: p99 {one['p99_ms']:.2f} ms (one "
+                     f"descriptor), {two['p99_ms']:.2f} ms (two), worst round {worst:.2f}, under Envoy's {limit} ms "
+                     f"default timeout ({'met' if worst < limit else 'MISSED'}); {one['slow'] + two['slow']} of "
+                     f"{one['requests'] + two['requests']} calls slower; {r['grpc_1_vs_http']:.2f} x the HTTP "
+                     f"acquires/s (p99 {r['http']['p99_ms']:.2f} ms)")
     return lines
 
 
