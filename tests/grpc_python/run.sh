@@ -128,6 +128,32 @@ done
 echo "private redis-server on 127.0.0.1:$REDIS_PORT"
 start_service "redis://127.0.0.1:$REDIS_PORT"
 run_suite redis
+
+# SIGTERM stops both servers: the process exits 0 within the shutdown timeout, and the gRPC
+# port no longer accepts connections.
+echo "--- SIGTERM stops HTTP and gRPC together"
+kill -TERM "$SERVICE_PID"
+for _ in $(seq 150); do
+  kill -0 "$SERVICE_PID" 2>/dev/null || break
+  sleep 0.1
+done
+if kill -0 "$SERVICE_PID" 2>/dev/null; then
+  echo "--- the service still runs 15 s after SIGTERM" >&2
+  failed=$((failed + 1)); stores_failed+=(shutdown)
+else
+  wait "$SERVICE_PID"
+  code=$?
+  SERVICE_PID=
+  if [ "$code" -ne 0 ]; then
+    echo "--- the service exited with $code after SIGTERM" >&2
+    failed=$((failed + 1)); stores_failed+=(shutdown)
+  elif (exec 3<>"/dev/tcp/${RATELIMITER_GRPC%:*}/${RATELIMITER_GRPC##*:}") 2>/dev/null; then
+    echo "--- the gRPC port still accepts connections after the exit" >&2
+    failed=$((failed + 1)); stores_failed+=(shutdown)
+  else
+    passed=$((passed + 1))
+  fi
+fi
 stop_service
 
 echo "grpc_python: $passed passed, $failed failed${stores_failed[*]:+ (on ${stores_failed[*]})}"
