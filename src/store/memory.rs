@@ -156,13 +156,7 @@ impl MemoryStore {
         let mut expires = [0; MAX_LIMITS];
         let mut taken_out = 0;
         for (i, name) in names.iter().enumerate() {
-            if let Some(slot) = shard.remove(name) {
-                taken_out += 1;
-                if let (true, Kept::Limit(state)) = (slot.expires_at_us > now, slot.state) {
-                    states[i] = Some(state);
-                    expires[i] = slot.expires_at_us;
-                }
-            }
+            taken_out += take_out(&mut shard, name, now, &mut states[i], &mut expires[i]);
         }
         let mut ttls = [None; MAX_LIMITS];
         let verdict = decide_op(
@@ -176,20 +170,8 @@ impl MemoryStore {
         );
         let mut kept = 0;
         for (i, name) in names.iter_mut().enumerate() {
-            let Some(state) = states[i].take() else {
-                continue;
-            };
-            let expires_at_us = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
-            if expires_at_us > now {
-                shard.insert(
-                    std::mem::take(name),
-                    Slot {
-                        state: Kept::Limit(state),
-                        expires_at_us,
-                    },
-                );
-                kept += 1;
-            }
+            let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
+            kept += put_back(&mut shard, name, states[i].take(), expiry, now);
         }
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
@@ -248,32 +230,21 @@ impl MemoryStore {
         let mut expires = vec![0; n];
         let mut taken_out = 0;
         for (i, name) in names.iter().enumerate() {
-            if let Some(slot) = shards[at(homes[i])].remove(name) {
-                taken_out += 1;
-                if let (true, Kept::Limit(state)) = (slot.expires_at_us > now, slot.state) {
-                    states[i] = Some(state);
-                    expires[i] = slot.expires_at_us;
-                }
-            }
+            let shard = &mut shards[at(homes[i])];
+            taken_out += take_out(shard, name, now, &mut states[i], &mut expires[i]);
         }
         let mut ttls = vec![None; n];
         let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
         let mut kept = 0;
-        for (i, name) in names.into_iter().enumerate() {
-            let Some(state) = states[i].take() else {
-                continue;
-            };
-            let expires_at_us = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
-            if expires_at_us > now {
-                shards[at(homes[i])].insert(
-                    name,
-                    Slot {
-                        state: Kept::Limit(state),
-                        expires_at_us,
-                    },
-                );
-                kept += 1;
-            }
+        for (i, name) in names.iter_mut().enumerate() {
+            let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
+            kept += put_back(
+                &mut shards[at(homes[i])],
+                name,
+                states[i].take(),
+                expiry,
+                now,
+            );
         }
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
@@ -505,6 +476,50 @@ impl MemoryStore {
         policy.hash(&mut h);
         key.hash(&mut h);
         (h.finish() as usize) % SHARDS
+    }
+}
+
+/// Takes a limit's entry `name` out of its shard, for the pure functions to own while they
+/// decide: its state and expiry into `state` and `expires` when it is live. Answers the entries
+/// taken out (0 or 1; an expired one counts too: it leaves the shard).
+fn take_out(
+    shard: &mut HashMap<String, Slot>,
+    name: &str,
+    now: u64,
+    state: &mut Option<State>,
+    expires: &mut u64,
+) -> u64 {
+    let Some(slot) = shard.remove(name) else {
+        return 0;
+    };
+    if let (true, Kept::Limit(live)) = (slot.expires_at_us > now, slot.state) {
+        *state = Some(live);
+        *expires = slot.expires_at_us;
+    }
+    1
+}
+
+/// Puts a limit's decided `state` back into its shard under `name` (taken from the buffer),
+/// unless it expires by `now` or there is none. Answers the entries put back (0 or 1).
+fn put_back(
+    shard: &mut HashMap<String, Slot>,
+    name: &mut String,
+    state: Option<State>,
+    expires_at_us: u64,
+    now: u64,
+) -> u64 {
+    match state {
+        Some(state) if expires_at_us > now => {
+            shard.insert(
+                std::mem::take(name),
+                Slot {
+                    state: Kept::Limit(state),
+                    expires_at_us,
+                },
+            );
+            1
+        }
+        _ => 0,
     }
 }
 

@@ -14,7 +14,7 @@ use ratelimiter::limiter::{
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
-use ratelimiter::store::{scripts, RedisStore, Store, StoreError};
+use ratelimiter::store::{scripts, JointPart, MemoryStore, RedisStore, Store, StoreError};
 
 use crate::helpers::TestRedis;
 
@@ -837,6 +837,62 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
         "only {} denials where some subject admitted",
         partial_denials.get()
     );
+}
+
+/// The embedded store decides joint acquires exactly as Redis does: subjects of one or two
+/// limits of any algorithms, each with its own cost, through `RedisStore::acquire_joint` (the
+/// service's call) and `MemoryStore::acquire_joint_at`, at the same explicit times.
+#[test]
+fn joint_acquires_decide_alike_on_redis_and_the_embedded_store() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 96,
+        ..Config::default()
+    });
+    let subjects = proptest::collection::vec(proptest::collection::vec(limits(), 1..=2), 2..=3);
+    let result = runner.run(&(subjects, steps()), |(specs, steps)| {
+        let mut lab = lab.borrow_mut();
+        let policies: Vec<Policy> = specs
+            .iter()
+            .map(|limits| composite(&mut lab, limits).0)
+            .collect();
+        let key = LimitKey::parse("subject".into()).expect("valid key");
+        let memory = MemoryStore::new("rl", 1_000_000);
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            // Time only moves forward here: Redis expires keys by its own clock.
+            now = now.saturating_add(step.dt_us.unsigned_abs() % 5_000_000);
+            let parts: Vec<JointPart<'_>> = policies
+                .iter()
+                .enumerate()
+                .map(|(j, policy)| {
+                    let quota = policy.tightest().map_or(1, |l| l.params.quota());
+                    let pick = step.cost_pick.rotate_left(8 * j as u32);
+                    let cost = match pick % 8 {
+                        0 => quota,
+                        _ => 1 + pick % quota.min(5),
+                    };
+                    JointPart {
+                        policy,
+                        key: &key,
+                        cost,
+                    }
+                })
+                .collect();
+            let redis = lab
+                .rt
+                .block_on(lab.store.acquire_joint(&parts, Some(now)))
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let embedded = memory
+                .acquire_joint_at(&parts, now)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(redis, embedded, "step {} at {} of {:?}", i, now, specs);
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
 }
 
 /// A key's content and expiry, whatever its type: a string's bytes, a log's members with their
