@@ -323,15 +323,10 @@ fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
         requests_per_unit: u32::try_from(l.params.quota()).unwrap_or(u32::MAX),
         unit: unit(l.params.window_us()) as i32,
     });
-    let remaining = if a.decided_by == DecidedBy::FailOpen {
-        0
-    } else {
-        d.remaining
-    };
     DescriptorStatus {
         code: if denies { Code::OverLimit } else { Code::Ok } as i32,
         current_limit,
-        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(duration(d.reset_after_us)),
         ..DescriptorStatus::default()
     }
@@ -367,8 +362,9 @@ fn item_name(policy: &Policy, limit: usize) -> String {
     }
 }
 
-/// The answers of distinct policies, in order of first appearance (two descriptors of one
-/// policy and subject would repeat its items).
+/// The answers of distinct policies, in order of first appearance: the `RateLimit` fields name
+/// their items by policy (and limit), so a policy's second subject in one call (two descriptors
+/// of different values) would repeat a name with other numbers; the first one's stand.
 fn dedup(answers: &[Option<Acquired>]) -> Vec<&Acquired> {
     let mut seen: Vec<&Acquired> = Vec::new();
     for a in answers.iter().flatten() {

@@ -63,13 +63,12 @@ impl Inner {
         }
         let name: Arc<str> = Arc::from(name);
         self.tombstones.remove(&name);
-        let name_str = name.clone();
-        let is_live = policy.is_some();
-        let old = match policy {
+        let policy = policy.map(Arc::new);
+        let old = match &policy {
             Some(p) => self.entries.insert(
                 name,
                 Entry {
-                    policy: Some(Arc::new(p)),
+                    policy: Some(p.clone()),
                     version,
                 },
             ),
@@ -88,26 +87,24 @@ impl Inner {
             None => self.entries.remove(&name),
         };
         let old = old.and_then(|e| e.policy);
-        self.live = self.live - usize::from(old.is_some()) + usize::from(is_live);
-        if let Some(d) = old.as_ref().and_then(|p| p.descriptor.as_ref()) {
+        self.live = self.live - usize::from(old.is_some()) + usize::from(policy.is_some());
+        if let Some((old, d)) = old.as_ref().and_then(|o| Some((o, o.descriptor.as_ref()?))) {
             let index = d.index_key();
             if let Some(list) = self.descriptors.get_mut(&index) {
-                list.retain(|p| old.as_ref().is_none_or(|o| !Arc::ptr_eq(p, o)));
+                list.retain(|p| !Arc::ptr_eq(p, old));
                 if list.is_empty() {
                     self.descriptors.remove(&index);
                 }
             }
         }
-        if let Some(Entry {
-            policy: Some(p), ..
-        }) = self.entries.get(&name_str)
+        if let Some((p, d)) = policy
+            .as_ref()
+            .and_then(|p| Some((p, p.descriptor.as_ref()?)))
         {
-            if let Some(d) = &p.descriptor {
-                self.descriptors
-                    .entry(d.index_key())
-                    .or_default()
-                    .push(p.clone());
-            }
+            self.descriptors
+                .entry(d.index_key())
+                .or_default()
+                .push(p.clone());
         }
     }
 
@@ -159,22 +156,22 @@ impl PolicyCache {
         let index = crate::policy::descriptor::index_key(domain, entries.iter().map(|e| e.0));
         let inner = self.read();
         let candidates = inner.descriptors.get(&index)?;
-        let mut best: Option<&Arc<Policy>> = None;
-        for p in candidates {
-            let Some(d) = &p.descriptor else { continue };
-            if !d.matches(entries.iter().map(|e| e.1)) {
-                continue;
-            }
-            best = match best {
-                Some(b) => {
-                    let bd = b.descriptor.as_ref();
-                    let wins = bd.is_some_and(|bd| d.more_specific_than(bd))
-                        || (bd.is_some_and(|bd| !bd.more_specific_than(d)) && p.name < b.name);
-                    Some(if wins { p } else { b })
+        // The most specific wins; between shapes neither beats (validation keeps two such from
+        // both serving), the first by name, so every instance picks the same.
+        let best = candidates
+            .iter()
+            .filter_map(|p| Some((p, p.descriptor.as_ref()?)))
+            .filter(|(_, d)| d.matches(entries.iter().map(|e| e.1)))
+            .reduce(|best, next| {
+                let wins = next.1.more_specific_than(best.1)
+                    || (!best.1.more_specific_than(next.1) && next.0.name < best.0.name);
+                if wins {
+                    next
+                } else {
+                    best
                 }
-                None => Some(p),
-            };
-        }
+            })
+            .map(|(p, _)| p);
         let policy = best?.clone();
         let version = inner.entries.get(policy.name.as_str())?.version;
         let generation = inner.generation.clone()?;
@@ -187,8 +184,8 @@ impl PolicyCache {
         ))
     }
 
-    /// The name of a live policy other than `except` that claims the same descriptor shape as
-    /// `policy` (`Descriptor::shape`), if any.
+    /// The name of a live policy, other than one of `policy`'s name, that serves the same
+    /// descriptor shape as `policy` (`Descriptor::shape`), if any.
     pub fn shape_claimed_by(&self, policy: &Policy) -> Option<String> {
         let d = policy.descriptor.as_ref()?;
         let shape = d.shape();

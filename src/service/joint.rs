@@ -24,7 +24,7 @@ use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
 use crate::limiter::{Decision, Op, Verdict};
 use crate::policy::{FailMode, LimitKey, Mode, Policy};
 use crate::store::memory::system_now_us;
-use crate::store::{joint_limits, AnyStore, Etag, JointPart, Store, StoreError, MAX_JOINT_LIMITS};
+use crate::store::{joint_limits, Etag, JointPart, Store, StoreError, MAX_JOINT_LIMITS};
 
 /// One descriptor's subject, as matched to its policy.
 #[derive(Debug, Clone)]
@@ -201,11 +201,7 @@ impl RateLimiter {
                 cost: subjects[i].cost,
             })
             .collect();
-        let atomic = match &self.store {
-            AnyStore::Memory(_) => true,
-            AnyStore::Redis(r) => !r.is_cluster(),
-        };
-        if !atomic || joint_limits(&parts) > MAX_JOINT_LIMITS {
+        if !self.store.decides_jointly() || joint_limits(&parts) > MAX_JOINT_LIMITS {
             return self.decide_in_turn(subjects, which, answers).await;
         }
         let (verdicts, decided_by) = match self.store.acquire_joint(&parts, None).await {

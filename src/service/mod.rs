@@ -8,6 +8,8 @@
 //! [`leases`], their ids in [`lease_id`]. How the cache follows the store, and policy reads and
 //! writes, are in [`policies`]; readiness in [`readiness`]. Repeated acquires of a subject
 //! that Redis denied are answered by this instance until their retry time ([`denials`]).
+//! Several subjects decided as one request, all or nothing (Envoy's descriptors), are in
+//! [`joint`].
 
 pub mod cache;
 pub mod denials;

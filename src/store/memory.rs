@@ -179,8 +179,8 @@ impl MemoryStore {
     }
 
     /// Decides a joint acquire at an explicit time ([`Store::acquire_joint`]), under the locks of
-    /// every shard its subjects are in, taken in shard order so that two joint acquires never
-    /// wait on each other. Fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
+    /// every shard its subjects are in, taken in shard order so that two joint acquires can
+    /// never each hold a lock the other waits for. Fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
     pub fn acquire_joint_at(
         &self,
         parts: &[JointPart<'_>],

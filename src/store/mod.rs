@@ -5,7 +5,9 @@
 //! functions of `limiter` under a lock, Redis runs one Lua script per decision, composed from
 //! the parts (`lua/<algorithm>.lua`) of the policy's limits, in one atomic call (and decisions
 //! that wait for their thread's call go together in one call of `lua/batch.lua`: `batch`;
-//! `calls` is how any call reaches Redis). A concurrency
+//! `calls` is how any call reaches Redis). A joint acquire ([`Store::acquire_joint`], the
+//! Envoy descriptors of one request) decides several subjects in the same one step: under their
+//! shards' locks, or in one script composed for all of their limits. A concurrency
 //! limit's leases ([`Store::lease`]) go the same two ways: `limiter::concurrency::decide` under
 //! a lock, or one call of `lua/concurrency.lua`. [`AnyStore`] picks one at start-up. Nothing
 //! here knows about HTTP.
@@ -591,6 +593,15 @@ impl AnyStore {
     /// mode needs an in-process store to fall back on.
     pub fn is_shared(&self) -> bool {
         matches!(self, AnyStore::Redis(_))
+    }
+
+    /// Whether [`Store::acquire_joint`] can decide any subjects together: not on a Redis
+    /// Cluster, whose subjects live on different slots.
+    pub fn decides_jointly(&self) -> bool {
+        match self {
+            AnyStore::Memory(_) => true,
+            AnyStore::Redis(r) => !r.is_cluster(),
+        }
     }
 
     /// The store itself, when it is the embedded one.

@@ -406,48 +406,38 @@ impl Scripts {
         if let [one] = limits {
             return DecisionScript::Single(&self.singles[op as usize][one.algorithm() as usize]);
         }
-        let code = combination(limits, op);
-        if let Some(s) = self
-            .composed
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&code)
-        {
-            return DecisionScript::Composed(s.clone());
-        }
-        let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
-        let script = Arc::new(Script::new(&compose(&algorithms, op)));
-        self.composed
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(code)
-            .or_insert(script)
-            .clone()
-            .into()
+        once(&self.composed, combination(limits, op), || {
+            let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
+            compose(&algorithms, op)
+        })
+        .into()
+    }
+
+    /// The script of a joint acquire over limits with these parameters, in order.
+    pub fn joint(&self, limits: &[Params]) -> Arc<Script> {
+        once(&self.joint, combination(limits, Op::Acquire), || {
+            let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
+            compose_joint(&algorithms)
+        })
     }
 }
 
-impl Scripts {
-    /// The script of a joint acquire over limits with these parameters, in order.
-    pub fn joint(&self, limits: &[Params]) -> Arc<Script> {
-        let code = combination(limits, Op::Acquire);
-        if let Some(s) = self
-            .joint
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&code)
-        {
-            return s.clone();
-        }
-        let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
-        let script = Arc::new(Script::new(&compose_joint(&algorithms)));
-        self.joint
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(code)
-            .or_insert(script)
-            .clone()
+/// The script of `code` in `cache`, composed from `source` the first time it is asked for.
+fn once(
+    cache: &RwLock<HashMap<u32, Arc<Script>>>,
+    code: u32,
+    source: impl FnOnce() -> String,
+) -> Arc<Script> {
+    if let Some(s) = cache.read().unwrap_or_else(|e| e.into_inner()).get(&code) {
+        return s.clone();
     }
+    let script = Arc::new(Script::new(&source()));
+    cache
+        .write()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(code)
+        .or_insert(script)
+        .clone()
 }
 
 impl From<Arc<Script>> for DecisionScript<'_> {
