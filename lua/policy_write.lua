@@ -19,6 +19,8 @@
 -- KEYS[6]  <prefix>:{policies}:index    set of names written by versions before the change log;
 -- KEYS[7]  <prefix>:{policies}:version  and their counter: adopted, then deleted, by the write
 --                                       that gives the store its generation
+-- KEYS[8]  <prefix>:{policies}:shapes   hash: Envoy descriptor shape -> the policy that claims it,
+--                                       so that two writers racing for one shape cannot both win
 -- ARGV[1]  'create' (only when absent), 'put' (create or replace), 'delete', 'seed' (create
 --          unless present or ever seeded before), or 'probe' (change nothing)
 -- ARGV[2]  the policy's name
@@ -26,18 +28,26 @@
 --          '<generation>.<version>' it must exist at exactly that version (an ETag)
 -- ARGV[4]  the most policies the store may hold
 -- ARGV[5]  a fresh random generation id, used only if the store has none yet
--- ARGV[6…] create, put and seed: the hash's field, value pairs (never `born`: the script keeps it)
--- Reply    {status, generation, version, born}: status is one of created, replaced, deleted,
---          exists, missing, full, precondition_failed, probed; version is the version the change
---          was given, or for a refusal the policy's current version (0 when absent); born is the
---          written policy's `born` (its incarnation): the new version when the write created it,
---          the one kept when it replaced it, 0 for a replaced hash without one and for every
---          other status
+-- ARGV[6]  create, put and seed: the written policy's descriptor shape, '' when it serves none
+-- ARGV[7]  create, put and seed: its kind, 'rate' or 'concurrency'
+-- ARGV[8]  the shape and kind the writer last saw the policy have ('' none or unknown), read only
+-- ARGV[9]  for a hash written before hashes kept their own `shape` and `kind` fields
+-- ARGV[10…] create, put and seed: the hash's field, value pairs (never `born`, `shape` or `kind`:
+--          the script keeps those)
+-- Reply    {status, generation, version, born, owner}: status is one of created, replaced,
+--          deleted, exists, missing, full, claimed, precondition_failed, probed; version is the
+--          version the change was given, or for a refusal the policy's current version (0 when
+--          absent); born is the written policy's `born` (its incarnation): the new version when
+--          the write created it or changed its kind, the one kept when it replaced it, 0 for a
+--          replaced hash without one and for every other status; owner is, for `claimed`, the
+--          live policy that already serves the shape, '' otherwise
 
 local MAX_DELETED = 10000
 
 local meta, names, deleted, seeded, hash = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local shapes = KEYS[8]
 local mode, name, precondition = ARGV[1], ARGV[2], ARGV[3]
+local shape, kind = ARGV[6], ARGV[7]
 
 local generation = redis.call('HGET', meta, 'generation')
 if not generation then
@@ -54,15 +64,15 @@ if not generation then
   redis.call('DEL', KEYS[6], KEYS[7])
 end
 if mode == 'probe' then
-  return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0'), 0}
+  return {'probed', generation, tonumber(redis.call('HGET', meta, 'version') or '0'), 0, ''}
 end
 
 local current = redis.call('ZSCORE', names, name)
 if current then
   current = tonumber(current)
 end
-local refuse = function(status)
-  return {status, generation, current or 0, 0}
+local refuse = function(status, owner)
+  return {status, generation, current or 0, 0, owner or ''}
 end
 
 if precondition == '*' then
@@ -79,10 +89,27 @@ elseif precondition ~= '' then
   end
 end
 
+-- What the policy being replaced or deleted serves and is, from its hash, or for a hash written
+-- before hashes kept them, as the writer last saw it.
+local old_shape, old_kind = false, false
+if current then
+  local kept = redis.call('HMGET', hash, 'shape', 'kind')
+  old_shape = kept[1] or ARGV[8]
+  old_kind = kept[2] or ARGV[9]
+end
+-- Gives up the old shape's claim, when this policy holds it and no longer serves that shape.
+local release = function(keeping)
+  if old_shape and old_shape ~= '' and old_shape ~= keeping
+      and redis.call('HGET', shapes, old_shape) == name then
+    redis.call('HDEL', shapes, old_shape)
+  end
+end
+
 if mode == 'delete' then
   if not current then
     return refuse('missing')
   end
+  release('')
   redis.call('DEL', hash)
   redis.call('ZREM', names, name)
   local version = redis.call('HINCRBY', meta, 'version', 1)
@@ -92,7 +119,7 @@ if mode == 'delete' then
     redis.call('ZREMRANGEBYRANK', deleted, 0, 0)
     redis.call('HSET', meta, 'floor', oldest[2])
   end
-  return {'deleted', generation, version, 0}
+  return {'deleted', generation, version, 0, ''}
 end
 
 if mode == 'seed' and (current or redis.call('SISMEMBER', seeded, name) == 1) then
@@ -103,27 +130,47 @@ end
 if not current and redis.call('ZCARD', names) >= tonumber(ARGV[4]) then
   return refuse('full')
 end
+-- A shape is claimed by the first policy written with it; a claim left by a policy that is gone,
+-- or that serves another shape now, is stale and taken over. A policy keeping its own shape is
+-- never refused.
+if shape ~= '' and shape ~= old_shape then
+  local owner = redis.call('HGET', shapes, shape)
+  if owner and owner ~= name and redis.call('ZSCORE', names, owner) then
+    local owner_shape = redis.call('HGET', string.sub(hash, 1, #hash - #name) .. owner, 'shape')
+    if not owner_shape or owner_shape == shape then
+      return refuse('claimed', owner)
+    end
+  end
+end
 if mode == 'seed' then
   redis.call('SADD', seeded, name)
 end
 
--- A replacement keeps the incarnation of the policy it replaces; a creation's is its version.
+-- A replacement keeps the incarnation of the policy it replaces, unless it changes the policy's
+-- kind (a concurrency policy's leases must not outlive it as a rate policy and come back); a
+-- creation's is its version.
+local flipped = current and old_kind and old_kind ~= '' and old_kind ~= kind
 local born = false
-if current then
+if current and not flipped then
   born = redis.call('HGET', hash, 'born')
 end
 redis.call('DEL', hash)
-redis.call('HSET', hash, unpack(ARGV, 6))
+redis.call('HSET', hash, 'kind', kind, unpack(ARGV, 10))
 local version = redis.call('HINCRBY', meta, 'version', 1)
-if not current then
+if not current or flipped then
   born = string.format('%d', version)
 end
 if born then
   redis.call('HSET', hash, 'born', born)
 end
+release(shape)
+if shape ~= '' then
+  redis.call('HSET', hash, 'shape', shape)
+  redis.call('HSET', shapes, shape, name)
+end
 redis.call('ZADD', names, version, name)
 redis.call('ZREM', deleted, name)
 if current then
-  return {'replaced', generation, version, tonumber(born or '0')}
+  return {'replaced', generation, version, tonumber(born or '0'), ''}
 end
-return {'created', generation, version, tonumber(born)}
+return {'created', generation, version, tonumber(born), ''}

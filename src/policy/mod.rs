@@ -224,6 +224,21 @@ impl Policy {
         self.concurrency
     }
 
+    /// The policy's kind as the stores record it beside the document: `"concurrency"` or
+    /// `"rate"`. A write that changes it starts a new incarnation.
+    pub fn kind(&self) -> &'static str {
+        if self.concurrency.is_some() {
+            concurrency::NAME
+        } else {
+            "rate"
+        }
+    }
+
+    /// The Envoy descriptor shape the policy claims ([`Descriptor::shape`]), if it serves one.
+    pub fn shape(&self) -> Option<String> {
+        self.descriptor.as_ref().map(Descriptor::shape)
+    }
+
     /// The store's version of the write that created this policy (see the field).
     pub fn incarnation(&self) -> u64 {
         self.incarnation

@@ -245,7 +245,7 @@ impl RateLimiter {
     /// never had in this generation. Returns the store's generation.
     async fn seed(&self) -> Result<Arc<str>, StoreError> {
         let probe = self
-            .write(WriteKind::Probe, None, None, &Precondition::None)
+            .write(WriteKind::Probe, None, None, &Precondition::None, None)
             .await?;
         let generation = probe.etag.generation;
         if self.sync.seeded_in(Some(&generation)) {
@@ -259,6 +259,7 @@ impl RateLimiter {
                     Some(&policy.name),
                     Some(policy),
                     &Precondition::None,
+                    None,
                 )
                 .await?;
             match written.status {
@@ -287,6 +288,7 @@ impl RateLimiter {
         name: Option<&PolicyName>,
         policy: Option<&Policy>,
         precondition: &Precondition,
+        seen: Option<&Policy>,
     ) -> Result<Written, StoreError> {
         // The probe names no policy; any valid name does.
         let placeholder;
@@ -306,6 +308,7 @@ impl RateLimiter {
                 policy,
                 precondition,
                 max_policies: self.sync.max_policies,
+                seen,
             })
             .await
     }
@@ -373,20 +376,35 @@ impl RateLimiter {
         policy: Option<Policy>,
         precondition: &Precondition,
     ) -> Result<Written, ServiceError> {
-        if let Some(d) = policy.as_ref().and_then(|p| p.descriptor.as_ref()) {
-            // Checked against the store's policies as of now. Two instances writing the same
-            // shape at the same moment can both pass: matching stays deterministic then (see
-            // `PolicyCache::for_descriptor`), and the later write of either is refused.
+        let claimed = |other: String| {
+            let domain = policy.as_ref().and_then(|p| p.descriptor.as_ref());
+            ServiceError::DescriptorClaimed {
+                domain: domain.map(|d| d.domain.clone()).unwrap_or_default(),
+                other,
+            }
+        };
+        if let Some(p) = policy.as_ref().filter(|p| p.descriptor.is_some()) {
+            // The store's write claims the shape atomically; this check, against the store's
+            // policies as of now, also finds the claims of policies written before the store
+            // kept them. A policy keeping its own shape is never refused.
             self.refresh().await?;
-            if let Some(other) = policy.as_ref().and_then(|p| self.cache.shape_claimed_by(p)) {
-                return Err(ServiceError::DescriptorClaimed {
-                    domain: d.domain.clone(),
-                    other,
-                });
+            let keeps = self
+                .cache
+                .get(name.as_str())
+                .is_some_and(|(own, _)| own.shape() == p.shape());
+            if let Some(other) = self.cache.shape_claimed_by(p).filter(|_| !keeps) {
+                return Err(claimed(other));
             }
         }
+        let seen = self.cache.get(name.as_str()).map(|(p, _)| p);
         let written = self
-            .write(kind, Some(name), policy.as_ref(), precondition)
+            .write(
+                kind,
+                Some(name),
+                policy.as_ref(),
+                precondition,
+                seen.as_deref(),
+            )
             .await?;
         let current = (written.etag.version > 0).then(|| written.etag.clone());
         match written.status {
@@ -400,6 +418,7 @@ impl RateLimiter {
             WriteStatus::Exists => Err(ServiceError::PolicyExists(name.to_string())),
             WriteStatus::Missing => Err(ServiceError::UnknownPolicy(name.to_string())),
             WriteStatus::Full => Err(ServiceError::TooManyPolicies(self.sync.max_policies)),
+            WriteStatus::Claimed => Err(claimed(written.claimed_by.unwrap_or_default())),
             WriteStatus::PreconditionFailed => Err(ServiceError::PreconditionFailed { current }),
             WriteStatus::Probed => Ok(written),
         }

@@ -33,7 +33,7 @@ impl RateLimiter {
             return Some(Unready::NotLoaded);
         }
         if let Err(e) = self
-            .write(WriteKind::Probe, None, None, &Precondition::None)
+            .write(WriteKind::Probe, None, None, &Precondition::None, None)
             .await
         {
             tracing::warn!(error = %e, "not ready: the store refused a probe write");

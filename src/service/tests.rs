@@ -216,6 +216,7 @@ async fn configured_policies_are_seeded_once_and_a_deletion_sticks() {
             Some(&name),
             Some(&policy("seeded", 3, FailMode::Open)),
             &Precondition::None,
+            None,
         )
         .await
         .expect("answered");

@@ -137,6 +137,8 @@ pub struct PolicyKeys {
     pub names: String,
     pub deleted: String,
     pub seeded: String,
+    /// Descriptor shape -> the policy that claims it.
+    pub shapes: String,
     /// Prefix of each policy's hash; the name follows.
     pub hash_prefix: String,
     /// The set of names and the version counter of the layout before the change log, adopted
@@ -153,6 +155,7 @@ impl PolicyKeys {
             names: key("names"),
             deleted: key("deleted"),
             seeded: key("seeded"),
+            shapes: key("shapes"),
             hash_prefix: key("policy:"),
             legacy_index: key("index"),
             legacy_version: key("version"),

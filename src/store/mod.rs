@@ -350,6 +350,9 @@ pub struct PolicyWrite<'a> {
     pub precondition: &'a Precondition,
     /// Creating a policy beyond this many is refused (`WriteStatus::Full`).
     pub max_policies: u64,
+    /// The policy of this name as the writer last saw it, if any: read only where a record
+    /// written by an older version lacks the kind and descriptor shape the write compares.
+    pub seen: Option<&'a Policy>,
 }
 
 /// What a policy write did, or why it did nothing.
@@ -364,6 +367,8 @@ pub enum WriteStatus {
     Missing,
     /// The store holds `max_policies` already.
     Full,
+    /// Another live policy serves the same descriptor shape ([`Written::claimed_by`]).
+    Claimed,
     PreconditionFailed,
     Probed,
 }
@@ -377,6 +382,7 @@ impl WriteStatus {
             "exists" => WriteStatus::Exists,
             "missing" => WriteStatus::Missing,
             "full" => WriteStatus::Full,
+            "claimed" => WriteStatus::Claimed,
             "precondition_failed" => WriteStatus::PreconditionFailed,
             "probed" => WriteStatus::Probed,
             _ => return None,
@@ -400,8 +406,11 @@ pub struct Written {
     pub etag: Etag,
     /// The written policy's incarnation ([`Policy::incarnation`]), as the store now hands it
     /// out: the change's version for a creation, the replaced policy's for a replacement; 0 for
-    /// a deletion, a refusal or a probe.
+    /// a deletion, a refusal or a probe. A replacement that changes the policy's kind (rate or
+    /// concurrency) starts a new one, as a deletion does.
     pub incarnation: u64,
+    /// For [`WriteStatus::Claimed`], the policy that serves the shape.
+    pub claimed_by: Option<String>,
 }
 
 /// One policy changed after a given version: its state now.

@@ -1,6 +1,7 @@
 //! The embedded store's policy set: the same rules as `lua/policy_write.lua` and
 //! `lua/policy_read.lua` (versions, deletions remembered up to a floor, seeding once, the cap,
-//! preconditions), in process memory, so that the service above cannot tell the stores apart.
+//! preconditions, descriptor shapes claimed by one policy each, a new incarnation when a policy
+//! changes kind), in process memory, so that the service above cannot tell the stores apart.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -23,6 +24,8 @@ pub struct PolicySet {
     deleted: BTreeMap<u64, PolicyName>,
     deleted_at: HashMap<PolicyName, u64>,
     seeded: HashSet<PolicyName>,
+    /// Descriptor shape -> the live policy that claims it.
+    shapes: HashMap<String, PolicyName>,
 }
 
 impl Default for PolicySet {
@@ -35,6 +38,7 @@ impl Default for PolicySet {
             deleted: BTreeMap::new(),
             deleted_at: HashMap::new(),
             seeded: HashSet::new(),
+            shapes: HashMap::new(),
         }
     }
 }
@@ -57,6 +61,7 @@ impl PolicySet {
                 version,
             },
             incarnation: 0,
+            claimed_by: None,
         };
         if w.kind == WriteKind::Probe {
             return done(WriteStatus::Probed, self.version);
@@ -81,7 +86,9 @@ impl PolicySet {
         match (w.kind, current) {
             (WriteKind::Delete, None) => return refuse(WriteStatus::Missing),
             (WriteKind::Delete, Some(_)) => {
-                self.live.remove(w.name);
+                if let Some((old, _)) = self.live.remove(w.name) {
+                    self.release(old.shape(), w.name);
+                }
                 self.version += 1;
                 self.deleted.insert(self.version, w.name.clone());
                 self.deleted_at.insert(w.name.clone(), self.version);
@@ -105,16 +112,36 @@ impl PolicySet {
         if current.is_none() && self.live.len() as u64 >= w.max_policies {
             return refuse(WriteStatus::Full);
         }
+        let old = self.live.get(w.name).map(|(p, _)| p);
+        let old_shape = old.and_then(Policy::shape);
+        let shape = policy.shape();
+        // As in `policy_write.lua`: the first policy written with a shape claims it, and one
+        // keeping its own shape is never refused.
+        if let Some(shape) = shape.as_ref().filter(|s| old_shape.as_ref() != Some(*s)) {
+            if let Some(owner) = self.shapes.get(shape).filter(|o| *o != w.name) {
+                return Written {
+                    claimed_by: Some(owner.to_string()),
+                    ..refuse(WriteStatus::Claimed)
+                };
+            }
+        }
         if w.kind == WriteKind::Seed {
             self.seeded.insert(w.name.clone());
         }
         self.version += 1;
-        // A replacement keeps the incarnation of the policy it replaces; a creation's is its
-        // version, as in `policy_write.lua`.
-        let (status, incarnation) = match self.live.get(w.name) {
-            Some((old, _)) => (WriteStatus::Replaced, old.incarnation()),
+        // A replacement keeps the incarnation of the policy it replaces unless it changes the
+        // policy's kind; a creation's is its version, as in `policy_write.lua`.
+        let (status, incarnation) = match old {
+            Some(old) if old.kind() == policy.kind() => (WriteStatus::Replaced, old.incarnation()),
+            Some(_) => (WriteStatus::Replaced, self.version),
             None => (WriteStatus::Created, self.version),
         };
+        if old_shape != shape {
+            self.release(old_shape, w.name);
+        }
+        if let Some(shape) = shape {
+            self.shapes.insert(shape, w.name.clone());
+        }
         let policy = policy.clone().with_incarnation(incarnation);
         self.live.insert(w.name.clone(), (policy, self.version));
         if let Some(v) = self.deleted_at.remove(w.name) {
@@ -123,6 +150,15 @@ impl PolicySet {
         Written {
             incarnation,
             ..done(status, self.version)
+        }
+    }
+
+    /// Gives up `name`'s claim on `shape`, if it holds it.
+    fn release(&mut self, shape: Option<String>, name: &PolicyName) {
+        if let Some(shape) = shape {
+            if self.shapes.get(&shape) == Some(name) {
+                self.shapes.remove(&shape);
+            }
         }
     }
 
@@ -183,6 +219,7 @@ mod tests {
             policy: (kind != WriteKind::Delete).then_some(p),
             precondition: &Precondition::None,
             max_policies: 10,
+            seen: None,
         })
     }
 
@@ -253,6 +290,7 @@ mod tests {
             policy: Some(&policy("p", 2)),
             precondition: &Precondition::Absent,
             max_policies: 10,
+            seen: None,
         });
         assert_eq!(
             (failed.status, failed.incarnation),

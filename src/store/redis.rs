@@ -381,6 +381,9 @@ const DOC_FIELD: &str = "doc";
 /// The hash field that holds a policy's incarnation, which `lua/policy_write.lua` keeps: not
 /// part of the document.
 const BORN_FIELD: &str = "born";
+/// The hash fields in which `lua/policy_write.lua` keeps the policy's kind and descriptor shape,
+/// which it compares on the next write: derived from the document, not part of it.
+const KEPT_FIELDS: [&str; 2] = ["kind", "shape"];
 
 /// A policy as the fields of its hash: its document, as JSON, in one field, so that every value
 /// keeps its JSON type.
@@ -403,6 +406,7 @@ fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
         }
         None => 0,
     };
+    fields.retain(|(k, _)| !KEPT_FIELDS.contains(&k.as_str()));
     Ok(decode_doc(fields)?.with_incarnation(incarnation))
 }
 
@@ -816,8 +820,12 @@ impl Store for RedisStore {
         };
         let fields = w.policy.map(encode).unwrap_or_default();
         let generation = new_generation();
-        let (status, generation, version, incarnation): (String, String, u64, u64) = self
-            .with_conn_on(Some(&keys.meta), async |conn| {
+        let shape = w.policy.and_then(Policy::shape).unwrap_or_default();
+        let kind = w.policy.map_or("", Policy::kind);
+        let seen_shape = w.seen.and_then(Policy::shape).unwrap_or_default();
+        let seen_kind = w.seen.map_or("", Policy::kind);
+        let (status, generation, version, incarnation, owner): (String, String, u64, u64, String) =
+            self.with_conn_on(Some(&keys.meta), async |conn| {
                 let mut call = self.scripts.policy_write.prepare_invoke();
                 call.key(&keys.meta)
                     .key(&keys.names)
@@ -826,11 +834,16 @@ impl Store for RedisStore {
                     .key(&hash)
                     .key(&keys.legacy_index)
                     .key(&keys.legacy_version)
+                    .key(&keys.shapes)
                     .arg(w.kind.as_str())
                     .arg(w.name.as_str())
                     .arg(precondition)
                     .arg(w.max_policies)
-                    .arg(&generation);
+                    .arg(&generation)
+                    .arg(&shape)
+                    .arg(kind)
+                    .arg(&seen_shape)
+                    .arg(seen_kind);
                 for (f, v) in &fields {
                     call.arg(f).arg(v);
                 }
@@ -846,6 +859,7 @@ impl Store for RedisStore {
                 version,
             },
             incarnation,
+            claimed_by: (status == WriteStatus::Claimed).then_some(owner),
         })
     }
 

@@ -8,6 +8,7 @@ mod helpers;
 mod acquire;
 mod batch;
 mod bounds;
+mod claims;
 mod cluster;
 mod connections;
 mod denial_cache;
