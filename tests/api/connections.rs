@@ -45,8 +45,14 @@ async fn start_up_error(url: &str, mode: &str, timeout_ms: &str) -> (String, Dur
 
 /// 1,000 acquires at once on a 2-worker app in `pool` mode with the default 100 ms deadline:
 /// no call waits for a connection, so none is degraded, and exactly the limit is admitted.
+///
+/// A pool that made calls queue for a connection degrades a share of every burst; a loaded
+/// machine can degrade a few calls of one burst by slowness alone. So each burst, on a subject
+/// of its own, must be exact in what Redis decided (never more than the limit admitted, and
+/// every unit accounted for), and one of [`BURSTS`] must be clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_mode_decides_a_thousand_concurrent_acquires_exactly() {
+    const BURSTS: usize = 3;
     let redis = Arc::new(TestRedis::start());
     let app = spawn_app_with(
         Some(redis),
@@ -71,29 +77,42 @@ async fn pool_mode_decides_a_thousand_concurrent_acquires_exactly() {
         .build()
         .expect("client");
     let url = app.url("/v1/acquire");
-    let requests = (0..1_000).map(|_| {
-        let (client, url) = (client.clone(), url.clone());
-        tokio::spawn(async move {
-            let r = client
-                .post(url)
-                .json(&json!({"policy": "busy", "key": "k"}))
-                .send()
-                .await
-                .expect("answered");
-            assert_eq!(r.status(), 200);
-            let d: Value = r.json().await.expect("JSON");
-            (d["allowed"] == true, d["degraded"] == true)
-        })
-    });
-    let answers: Vec<(bool, bool)> = join_all(requests)
-        .await
-        .into_iter()
-        .map(|r| r.expect("task"))
-        .collect();
-    let degraded = answers.iter().filter(|a| a.1).count();
-    let allowed = answers.iter().filter(|a| a.0 && !a.1).count();
-    assert_eq!(degraded, 0, "{degraded} of 1000 decisions degraded");
-    assert_eq!(allowed, 500, "exactly the limit admitted");
+    let mut seen = Vec::new();
+    for burst in 0..BURSTS {
+        let key = format!("k{burst}");
+        let requests = (0..1_000).map(|_| {
+            let (client, url, key) = (client.clone(), url.clone(), key.clone());
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .json(&json!({"policy": "busy", "key": key}))
+                    .send()
+                    .await
+                    .expect("answered");
+                assert_eq!(r.status(), 200);
+                let d: Value = r.json().await.expect("JSON");
+                (d["allowed"] == true, d["degraded"] == true)
+            })
+        });
+        let answers: Vec<(bool, bool)> = join_all(requests)
+            .await
+            .into_iter()
+            .map(|r| r.expect("task"))
+            .collect();
+        let degraded = answers.iter().filter(|a| a.1).count();
+        let allowed = answers.iter().filter(|a| a.0 && !a.1).count();
+        assert!(allowed <= 500, "burst {burst}: {allowed} admitted by Redis");
+        assert!(
+            allowed + degraded >= 500,
+            "burst {burst}: {allowed} admitted and {degraded} degraded: units lost"
+        );
+        if degraded == 0 {
+            assert_eq!(allowed, 500, "exactly the limit admitted");
+            return;
+        }
+        seen.push(degraded);
+    }
+    panic!("every burst had decisions degraded (of 1000 each): {seen:?}");
 }
 
 /// Nothing listens on the port: start-up fails at once (not after the 2 s deadline) and says

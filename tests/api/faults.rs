@@ -12,8 +12,12 @@ use serde_json::{json, Value};
 use crate::helpers::{spawn_app_on_cluster, spawn_app_with, TestApp, TestCluster, TestRedis};
 
 /// The Redis deadline used here, and the margin allowed on top of it on a busy 2-core machine.
+/// The outages last [`OUTAGE_MS`], well beyond both: a call that waited for Redis instead of
+/// its deadline would take up to the whole outage, and so still fail the check, however slow
+/// the machine.
 const DEADLINE_MS: u64 = 250;
-const MARGIN_MS: u64 = 750;
+const MARGIN_MS: u64 = 1_250;
+const OUTAGE_MS: u64 = 3_000;
 
 /// One answered acquire of the load.
 #[derive(Debug)]
@@ -200,13 +204,14 @@ fn check_answers(samples: &[Sample]) {
     );
 }
 
-/// Redis is back: ready within seconds, and exact under concurrency again.
+/// Redis is back: ready within seconds, and exact under concurrency again. (A service that
+/// never recovers fails at any bound; these leave a loaded machine room.)
 async fn check_recovered(app: &TestApp) {
     let start = Instant::now();
     while app.get("/readyz").await.status() != 200 {
         assert!(
-            start.elapsed() < Duration::from_secs(5),
-            "not ready again after 5 s"
+            start.elapsed() < Duration::from_secs(15),
+            "not ready again after 15 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -219,7 +224,7 @@ async fn check_recovered(app: &TestApp) {
             break;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(8),
+            start.elapsed() < Duration::from_secs(20),
             "connections did not recover"
         );
     }
@@ -268,7 +273,8 @@ where
     F: std::future::Future<Output = ()>,
 {
     let (redis, app, dir) = setup(tag, mode).await;
-    let stream = load(&app, Duration::from_millis(2_000));
+    // The load outlasts the outage, which starts 300 ms into it, by a second.
+    let stream = load(&app, Duration::from_millis(300 + OUTAGE_MS + 1_000));
     let outage = async {
         tokio::time::sleep(Duration::from_millis(300)).await;
         outage(redis.clone()).await;
@@ -287,7 +293,7 @@ async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
         tokio::task::spawn_blocking(move || stopping.stop())
             .await
             .expect("stop");
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        tokio::time::sleep(Duration::from_millis(OUTAGE_MS)).await;
         redis.restart();
     })
     .await;
@@ -297,7 +303,7 @@ async fn refused_redis_is_answered_by_fail_mode_and_recovered_from() {
 async fn hung_redis_is_answered_by_fail_mode_and_recovered_from() {
     through_an_outage("hung", |redis| async move {
         redis.signal("STOP");
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        tokio::time::sleep(Duration::from_millis(OUTAGE_MS)).await;
         redis.signal("CONT");
     })
     .await;
@@ -306,10 +312,10 @@ async fn hung_redis_is_answered_by_fail_mode_and_recovered_from() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarted_redis_is_answered_by_fail_mode_and_recovered_from() {
     through_an_outage("restarted", |redis| async move {
-        // A restart that takes a while, as a real one does: down for 600 ms, then back with its
+        // A restart that takes a while, as a real one does: down for seconds, then back with its
         // data but no scripts (NOSCRIPT) and every old connection dead.
         redis.kill();
-        tokio::time::sleep(Duration::from_millis(600)).await;
+        tokio::time::sleep(Duration::from_millis(OUTAGE_MS)).await;
         redis.restart();
     })
     .await;
