@@ -651,6 +651,21 @@ impl Verdict {
 /// bucket refilled once a month) are reported as this, identically in Rust and in Lua.
 pub const MAX_WAIT_US: u64 = 1 << 50;
 
+/// Marks at or above this (2^52 µs, the year 2112) are not times: `HELD_MARK + at` is the mark
+/// of a take decided at `at` whose units stop counting more than [`MAX_WAIT_US`] later (a huge
+/// backlog drained once a month), past what a reply says. See [`Verdict::marks`].
+pub const HELD_MARK: u64 = 1 << 52;
+
+/// The time after which a refund gives nothing back with `mark` ([`Verdict::marks`]): the mark
+/// itself, or for a held mark its take's time plus [`MAX_WAIT_US`].
+pub fn mark_life_end(mark: u64) -> u64 {
+    if mark >= HELD_MARK {
+        (mark - HELD_MARK).saturating_add(MAX_WAIT_US)
+    } else {
+        mark
+    }
+}
+
 /// The answer to one acquire. A denial is a decision like any other, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {

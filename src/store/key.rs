@@ -25,6 +25,8 @@
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
 
+use std::fmt::Write as _;
+
 use crate::limiter::MAX_LIMITS;
 use crate::policy::{Algorithm, LimitKey, Policy};
 
@@ -46,6 +48,21 @@ pub fn state_key(
         buf.push(':');
     }
     buf.push_str(alg);
+}
+
+/// Writes the key of a ticket's record of the units refunded with it to `buf` (cleared first):
+/// `<prefix>:{<policy>:<escaped key>}:ticket:<16 hex>`, on its subject's hash tag so that the
+/// refund script can read and write it with the subject's state on a Cluster. (No state key
+/// ends so: an algorithm's name ends each.)
+pub fn ticket_record(buf: &mut String, prefix: &str, policy: &str, key: &str, id: u64) {
+    subject(buf, prefix, policy, key, 23);
+    let _ = write!(buf, "ticket:{id:016x}");
+}
+
+/// The key of the ring of keys that sign tickets, shared by every instance:
+/// `<prefix>:ticket-keys` (see `service::ticket::Keyring`).
+pub fn ticket_keys(prefix: &str) -> String {
+    format!("{prefix}:ticket-keys")
 }
 
 /// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):
