@@ -22,6 +22,7 @@
 use std::fmt;
 use std::sync::RwLock;
 
+use hmac::digest::KeyInit;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
@@ -89,9 +90,11 @@ impl Key {
     }
 
     fn mac(&self) -> HmacSha256 {
-        // HMAC takes a key of any length: this cannot fail.
-        <HmacSha256 as Mac>::new_from_slice(&self.secret)
-            .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"))
+        // HMAC pads a key shorter than its block with zeros: the block-sized key is the same
+        // key, and takes a constructor that cannot fail.
+        let mut block = [0u8; 64];
+        block[..KEY_BYTES].copy_from_slice(&self.secret);
+        <HmacSha256 as KeyInit>::new(&block.into())
     }
 
     /// `<id>:<64 hex>`, as the store keeps it.
@@ -503,6 +506,20 @@ mod tests {
         ] {
             assert!(Ticket::parse(&bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_padded_key_is_the_same_hmac_key() {
+        let k = Key::new(1, [0x42; KEY_BYTES]);
+        let mut sliced =
+            <HmacSha256 as Mac>::new_from_slice(&[0x42; KEY_BYTES]).expect("any length");
+        let mut padded = k.mac();
+        sliced.update(b"body");
+        padded.update(b"body");
+        assert_eq!(
+            sliced.finalize().into_bytes(),
+            padded.finalize().into_bytes()
+        );
     }
 
     #[test]
