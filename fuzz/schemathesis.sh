@@ -73,8 +73,12 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 echo "==> starting $BIN on $BASE"
-# Open auth (no tokens configured), embedded in-process store; never a real Redis.
+# Open auth (no tokens configured), embedded in-process store; never a real Redis. Refunds
+# without a ticket are accepted (limits.ticketless_refunds): the schema's `ticket` is optional,
+# as it is for a service with that setting, and the hooks leave it out when no real one can be
+# had (a subject at its debt bound gets none); tests/api/tickets.rs holds the default's 422.
 env -u RATELIMITER__AUTH__ADMIN_TOKENS -u RATELIMITER__AUTH__CLIENT_TOKENS \
+    -u RATELIMITER__AUTH__SETTLE_TOKENS RATELIMITER__LIMITS__TICKETLESS_REFUNDS=true \
     RATELIMITER__SERVER__BIND="127.0.0.1:$PORT" RUST_LOG="${RUST_LOG:-warn}" \
     "$BIN" >"$LOG" 2>&1 &
 RL_PID=$!

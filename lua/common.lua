@@ -13,6 +13,11 @@
 -- ARGV[m + i]  refund only, after every parameter: the i-th limit's mark from a ticket (see
 --              src/limiter/mod.rs, Rule::refund), or empty for a refund without a ticket; the
 --              part reads it as `mark` (a number, or nil)
+-- KEYS[n + 1]  refund only, with a ticket (n limits): the ticket's record of the units refunded
+--              with it, on the subject's hash tag; then ARGV[m + n + 1] is the ticket's units
+--              and ARGV[m + n + 2] the end of its life (µs). The refund gives back at most the
+--              units the record does not hold yet, and adds what it gave (the composition in
+--              src/store/scripts.rs, around the parts: they only see a lower `cost`)
 -- Joint        a joint acquire (the Envoy descriptors of one request: src/service/joint.rs)
 --              decides the limits of several subjects at once, each with its own cost: ARGV[1]
 --              is 0, and each limit's cost comes just before its parameters (the part reads it

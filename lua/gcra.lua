@@ -22,7 +22,8 @@
 -- Refund: gives back at most busy intervals (all of them put the TAT before t: at rest, never
 -- above full), and with a ticket's mark (the TAT after its take) at most the
 -- ceil((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
--- MAX_WAIT_US. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
+-- MAX_WAIT_US; a held mark (a take whose TAT was past MAX_WAIT_US) as the refund section
+-- reads it. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
 
 local burst = tonumber(ARGV[a + 1])
 local num = tonumber(ARGV[a + 2])
@@ -104,7 +105,21 @@ end
 out_units = math.min(cost, busy)
 if mark then
   local undrained = 0
-  if mark > t then
+  if mark >= 4503599627370496 then
+    -- A held mark, 2^52 + the take's time (src/limiter/mod.rs, undrained): the take's units
+    -- count past MAX_WAIT_US. The larger of two lower bounds of what it holds: its own units
+    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US; nothing
+    -- after that.
+    local elapsed = math.max(t - (mark - 4503599627370496), 0)
+    if elapsed < MAX_WAIT_US then
+      local q, r = muldiv(MAX_WAIT_US - elapsed, den, num)
+      undrained = q
+      if r > 0 then
+        undrained = q + 1
+      end
+      undrained = math.max(undrained, cost - muldiv(elapsed, den, num))
+    end
+  elseif mark > t then
     local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), den, num)
     -- Rounded up: a refund right after its take gives all of it back.
     undrained = q

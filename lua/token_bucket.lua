@@ -104,7 +104,21 @@ end
 out_units = math.min(cost, capacity - tokens)
 if mark then
   local unrefilled = 0
-  if mark > t then
+  if mark >= 4503599627370496 then
+    -- A held mark, 2^52 + the take's time (src/limiter/mod.rs, undrained): the take's units
+    -- count past MAX_WAIT_US. The larger of two lower bounds of what it holds: its own units
+    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US; nothing
+    -- after that.
+    local elapsed = math.max(t - (mark - 4503599627370496), 0)
+    if elapsed < MAX_WAIT_US then
+      local q, r = muldiv(MAX_WAIT_US - elapsed, rate, period)
+      unrefilled = q
+      if r > 0 then
+        unrefilled = q + 1
+      end
+      unrefilled = math.max(unrefilled, cost - muldiv(elapsed, rate, period))
+    end
+  elseif mark > t then
     local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), rate, period)
     -- Rounded up: a refund right after its take gives all of it back.
     unrefilled = q

@@ -262,6 +262,11 @@ pub struct AuthSettings {
     /// Bearer tokens for `GET /metrics`; empty leaves it open.
     #[serde(default)]
     pub metrics_tokens: Vec<Secret>,
+    /// Bearer tokens that may settle (`POST /v1/report`, `/v1/refund`) as well as decide: when
+    /// set, client tokens may only decide (acquire, peek, leases), and `POST /v1/reset` takes a
+    /// settle token when no admin token is set. Empty: client tokens settle too, as before.
+    #[serde(default)]
+    pub settle_tokens: Vec<Secret>,
 }
 
 /// An address or a CIDR network (`10.0.0.7`, `10.0.0.0/8`, `fd00::/8`).
@@ -314,6 +319,10 @@ pub struct LimitsSettings {
     pub denial_cache_ms: u64,
     /// The most cached denials (at least 1), about 100 bytes each plus the key.
     pub denial_cache_entries: u64,
+    /// Accepts `POST /v1/refund` without a `ticket` (and Envoy's `is_negative_hits`), which gives
+    /// units back to whatever the subject has in use: any caller allowed to refund can then keep
+    /// any subject under its limit. Off by default: a refund names the ticket of its take.
+    pub ticketless_refunds: bool,
 }
 
 impl LimitsSettings {
@@ -403,6 +412,7 @@ impl Settings {
             .set_default("limits.denial_cache", true)?
             .set_default("limits.denial_cache_ms", 1_000)?
             .set_default("limits.denial_cache_entries", 100_000)?
+            .set_default("limits.ticketless_refunds", false)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -449,6 +459,7 @@ impl RawSettings {
             ("auth.admin_tokens", &mut self.auth.admin_tokens),
             ("auth.client_tokens", &mut self.auth.client_tokens),
             ("auth.metrics_tokens", &mut self.auth.metrics_tokens),
+            ("auth.settle_tokens", &mut self.auth.settle_tokens),
         ] {
             *tokens = token_list(key, std::mem::take(tokens))?;
         }

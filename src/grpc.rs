@@ -143,6 +143,27 @@ impl Grpc {
                 .hits_addend
                 .map_or(default_cost, |h| h.value)
                 .min(MAX_UNITS + 1);
+            // Negative hits are refunds without a ticket: refused, as over HTTP, unless
+            // `limits.ticketless_refunds` allows them (a negative 0 is a look); before anything is decided.
+            if d.is_negative_hits && cost > 0 && !self.limiter.allows_ticketless_refunds() {
+                return Err(Status::invalid_argument(format!(
+                    "`descriptors[{i}]`: is_negative_hits gives units back without a ticket, \
+                     which limits.ticketless_refunds does not allow"
+                )));
+            }
+            // And they are settlements: with `auth.settle_tokens` set, a client token may not.
+            if d.is_negative_hits && cost > 0 {
+                let values = request
+                    .metadata()
+                    .get_all("authorization")
+                    .into_iter()
+                    .map(|v| v.as_bytes());
+                self.tokens.check_settle(values).map_err(|e| {
+                    Status::permission_denied(format!(
+                        "`descriptors[{i}]`: is_negative_hits needs a settle token: {e}"
+                    ))
+                })?;
+            }
             negative.push(d.is_negative_hits);
             slots.push(Some(asks.len()));
             asks.push(Ask {

@@ -112,6 +112,10 @@ impl Application {
             .refresh()
             .await
             .context("loading policies (and creating the configured ones)")?;
+        limiter
+            .load_ticket_keys()
+            .await
+            .context("reading the keys that sign refund tickets (or creating the first)")?;
         limiter.spawn_background(settings.redis.policy_refresh());
 
         let listener = TcpListener::bind(settings.server.bind)

@@ -1,8 +1,14 @@
-//! Bearer-token access control: `auth.admin_tokens` guard the policy API and `POST /v1/reset`,
-//! `auth.client_tokens` guard the decisions (`POST /v1/acquire`, `/v1/peek`, `/v1/report`,
-//! `/v1/refund`, and `/v1/reset` when no admin token is set) and the leases (`POST /v1/leases`,
-//! `POST /v1/leases/{id}/renew`, `DELETE /v1/leases/{id}`), `auth.metrics_tokens` guard `GET
-//! /metrics`. An empty list leaves that part of the API open.
+//! Bearer-token access control, by scope:
+//! - `auth.admin_tokens`: the policy API, `POST /v1/tickets/rotate`, and `POST /v1/reset`;
+//! - `auth.settle_tokens`: decisions and settlements, `POST /v1/report` and `/v1/refund` (and
+//!   `/v1/reset` when no admin token is set);
+//! - `auth.client_tokens`: decisions only (`POST /v1/acquire`, `/v1/peek` and the leases: `POST
+//!   /v1/leases`, `POST /v1/leases/{id}/renew`, `DELETE /v1/leases/{id}`), and settlements too
+//!   while no settle token is set (as before settle tokens existed);
+//! - `auth.metrics_tokens`: `GET /metrics`.
+//!
+//! A settle token may do whatever a client token may. An empty list leaves that part of the API
+//! open (decisions: when there is neither a client nor a settle token).
 //!
 //! Tokens are kept and compared as SHA-256 digests with `subtle`, so neither a token's bytes nor
 //! its length can be found by timing answers.
@@ -24,8 +30,11 @@ type TokenDigest = [u8; 32];
 #[derive(Debug, Default, Clone)]
 pub struct Tokens {
     admin: Vec<TokenDigest>,
-    client: Vec<TokenDigest>,
     metrics: Vec<TokenDigest>,
+    /// Client and settle tokens: what a decision accepts.
+    deciders: Vec<TokenDigest>,
+    /// What a settlement accepts: the settle tokens, or the client tokens while there are none.
+    settlers: Vec<TokenDigest>,
 }
 
 fn digest(token: &[u8]) -> TokenDigest {
@@ -40,10 +49,19 @@ impl Tokens {
                 .map(|t| digest(t.expose().as_bytes()))
                 .collect()
         };
+        let client: Vec<TokenDigest> = digests(&auth.client_tokens);
+        let settle: Vec<TokenDigest> = digests(&auth.settle_tokens);
+        let deciders = client.iter().chain(&settle).copied().collect();
+        let settlers = if settle.is_empty() {
+            client.clone()
+        } else {
+            settle
+        };
         Self {
             admin: digests(&auth.admin_tokens),
-            client: digests(&auth.client_tokens),
             metrics: digests(&auth.metrics_tokens),
+            deciders,
+            settlers,
         }
     }
 
@@ -57,7 +75,16 @@ impl Tokens {
         &self,
         mut values: impl Iterator<Item = &'a [u8]>,
     ) -> Result<(), &'static str> {
-        check_values(&self.client, &mut values)
+        check_values(&self.deciders, &mut values)
+    }
+
+    /// Whether a call with these `authorization` values may settle (report, refund, or Envoy's
+    /// negative hits), or why not.
+    pub fn check_settle<'a>(
+        &self,
+        mut values: impl Iterator<Item = &'a [u8]>,
+    ) -> Result<(), &'static str> {
+        check_values(&self.settlers, &mut values)
     }
 }
 
@@ -140,7 +167,8 @@ impl FromRequest for Admin {
     }
 }
 
-/// Present in a handler's arguments: the request carries a client token (or none is needed).
+/// Present in a handler's arguments: the request carries a client or a settle token (or none is
+/// needed): it may ask for decisions.
 pub struct Client;
 
 impl FromRequest for Client {
@@ -148,22 +176,37 @@ impl FromRequest for Client {
     type Future = Ready<Result<Self, ApiError>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(check(req, |t| &t.client).map(|()| Client))
+        ready(check(req, |t| &t.deciders).map(|()| Client))
     }
 }
 
-/// The tokens `POST /v1/reset` accepts: admin tokens when any is set, else client tokens.
+/// Present in a handler's arguments: the request carries a settle token, or a client token while
+/// no settle token is set (or none is needed): it may report and refund.
+pub struct Settle;
+
+impl FromRequest for Settle {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(check(req, |t| &t.settlers).map(|()| Settle))
+    }
+}
+
+/// The tokens `POST /v1/reset` accepts: admin tokens when any is set, else settle tokens when
+/// any is set, else client tokens.
 fn reset_tokens(t: &Tokens) -> &[TokenDigest] {
     if t.admin.is_empty() {
-        &t.client
+        &t.settlers
     } else {
         &t.admin
     }
 }
 
 /// Present in `POST /v1/reset`'s arguments: the request carries an admin token when
-/// `auth.admin_tokens` is set, otherwise a client token when `auth.client_tokens` is (or none is
-/// needed). Resetting a subject unblocks it: it is never open while acquires are guarded.
+/// `auth.admin_tokens` is set, otherwise a settle token when `auth.settle_tokens` is, otherwise
+/// a client token when `auth.client_tokens` is (or none is needed). Resetting a subject
+/// unblocks it: it is never open while acquires are guarded.
 pub struct ResetAccess;
 
 impl FromRequest for ResetAccess {

@@ -8,7 +8,7 @@ use actix_web::{post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::auth::{Client, ResetAccess};
+use super::auth::{Admin, Client, ResetAccess, Settle};
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
 use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
@@ -56,7 +56,7 @@ pub struct ReportRequest {
 /// Give back up to `cost` units to `key` under `policy`.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 700, "ticket": "1.2000.8183b9ea.1764460860000000"}))]
+#[schema(example = json!({"policy": "llm-tokens", "key": "team-7", "cost": 700, "ticket": "2.1.5f0d2c41a9e3b7c8.2000.1764460860000000.3e4b1f9a07c2d85e6a91b0c4f7d2e813"}))]
 pub struct RefundRequest {
     /// Name of an existing policy.
     #[schema(schema_with = schema::policy_field)]
@@ -67,12 +67,14 @@ pub struct RefundRequest {
     /// Units to give back: at least 1 and at most 10^9 (and at most the ticket's units).
     #[schema(schema_with = schema::refund_cost_field)]
     pub cost: serde_json::Number,
-    /// The `ticket` of the acquire or report that took the units: the refund then lands only
-    /// where they were taken (their window, log entries, or the part of a bucket's or GCRA's
-    /// level that time has not yet refilled), and does nothing once that is gone. Without it,
-    /// the refund applies to the subject's current state.
+    /// The `ticket` of the acquire or report that took the units (required unless
+    /// `limits.ticketless_refunds` is on): the refund then lands only where they were taken
+    /// (their window, log entries, or the part of a bucket's or GCRA's level that time has not
+    /// yet refilled), does nothing once that is gone, and never gives back more in all than the
+    /// ticket took, however often it is sent. Without it (when allowed), the refund applies to
+    /// the subject's current state.
     #[schema(
-        example = "1.2000.8183b9ea.1764460860000000",
+        example = "2.1.5f0d2c41a9e3b7c8.2000.1764460860000000.3e4b1f9a07c2d85e6a91b0c4f7d2e813",
         min_length = 1,
         max_length = 256
     )]
@@ -152,14 +154,15 @@ pub struct AcquireResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(["daily"]))]
     pub violated: Option<Vec<String>>,
-    /// An acquire that took units, or a report: an opaque ticket for `POST /v1/refund`, which
-    /// then gives units back only where these were taken. Absent when nothing was taken
-    /// (a denial, a peek, a refund, a `fail_open` answer).
+    /// An acquire that took units, or a report: an opaque, signed ticket for `POST
+    /// /v1/refund`, which then gives units back only where these were taken, and at most these
+    /// units in all. Absent when nothing was taken (a denial, a peek, a refund, a `fail_open`
+    /// answer).
     #[serde(
         skip_serializing_if = "Option::is_none",
         serialize_with = "ticket_text"
     )]
-    #[schema(value_type = Option<String>, example = "1.1.2984ae67.1764460800100000")]
+    #[schema(value_type = Option<String>, example = "2.1.0c3f9b1e2d4a6870.1.1764460800100000.9b2e4d61f0a7c3851e6d2b9f04a7c5e3")]
     pub ticket: Option<Ticket>,
     /// A refund only: units given back (to every limit, the fewest over the limits; each
     /// limit's own count is in `limits`). Never more than asked, than the ticket's units, or
@@ -341,7 +344,8 @@ pub async fn peek(
 /// acquires are denied until time has paid it back, with `retry_after_ms` saying exactly when.
 /// A subject's usage is bounded at twice its quota: units past that are not recorded (each
 /// limit's `units` says how many were). Always `allowed`; `remaining` is never negative, and
-/// `retry_after_ms` is the time until one unit is available again. Returns a `ticket`.
+/// `retry_after_ms` is the time until one unit is available again. Returns a `ticket`. Needs a
+/// settle token when `auth.settle_tokens` is set.
 #[utoipa::path(
     tag = "decisions",
     security((), ("bearer" = [])),
@@ -349,7 +353,7 @@ pub async fn peek(
     responses(
         (status = 200, description = "The subject after the report", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The request lacks a settle token (`auth.settle_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
@@ -358,7 +362,7 @@ pub async fn peek(
 )]
 #[post("/v1/report")]
 pub async fn report(
-    _: Client,
+    _: Settle,
     limiter: web::Data<RateLimiter>,
     body: JsonBody<ReportRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -377,8 +381,11 @@ pub async fn report(
 /// never to a subject that has no state (nothing is created), and never moving an expiry. With
 /// the `ticket` of the acquire or report that took them, only where they were taken, and
 /// nothing once that window (or log entry, or unrefilled part of a bucket) is gone; a ticket
-/// from before a change to the number of the policy's limits gives nothing back. `refunded`
-/// says how many units were given back. Always `allowed`.
+/// from before a change to the number of the policy's limits gives nothing back. A ticket gives
+/// back at most its units in all, however often it is sent. Without a ticket (only with
+/// `limits.ticketless_refunds`), up to `cost` of whatever the subject has in use. Needs a
+/// settle token when `auth.settle_tokens` is set. `refunded` says how many units were given
+/// back. Always `allowed`.
 #[utoipa::path(
     tag = "decisions",
     security((), ("bearer" = [])),
@@ -386,16 +393,16 @@ pub async fn report(
     responses(
         (status = 200, description = "The subject after the refund, and how many units it got back", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The request lacks a settle token (`auth.settle_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, a `ticket` this service did not issue or issued for another policy or key, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy`, `key` or `cost`, a cost below 1 or above 10^9, no `ticket` while `limits.ticketless_refunds` is off, a `ticket` this service did not issue, issued for another policy or key, or signed with a key rotated out, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/refund")]
 pub async fn refund(
-    _: Client,
+    _: Settle,
     limiter: web::Data<RateLimiter>,
     body: JsonBody<RefundRequest>,
 ) -> Result<HttpResponse, ApiError> {
@@ -428,8 +435,8 @@ pub async fn refund(
 ///
 /// Deletes the state of `key` for every limit of `policy`, atomically: the subject starts
 /// afresh, with its full quota. Every other subject and policy is untouched. Needs an admin
-/// token when `auth.admin_tokens` is set (otherwise a client token when `auth.client_tokens`
-/// is). Not a decision: a store that cannot be reached is a 503 whatever the fail mode.
+/// token when `auth.admin_tokens` is set (otherwise a settle token when `auth.settle_tokens` is,
+/// otherwise a client token when `auth.client_tokens` is). Not a decision: a store that cannot be reached is a 503 whatever the fail mode.
 #[utoipa::path(
     tag = "decisions",
     security((), ("bearer" = [])),
@@ -437,7 +444,7 @@ pub async fn refund(
     responses(
         (status = 204, description = "The subject's state is gone (or there was none)"),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "The request lacks an admin token (`auth.admin_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "The request lacks an admin token (`auth.admin_tokens`), or without admin tokens a settle token (`auth.settle_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
@@ -454,6 +461,41 @@ pub async fn reset(
     let key = subject(&req.policy, req.key)?;
     limiter.reset(&req.policy, &key).await?;
     Ok(HttpResponse::NoContent().finish())
+}
+
+/// The ring of ticket keys after a rotation.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RotatedKeys {
+    /// The id of the key that signs tickets from now on; tickets name it as their second field.
+    /// The key before it still verifies; the one before that no longer does.
+    #[schema(example = 2)]
+    pub key_id: u32,
+}
+
+/// Rotate the keys that sign tickets.
+///
+/// A fresh random key signs every ticket from now on; the current key becomes the previous one
+/// and still verifies its tickets; the previous one is dropped, and tickets it signed are
+/// refused (422). Every instance reads the new ring within `redis.policy_refresh_ms`, and at
+/// once when it meets a ticket of a key it does not hold. Rotate no more often than the tickets
+/// you still mean to refund live (two rotations end every ticket signed before the first).
+/// Needs an admin token when `auth.admin_tokens` is set.
+#[utoipa::path(
+    tag = "decisions",
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The keys are rotated", body = RotatedKeys),
+        (status = 401, description = "`auth.admin_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store could not be reached", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+#[post("/v1/tickets/rotate")]
+pub async fn rotate_ticket_keys(
+    _: Admin,
+    limiter: web::Data<RateLimiter>,
+) -> Result<HttpResponse, ApiError> {
+    let key_id = limiter.rotate_ticket_keys().await?;
+    Ok(HttpResponse::Ok().json(RotatedKeys { key_id }))
 }
 
 /// The checked policy name's key.

@@ -31,8 +31,9 @@ use utoipa::{Modify, OpenApi};
 )]
 pub struct ApiDoc;
 
-/// The `bearer` scheme: tokens from `auth.admin_tokens` (policies, reset) or
-/// `auth.client_tokens` (decisions), required only when those settings are set.
+/// The `bearer` scheme: tokens from `auth.admin_tokens` (policies, reset, key rotation),
+/// `auth.settle_tokens` (settlements and decisions) or `auth.client_tokens` (decisions), required
+/// only when those settings are set.
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -40,9 +41,11 @@ impl Modify for BearerAuth {
         let components = openapi.components.get_or_insert_with(Default::default);
         let mut scheme = Http::new(HttpAuthScheme::Bearer);
         scheme.description = Some(
-            "Needed for the policy API and reset when `auth.admin_tokens` is set, and for \
-             acquire, peek, report, refund and the lease endpoints (and reset, when no admin \
-             token is set) when `auth.client_tokens` is set."
+            "Needed for the policy API, reset and the ticket key rotation when \
+             `auth.admin_tokens` is set; for report and refund when `auth.settle_tokens` is set \
+             (otherwise a client token); for acquire, peek and the lease endpoints (a client or \
+             a settle token) when either is set; reset takes a settle or else a client token \
+             when no admin token is set."
                 .into(),
         );
         components.add_security_scheme("bearer", SecurityScheme::Http(scheme));

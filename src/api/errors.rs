@@ -178,7 +178,9 @@ impl ApiError {
                     Some("descriptor"),
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
-                ServiceError::BadTicket(_) => invalid_field(Some("ticket")),
+                ServiceError::BadTicket(_) | ServiceError::TicketRequired => {
+                    invalid_field(Some("ticket"))
+                }
                 ServiceError::ConcurrencyPolicy(_) | ServiceError::RatePolicy(_) => {
                     invalid_field(Some("policy"))
                 }

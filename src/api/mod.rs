@@ -61,6 +61,7 @@ where
         .service(health::readyz)
         .service(health::metrics)
         .service(decisions::reset)
+        .service(decisions::rotate_ticket_keys)
         .service(policies::list)
         .service(policies::create)
         .service(leases::renew)
@@ -73,9 +74,8 @@ where
 /// The methods a known path takes, for the `Allow` header of a 405.
 fn allowed_methods(path: &str) -> Option<&'static str> {
     match path {
-        "/v1/acquire" | "/v1/peek" | "/v1/report" | "/v1/refund" | "/v1/reset" | "/v1/leases" => {
-            Some("POST")
-        }
+        "/v1/acquire" | "/v1/peek" | "/v1/report" | "/v1/refund" | "/v1/reset" | "/v1/leases"
+        | "/v1/tickets/rotate" => Some("POST"),
         "/v1/policies" => Some("GET, POST"),
         "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Some("GET"),
         _ => {

@@ -42,7 +42,9 @@
 //! after its take (rounded up to a µs): by `t`, all but `(mark − t) / T` of that take's units
 //! have drained (none once `mark <= t`), so no more are given back, rounded up to a whole
 //! interval (a refund right after its take gives all of it back, not one less) (`mark − t` is capped at
-//! [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark stays exact in Lua). A
+//! [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark stays exact in Lua; a take
+//! whose TAT lies further, a report of 10^9 at one a month, has a held mark instead, which
+//! [`super::undrained`] reads). A
 //! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
 //!
 //! Mappings. redis-cell's `CL.THROTTLE key max_burst count period` is `burst = max_burst + 1`,
@@ -54,7 +56,7 @@
 use thiserror::Error;
 
 use super::arith::{gcd, muldiv};
-use super::{until, Decision, Outcome, MAX_WAIT_US};
+use super::{undrained, Decision, Outcome, MAX_WAIT_US};
 
 /// Bounds of `rate`, units per period.
 pub const MIN_RATE: u64 = 1;
@@ -297,11 +299,9 @@ pub fn refund(
     let mut give = units.min(level.busy);
     if let Some(mark) = mark {
         // Intervals of the take not drained yet, rounded up to a whole one: a refund right after
-        // its take gives all of it back, not one less for the sliver drained since. A genuine
-        // mark is at most MAX_WAIT_US after `t`; the cap keeps any other within Lua's exact
-        // integers.
-        let (q, r) = muldiv(until(mark, level.t).min(MAX_WAIT_US), level.den, level.num);
-        give = give.min(q + u64::from(r > 0));
+        // its take gives all of it back, not one less for the sliver drained since; a held mark
+        // as `undrained` reads it.
+        give = give.min(undrained(mark, level.t, units, level.den, level.num));
     }
     if give == 0 {
         let outcome = Outcome {
@@ -851,6 +851,47 @@ mod tests {
         );
         assert_eq!(units, 1, "one interval still to drain of that mark");
         assert_eq!(o.decision.remaining, 0);
+    }
+
+    #[test]
+    fn a_held_mark_gives_back_a_take_whose_tat_is_past_the_longest_wait() {
+        use crate::limiter::{Verdict, HELD_MARK};
+        // One a month, burst 10^9: a report of 10^9 leaves a TAT 31 million years away.
+        let p = params(1, MAX_PERIOD_MS, MAX_BURST);
+        let interval = MAX_PERIOD_MS * 1_000;
+        let mark_of = |o: &Outcome<State>, at: u64| {
+            let mut v = Verdict::at(at);
+            v.push(o.decision);
+            let mark = v.marks().next().expect("one limit");
+            mark
+        };
+        let (o, units) = report(None, &p, MAX_BURST, T0);
+        assert_eq!(units, MAX_BURST);
+        let mark = mark_of(&o, T0);
+        assert_eq!(mark, HELD_MARK + T0, "held: past what a reply states");
+        // All of it back, once (the 421 was the capped mark's 2^50 / 31 days).
+        let (back, given) = refund(o.state, &p, MAX_BURST, T0 + 1, Some(mark));
+        assert_eq!(given, MAX_BURST);
+        assert_eq!(back.decision.remaining, MAX_BURST);
+        // Behind a backlog of its own: its units drain last, and still all come back.
+        let (o2, _) = report(o.state, &p, MAX_BURST, T0 + 5);
+        let mark2 = mark_of(&o2, T0 + 5);
+        let (_, given) = refund(o2.state, &p, MAX_BURST, T0 + 6, Some(mark2));
+        assert_eq!(given, MAX_BURST);
+        // Ten intervals later: the first report's own units cannot have drained by more than
+        // ten (here they have: nothing queued before them), the rest come back.
+        let later = T0 + 10 * interval;
+        let (_, given) = refund(o.state, &p, MAX_BURST, later, Some(mark));
+        assert_eq!(given, MAX_BURST - 10);
+        // A take of 5 behind that backlog, refunded 10 intervals on: all 5 are still held, as
+        // the intervals before take + 2^50 say.
+        let (o3, _) = report(o.state, &p, 5, T0 + 7);
+        let mark3 = mark_of(&o3, T0 + 7);
+        let (_, given) = refund(o3.state, &p, 5, later, Some(mark3));
+        assert_eq!(given, 5);
+        // Past 2^50 µs after its take, a held mark gives nothing (its ticket has ended).
+        let (_, given) = refund(o.state, &p, MAX_BURST, T0 + MAX_WAIT_US, Some(mark));
+        assert_eq!(given, 0);
     }
 
     #[test]

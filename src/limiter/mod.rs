@@ -597,11 +597,18 @@ impl Verdict {
     }
 
     /// Per limit, the mark of what an allowed acquire or a report took: `at_us +
-    /// reset_after_us`, the time its units stop counting (see [`Rule::refund`]).
+    /// reset_after_us`, the time its units stop counting (see [`Rule::refund`]); or, when that
+    /// reset is at the longest wait a reply states ([`MAX_WAIT_US`], so the true one may be far
+    /// longer: a huge backlog drained once a month), [`HELD_MARK`] `+ at_us`, which
+    /// [`undrained`] reads without that cap.
     pub fn marks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.limits()
-            .iter()
-            .map(|d| self.at_us.saturating_add(d.reset_after_us))
+        self.limits().iter().map(|d| {
+            if d.reset_after_us >= MAX_WAIT_US {
+                HELD_MARK.saturating_add(self.at_us)
+            } else {
+                self.at_us.saturating_add(d.reset_after_us)
+            }
+        })
     }
 
     /// The index of the limit that decided: on a denial, the denying limit with the longest
@@ -651,6 +658,21 @@ impl Verdict {
 /// bucket refilled once a month) are reported as this, identically in Rust and in Lua.
 pub const MAX_WAIT_US: u64 = 1 << 50;
 
+/// Marks at or above this (2^52 µs, the year 2112) are not times: `HELD_MARK + at` is the mark
+/// of a take decided at `at` whose units stop counting more than [`MAX_WAIT_US`] later (a huge
+/// backlog drained once a month), past what a reply says. See [`Verdict::marks`].
+pub const HELD_MARK: u64 = 1 << 52;
+
+/// The time after which a refund gives nothing back with `mark` ([`Verdict::marks`]): the mark
+/// itself, or for a held mark its take's time plus [`MAX_WAIT_US`] (a ticket's longest life).
+pub fn mark_life_end(mark: u64) -> u64 {
+    if mark >= HELD_MARK {
+        (mark - HELD_MARK).saturating_add(MAX_WAIT_US)
+    } else {
+        mark
+    }
+}
+
 /// The answer to one acquire. A denial is a decision like any other, not an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Decision {
@@ -684,6 +706,35 @@ impl<S> Outcome<S> {
             ttl_us: self.ttl_us,
         }
     }
+}
+
+/// The units of a take still held at `t` by its `mark` ([`Verdict::marks`]), for an algorithm
+/// whose units drain (GCRA) or refill (token bucket) at `per / every` a µs, the take's being
+/// the last to go; a refund gives back at most these (of the `units` it was asked).
+/// - A mark that is a time: `ceil((mark - t) * per / every)`, the units between `t` and the
+///   mark (`mark - t` capped at [`MAX_WAIT_US`], which no genuine mark exceeds, so that every
+///   number stays exact in Lua).
+/// - A held mark, `HELD_MARK + at` (the take at `at` left units counting past [`MAX_WAIT_US`]):
+///   two lower bounds of what it still holds, the larger: the units that the time since the
+///   take cannot have drained of the take's own (`units - floor(elapsed * per / every)`, as its
+///   units were queued behind nothing at best), and those still to go before `at +
+///   MAX_WAIT_US`, which its units stop counting after (`ceil((MAX_WAIT_US - elapsed) * per /
+///   every)`). Never more than the take still holds, and all of it for at least one unit's time
+///   after the take; nothing once `MAX_WAIT_US` has passed since it (a ticket's longest life).
+pub(crate) fn undrained(mark: u64, t: u64, units: u64, per: u64, every: u64) -> u64 {
+    let up = |d: u64| {
+        let (q, r) = arith::muldiv(d, per, every);
+        q.saturating_add(u64::from(r > 0))
+    };
+    if mark < HELD_MARK {
+        return up(until(mark, t).min(MAX_WAIT_US));
+    }
+    let elapsed = t.saturating_sub(mark - HELD_MARK);
+    if elapsed >= MAX_WAIT_US {
+        return 0;
+    }
+    let (drained, _) = arith::muldiv(elapsed, per, every);
+    up(MAX_WAIT_US - elapsed).max(units.saturating_sub(drained))
 }
 
 /// `target - now`, or zero when `target` has passed.

@@ -25,11 +25,12 @@
 //! the tokens that take used (none once `mark <= t`), so no more are given back, rounded up to
 //! a whole token: a refund right after its take gives all of it back rather than one less for
 //! the sliver refilled meanwhile (at most that sliver, less than a token, is given twice). (`mark - t` is capped at [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark
-//! stays exact in Lua.) A refund rewrites the level but keeps the key's expiry: the bucket is
+//! stays exact in Lua; a take that leaves the bucket full only further away has a held mark
+//! instead, which [`super::undrained`] reads.) A refund rewrites the level but keeps the key's expiry: the bucket is
 //! only fuller, so it is full again before the old expiry.
 
 use super::arith::{gcd, muldiv};
-use super::{until, Decision, Outcome, MAX_WAIT_US};
+use super::{undrained, Decision, Outcome, MAX_WAIT_US};
 
 /// Validated parameters; the rate `refill_tokens / refill_period_us` is in lowest terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -237,11 +238,9 @@ pub fn refund(
     if let Some(mark) = mark {
         // What time has not refilled yet of the take's tokens, rounded up to a whole token: a
         // refund right after its take gives all of it back, not one less for the sliver refilled
-        // since (the level is capped at the capacity, so a full bucket gains nothing). A
-        // genuine mark is at most MAX_WAIT_US after `t`; the cap keeps any other within Lua's
-        // exact integers.
-        let (q, r) = muldiv(until(mark, t).min(MAX_WAIT_US), level.rate, level.period);
-        give = give.min(q + u64::from(r > 0));
+        // since (the level is capped at the capacity, so a full bucket gains nothing); a held
+        // mark as `undrained` reads it.
+        give = give.min(undrained(mark, t, units, level.rate, level.period));
     }
     if give == 0 {
         let outcome = Outcome {

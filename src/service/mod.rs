@@ -21,7 +21,8 @@ pub mod readiness;
 pub mod ticket;
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use metrics::{Counter, Histogram};
@@ -32,7 +33,7 @@ use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Mode, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
-use crate::store::{AnyStore, Etag, MemoryStore, Store, StoreError};
+use crate::store::{AnyStore, Claim, Etag, MemoryStore, Store, StoreError};
 use crate::telemetry::Summarized;
 
 pub use cache::PolicyCache;
@@ -75,6 +76,9 @@ pub enum ServiceError {
     /// A refund's `ticket` that this service did not issue, or issued for another subject.
     #[error("`ticket` {0}")]
     BadTicket(&'static str),
+    /// A refund without a `ticket` while `limits.ticketless_refunds` is off.
+    #[error("`ticket` is required: a refund gives back the units of the acquire or report whose ticket it names (limits.ticketless_refunds is off)")]
+    TicketRequired,
     /// An acquire, peek, report, refund or reset named a concurrency policy.
     #[error("`policy` `{0}` is a concurrency policy: take a lease with POST /v1/leases")]
     ConcurrencyPolicy(String),
@@ -223,6 +227,24 @@ pub struct RateLimiter {
     /// Denials answered without asking Redis; `None` without Redis or with `limits.denial_cache`
     /// off.
     denials: Option<Arc<denials::DenialCache>>,
+    /// The keys that sign and verify tickets: the store's shared ring on Redis (loaded by
+    /// [`RateLimiter::load_ticket_keys`]), a random key of this process on the embedded store.
+    tickets: ticket::Keyring,
+    /// Ticket ids: a bijection of a random seed and a counter, so unique in this process and
+    /// unrelated across processes.
+    ticket_seed: u64,
+    ticket_count: AtomicU64,
+    /// When the ring was last read again for a ticket signed by a key it did not hold.
+    ticket_keys_read: Mutex<Option<Instant>>,
+    /// `limits.ticketless_refunds`.
+    ticketless_refunds: bool,
+}
+
+/// A bijection of u64 (SplitMix64's finaliser): distinct counters give distinct ids.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 impl RateLimiter {
@@ -249,6 +271,17 @@ impl RateLimiter {
         });
         // Installs the recorder before the first counter is registered.
         let _ = m::handle();
+        let mut seed = [0u8; 8];
+        // Without randomness (never on a working system) ids still differ within the process.
+        let _ = getrandom::fill(&mut seed);
+        let tickets = match &store {
+            // Without Redis the key is this process's own: its tickets end with it, as its
+            // state does. (A missing random key leaves the ring empty: no tickets are issued.)
+            AnyStore::Memory(_) => ticket::Key::random(1)
+                .map(ticket::Keyring::of)
+                .unwrap_or_default(),
+            AnyStore::Redis(_) => ticket::Keyring::default(),
+        };
         Self {
             store,
             cache: PolicyCache::default(),
@@ -259,6 +292,90 @@ impl RateLimiter {
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
             shadow: limits.shadow,
             denials,
+            tickets,
+            ticket_seed: u64::from_le_bytes(seed),
+            ticket_count: AtomicU64::new(0),
+            ticket_keys_read: Mutex::new(None),
+            ticketless_refunds: limits.ticketless_refunds,
+        }
+    }
+
+    /// Whether a refund may come without a ticket (`limits.ticketless_refunds`), as Envoy's
+    /// `is_negative_hits` do.
+    pub fn allows_ticketless_refunds(&self) -> bool {
+        self.ticketless_refunds
+    }
+
+    /// Reads the ring of ticket keys from Redis, creating its first key when there is none
+    /// (atomically, so that every instance starting at once signs with the same key). Nothing
+    /// to do on the embedded store.
+    pub async fn load_ticket_keys(&self) -> Result<(), StoreError> {
+        let AnyStore::Redis(redis) = &self.store else {
+            return Ok(());
+        };
+        let fresh = ticket::Key::random(1)
+            .map_err(|e| StoreError::server(format!("no random bytes for a ticket key: {e}")))?;
+        let text = redis.ticket_keys(&ticket::Keyring::text_of(&fresh)).await?;
+        self.tickets
+            .load(&text)
+            .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))
+    }
+
+    /// Rotates the ticket keys (`POST /v1/tickets/rotate`): a fresh key signs from now on, the
+    /// current one becomes the previous one and still verifies, and the previous one ends (its
+    /// tickets are refused). Every instance reads the ring again within `redis.policy_refresh_ms`,
+    /// or at once on a ticket signed by a key it does not hold. Answers the new key's id.
+    pub async fn rotate_ticket_keys(&self) -> Result<u32, ServiceError> {
+        let mut fresh = [0u8; ticket::KEY_BYTES];
+        getrandom::fill(&mut fresh)
+            .map_err(|e| StoreError::server(format!("no random bytes for a ticket key: {e}")))?;
+        match &self.store {
+            AnyStore::Redis(redis) => {
+                let text = redis.rotate_ticket_keys(&fresh).await?;
+                self.tickets
+                    .load(&text)
+                    .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))?;
+            }
+            AnyStore::Memory(_) => {
+                let text = ticket::rotated(self.tickets.current_text().as_deref(), fresh);
+                self.tickets
+                    .load(&text)
+                    .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))?;
+            }
+        }
+        Ok(self.tickets.current_id().unwrap_or(0))
+    }
+
+    /// The ticket `text` for `policy`'s subject `key`, verified; a ticket signed with a key this
+    /// instance does not hold makes it read the ring again first (at most once a second), for a
+    /// rotation another instance made.
+    async fn verify_ticket(
+        &self,
+        text: &str,
+        policy: &Policy,
+        key: &LimitKey,
+    ) -> Result<Ticket, ServiceError> {
+        match self.tickets.verify(text, policy, key) {
+            Err(ticket::UNKNOWN_KEY) if self.store.is_shared() => {
+                let due = {
+                    let mut read = self
+                        .ticket_keys_read
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
+                    let due = read.is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
+                    if due {
+                        *read = Some(Instant::now());
+                    }
+                    due
+                };
+                if due {
+                    self.load_ticket_keys().await?;
+                }
+                self.tickets
+                    .verify(text, policy, key)
+                    .map_err(ServiceError::BadTicket)
+            }
+            other => other.map_err(ServiceError::BadTicket),
         }
     }
 
@@ -319,17 +436,27 @@ impl RateLimiter {
             }
         }
         let mut marks = ([0; MAX_LIMITS], 0);
-        if let Some(text) = ticket {
-            let ticket = Ticket::parse(text).map_err(ServiceError::BadTicket)?;
-            if !ticket.is_for(&policy, key) {
-                return Err(ServiceError::BadTicket(
-                    "was issued for another policy or key",
-                ));
+        let mut spend = None;
+        match (op, ticket) {
+            (Op::Refund, Some(text)) => {
+                let ticket = self.verify_ticket(text, &policy, key).await?;
+                cost = cost.min(ticket.units);
+                marks = ticket.marks_for(&policy);
+                spend = Some((ticket.id, ticket.units, ticket.ends_at()));
             }
-            cost = cost.min(ticket.units);
-            marks = ticket.marks_for(&policy);
+            (Op::Refund, None) if !self.ticketless_refunds => {
+                return Err(ServiceError::TicketRequired)
+            }
+            _ => {}
         }
         let marks = &marks.0[..marks.1];
+        let claim = spend.map(|(id, units, ends_at_us)| Claim {
+            marks,
+            id,
+            units,
+            ends_at_us,
+        });
+        let claim = claim.as_ref();
         let shadow =
             matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
         // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
@@ -347,7 +474,7 @@ impl RateLimiter {
         } else {
             match self
                 .store
-                .decide(&policy, key, op, cost, marks, now_us)
+                .decide(&policy, key, op, cost, claim, now_us)
                 .await
             {
                 Ok(verdict) => {
@@ -365,7 +492,7 @@ impl RateLimiter {
                     }
                     Ok((verdict, self.store_decider()))
                 }
-                Err(e) => self.by_fail_mode(&policy, key, op, cost, marks, now_us, e),
+                Err(e) => self.by_fail_mode(&policy, key, op, cost, claim, now_us, e),
             }
         };
         if op == Op::Acquire {
@@ -421,7 +548,11 @@ impl RateLimiter {
             _ => 0,
         };
         let ticket = (taken > 0 && decided_by != DecidedBy::FailOpen)
-            .then(|| Ticket::issue(&policy, key, taken, &verdict));
+            .then(|| {
+                let id = mix(self.ticket_seed ^ self.ticket_count.fetch_add(1, Ordering::Relaxed));
+                self.tickets.issue(&policy, key, taken, &verdict, id)
+            })
+            .flatten();
         Ok(Acquired {
             op,
             policy,
@@ -478,7 +609,7 @@ impl RateLimiter {
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now_us: Option<u64>,
         error: StoreError,
     ) -> Result<(Verdict, DecidedBy), ServiceError> {
@@ -493,7 +624,7 @@ impl RateLimiter {
         if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
             let now = now_us.unwrap_or_else(system_now_us);
             // A full local store (`StoreError::Full`) allows, as `open` does, below.
-            if let Ok(verdict) = local.decide_at(policy, key, op, cost, marks, now) {
+            if let Ok(verdict) = local.decide_at(policy, key, op, cost, ticket, now) {
                 return Ok((verdict, DecidedBy::FailLocal));
             }
         }
@@ -596,6 +727,10 @@ impl RateLimiter {
                 let Some(this) = weak.upgrade() else { return };
                 if let Err(e) = this.refresh().await {
                     tracing::debug!(error = %e, "could not refresh policies; serving the cached ones");
+                }
+                // A rotation made by another instance: signed with from now on.
+                if let Err(e) = this.load_ticket_keys().await {
+                    tracing::debug!(error = %e, "could not read the ticket keys; keeping the last ones");
                 }
                 if last_housekeeping.elapsed() >= Duration::from_secs(1) {
                     last_housekeeping = Instant::now();

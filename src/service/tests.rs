@@ -17,6 +17,7 @@ fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
         denial_cache: true,
         denial_cache_ms: 1_000,
         denial_cache_entries: 1_000,
+        ticketless_refunds: false,
     }
 }
 

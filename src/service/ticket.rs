@@ -1,87 +1,326 @@
 //! Tickets: what an allowed acquire or a report took, so that a refund can give the units back
-//! where they were taken from, and nowhere else.
+//! where they were taken from, and nowhere else, at most once in all.
 //!
-//! A ticket names the subject it was issued for (a digest of policy and key, so that a ticket
-//! sent with another subject is refused rather than applied), the units taken, and one mark per
-//! limit: the time the take stops counting ([`Verdict::marks`]), from which each algorithm tells
-//! whether its window, log entry or unrefilled units are still there ([`crate::limiter::Rule::refund`]).
-//! It is opaque to clients: `1.<units>.<digest>.<mark>[.<mark>…]`, all in plain digits and hex.
-//! Nothing in it is secret or signed: a refund without a ticket is allowed anyway, and every
-//! refund is bounded by what the subject has in use.
+//! A ticket names the units taken, one mark per limit (the time the take stops counting,
+//! [`Verdict::marks`], from which each algorithm tells whether its window, log entry or
+//! undrained units are still there: [`crate::limiter::Rule::refund`]), a random id, and the key
+//! that signed it. It is opaque to clients:
+//! `2.<key id>.<id: 16 hex>.<units>.<mark>[.<mark>…].<tag: 32 hex>`.
+//!
+//! - Authenticated: the tag is HMAC-SHA256 (truncated to 128 bits) of everything before it and
+//!   of the subject (policy and key), under a key every instance shares ([`Keyring`]): a ticket
+//!   altered in any field, or sent with another subject, is refused; nobody without the key can
+//!   make one. Tags are compared in constant time (`subtle`).
+//! - Spent at most once in all: the store records, per ticket id, the units refunded with it,
+//!   in the same atomic step as the refund (the Redis refund script, on the subject's hash tag;
+//!   the embedded store's shard lock), until the ticket can give nothing back any more; a refund
+//!   gives back at most the ticket's units less what it has already given ([`Claim`]), however
+//!   often and however concurrently the ticket is sent.
+//! - Keys rotate without ending live tickets: the ring holds the current key, which signs, and
+//!   the previous one, which still verifies; each ticket names its key's id.
 
 use std::fmt;
+use std::sync::RwLock;
+
+use hmac::digest::KeyInit;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
 use crate::limiter::{Verdict, MAX_LIMITS};
 use crate::policy::{LimitKey, Policy};
 
 /// The version of the format, its first field.
-const VERSION: &str = "1";
+const VERSION: &str = "2";
 
-/// Longest ticket accepted, in bytes: the longest one issued is under 200.
+/// Longest ticket accepted, in bytes: the longest one issued (8 marks) is under 220.
 pub const MAX_TICKET_BYTES: usize = 256;
+
+/// Bytes of a signing key.
+pub const KEY_BYTES: usize = 32;
+/// Bytes of the tag kept in a ticket: 128 bits, beyond guessing.
+const TAG_BYTES: usize = 16;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a text is not a ticket this service can apply.
+pub const MALFORMED: &str = "is not a ticket this service issued";
+/// A well-formed ticket whose tag does not verify for this subject.
+pub const FORGED: &str = "is not a ticket this service issued for this policy and key";
+/// A ticket signed by a key the ring no longer (or does not yet) hold.
+pub const UNKNOWN_KEY: &str = "was signed with a key that has been rotated out";
 
 /// A parsed or issued ticket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
     /// The units taken.
     pub units: u64,
-    digest: u32,
+    /// The signing key's id.
+    key_id: u32,
+    /// The ticket's own id: names its record of what it has given back.
+    pub id: u64,
     marks: [u64; MAX_LIMITS],
     len: usize,
+    tag: [u8; TAG_BYTES],
 }
 
-/// FNV-1a over the policy's name and the key, which cannot contain the separator.
-fn digest(policy: &Policy, key: &LimitKey) -> u32 {
-    let mut h: u32 = 0x811c_9dc5;
-    let bytes = policy
-        .name
-        .as_str()
-        .bytes()
-        .chain([0])
-        .chain(key.as_str().bytes());
-    for b in bytes {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
+/// One signing key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub id: u32,
+    secret: [u8; KEY_BYTES],
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({}, <redacted>)", self.id)
     }
-    h
 }
 
-impl Ticket {
-    /// The ticket of `units` taken from `policy`'s subject `key` by `verdict`.
-    pub fn issue(policy: &Policy, key: &LimitKey, units: u64, verdict: &Verdict) -> Self {
+impl Key {
+    pub fn new(id: u32, secret: [u8; KEY_BYTES]) -> Self {
+        Self { id, secret }
+    }
+
+    /// A fresh key with this id, from the operating system's CSPRNG.
+    pub fn random(id: u32) -> Result<Self, getrandom::Error> {
+        let mut secret = [0; KEY_BYTES];
+        getrandom::fill(&mut secret)?;
+        Ok(Self { id, secret })
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        // HMAC pads a key shorter than its block with zeros: the block-sized key is the same
+        // key, and takes a constructor that cannot fail.
+        let mut block = [0u8; 64];
+        block[..KEY_BYTES].copy_from_slice(&self.secret);
+        <HmacSha256 as KeyInit>::new(&block.into())
+    }
+
+    /// `<id>:<64 hex>`, as the store keeps it.
+    fn text(&self) -> String {
+        let mut s = format!("{}:", self.id);
+        for b in self.secret {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        let (id, hex) = s.split_once(':')?;
+        let id = id.parse().ok()?;
+        if hex.len() != 2 * KEY_BYTES {
+            return None;
+        }
+        let mut secret = [0; KEY_BYTES];
+        for (i, b) in secret.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        Some(Self { id, secret })
+    }
+}
+
+/// The keys that sign and verify tickets: the current one, which signs, and the previous one,
+/// which still verifies (so that a rotation ends no live ticket). On Redis the ring is one
+/// string shared by every instance, `<id>:<hex>[ <id>:<hex>]`, current first
+/// ([`Keyring::parse`]); the embedded store's is a random key of this process.
+#[derive(Debug, Default)]
+pub struct Keyring {
+    keys: RwLock<Ring>,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Ring {
+    current: Option<Key>,
+    previous: Option<Key>,
+}
+
+impl Keyring {
+    /// A ring of one key.
+    pub fn of(key: Key) -> Self {
+        let ring = Keyring::default();
+        ring.set(Some(key), None);
+        ring
+    }
+
+    fn set(&self, current: Option<Key>, previous: Option<Key>) {
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, previous };
+    }
+
+    fn ring(&self) -> Ring {
+        *self.keys.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Replaces the ring with the store's text of it, or says it is not one (the ring is then
+    /// left as it was).
+    pub fn load(&self, text: &str) -> Result<(), &'static str> {
+        let mut keys = text.split_ascii_whitespace().map(Key::parse);
+        let current = keys.next().flatten().ok_or("no current key")?;
+        let previous = match keys.next() {
+            None => None,
+            Some(Some(k)) if k.id != current.id => Some(k),
+            Some(_) => return Err("a malformed previous key"),
+        };
+        self.set(Some(current), previous);
+        Ok(())
+    }
+
+    /// The store's text of a ring with one key.
+    pub fn text_of(key: &Key) -> String {
+        key.text()
+    }
+
+    /// Whether a key signs: none before the ring is first loaded.
+    pub fn is_loaded(&self) -> bool {
+        self.ring().current.is_some()
+    }
+
+    /// The store's text of the current key alone (the embedded store's rotation starts from it).
+    pub fn current_text(&self) -> Option<String> {
+        self.ring().current.map(|k| k.text())
+    }
+
+    /// The current key's id, for logs.
+    pub fn current_id(&self) -> Option<u32> {
+        self.ring().current.map(|k| k.id)
+    }
+
+    fn find(&self, id: u32) -> Option<Key> {
+        let ring = self.ring();
+        [ring.current, ring.previous]
+            .into_iter()
+            .flatten()
+            .find(|k| k.id == id)
+    }
+
+    /// Whether the ring holds the key `id`.
+    pub fn knows(&self, id: u32) -> bool {
+        self.find(id).is_some()
+    }
+
+    /// The ticket of `units` taken from `policy`'s subject `key` by `verdict`, with the fresh
+    /// id `id`, signed with the current key; `None` before the ring is loaded.
+    pub fn issue(
+        &self,
+        policy: &Policy,
+        key: &LimitKey,
+        units: u64,
+        verdict: &Verdict,
+        id: u64,
+    ) -> Option<Ticket> {
+        let signer = self.ring().current?;
         let mut marks = [0; MAX_LIMITS];
         let mut len = 0;
         for (slot, mark) in marks.iter_mut().zip(verdict.marks()) {
             *slot = mark;
             len += 1;
         }
-        Self {
+        let mut t = Ticket {
             units,
-            digest: digest(policy, key),
+            key_id: signer.id,
+            id,
             marks,
             len,
-        }
+            tag: [0; TAG_BYTES],
+        };
+        t.tag = t.compute_tag(&signer, policy, key);
+        Some(t)
     }
 
-    /// A ticket as [`Ticket`]'s `Display` wrote it, or why it is not one.
-    pub fn parse(s: &str) -> Result<Self, &'static str> {
-        const MALFORMED: &str = "is not a ticket this service issued";
+    /// The ticket `text` if this ring signed it for `policy`'s subject `key`, or why not.
+    pub fn verify(
+        &self,
+        text: &str,
+        policy: &Policy,
+        key: &LimitKey,
+    ) -> Result<Ticket, &'static str> {
+        let t = Ticket::parse(text)?;
+        let signer = self.find(t.key_id).ok_or(UNKNOWN_KEY)?;
+        let expected = t.compute_tag(&signer, policy, key);
+        if bool::from(expected.ct_eq(&t.tag)) {
+            Ok(t)
+        } else {
+            Err(FORGED)
+        }
+    }
+}
+
+/// The store's text of the ring after rotating in `fresh` (as the rotation script does): the
+/// fresh key, whose id follows the current one's, then the current one, now previous.
+pub fn rotated(text: Option<&str>, fresh: [u8; KEY_BYTES]) -> String {
+    let current = text.and_then(|t| t.split_ascii_whitespace().next());
+    match current.and_then(Key::parse) {
+        Some(cur) => format!(
+            "{} {}",
+            Key::new(cur.id.wrapping_add(1).max(1), fresh).text(),
+            cur.text()
+        ),
+        None => Key::new(1, fresh).text(),
+    }
+}
+
+impl Ticket {
+    /// The text that is signed: everything before the tag.
+    fn body(&self) -> String {
+        let mut s = format!("{VERSION}.{}.{:016x}.{}", self.key_id, self.id, self.units);
+        for mark in &self.marks[..self.len] {
+            s.push_str(&format!(".{mark}"));
+        }
+        s
+    }
+
+    fn compute_tag(&self, key: &Key, policy: &Policy, subject: &LimitKey) -> [u8; TAG_BYTES] {
+        let mut mac = key.mac();
+        // The body has no NUL, nor has a policy's name: the key is what follows the second.
+        mac.update(self.body().as_bytes());
+        mac.update(&[0]);
+        mac.update(policy.name.as_str().as_bytes());
+        mac.update(&[0]);
+        mac.update(subject.as_str().as_bytes());
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0; TAG_BYTES];
+        tag.copy_from_slice(&full[..TAG_BYTES]);
+        tag
+    }
+
+    /// A ticket as [`Ticket`]'s `Display` wrote it (its tag not checked: [`Keyring::verify`]),
+    /// or why it is not one.
+    fn parse(s: &str) -> Result<Self, &'static str> {
         if s.len() > MAX_TICKET_BYTES {
             return Err(MALFORMED);
         }
-        let mut fields = s.split('.');
+        let (body, tag_hex) = s.rsplit_once('.').ok_or(MALFORMED)?;
+        let mut tag = [0; TAG_BYTES];
+        if tag_hex.len() != 2 * TAG_BYTES {
+            return Err(MALFORMED);
+        }
+        for (i, b) in tag.iter_mut().enumerate() {
+            *b = tag_hex
+                .get(2 * i..2 * i + 2)
+                .filter(|h| {
+                    h.bytes()
+                        .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+                })
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or(MALFORMED)?;
+        }
+        let mut fields = body.split('.');
         if fields.next() != Some(VERSION) {
             return Err(MALFORMED);
         }
+        let key_id = fields
+            .next()
+            .and_then(|k| k.parse::<u32>().ok())
+            .ok_or(MALFORMED)?;
+        let id = fields
+            .next()
+            .filter(|d| d.len() == 16)
+            .and_then(|d| u64::from_str_radix(d, 16).ok())
+            .ok_or(MALFORMED)?;
         let units = fields
             .next()
             .and_then(|u| u.parse::<u64>().ok())
             .filter(|u| *u > 0)
-            .ok_or(MALFORMED)?;
-        let digest = fields
-            .next()
-            .filter(|d| d.len() == 8)
-            .and_then(|d| u32::from_str_radix(d, 16).ok())
             .ok_or(MALFORMED)?;
         let mut marks = [0; MAX_LIMITS];
         let mut len = 0;
@@ -95,15 +334,12 @@ impl Ticket {
         }
         Ok(Self {
             units,
-            digest,
+            key_id,
+            id,
             marks,
             len,
+            tag,
         })
-    }
-
-    /// Whether the ticket was issued for this policy's subject `key`.
-    pub fn is_for(&self, policy: &Policy, key: &LimitKey) -> bool {
-        self.digest == digest(policy, key)
     }
 
     /// The marks a refund applies it with: one per limit of `policy`, or, when the policy's
@@ -117,13 +353,24 @@ impl Ticket {
             ([0; MAX_LIMITS], n)
         }
     }
+
+    /// The latest of its marks: after it, no limit gives anything back with it, so its record
+    /// need not outlive it ([`crate::limiter::ticket_life_end`] reads a mark).
+    pub fn ends_at(&self) -> u64 {
+        self.marks[..self.len]
+            .iter()
+            .map(|m| crate::limiter::mark_life_end(*m))
+            .max()
+            .unwrap_or(0)
+    }
 }
 
 impl fmt::Display for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{VERSION}.{}.{:08x}", self.units, self.digest)?;
-        for mark in &self.marks[..self.len] {
-            write!(f, ".{mark}")?;
+        f.write_str(&self.body())?;
+        f.write_str(".")?;
+        for b in self.tag {
+            write!(f, "{b:02x}")?;
         }
         Ok(())
     }
@@ -161,46 +408,128 @@ mod tests {
         v
     }
 
+    fn ring() -> Keyring {
+        Keyring::of(Key::new(7, [9; KEY_BYTES]))
+    }
+
     #[test]
-    fn a_ticket_reads_back_as_issued_and_names_its_subject() {
-        let p = policy("p");
-        let t = Ticket::issue(&p, &key("k"), 2, &verdict());
+    fn a_ticket_reads_back_as_issued_for_its_subject_only() {
+        let (r, p) = (ring(), policy("p"));
+        let t = r
+            .issue(&p, &key("k"), 2, &verdict(), 0xabc)
+            .expect("loaded");
         let text = t.to_string();
         assert!(
-            text.starts_with("1.2.") && text.ends_with(".1000250"),
+            text.starts_with("2.7.0000000000000abc.2.1000250."),
             "{text}"
         );
-        let back = Ticket::parse(&text).expect("parses");
+        let back = r.verify(&text, &p, &key("k")).expect("verifies");
         assert_eq!(back, t);
-        assert!(back.is_for(&p, &key("k")));
-        assert!(!back.is_for(&p, &key("k2")));
-        assert!(!back.is_for(&policy("q"), &key("k")));
         assert_eq!(back.marks_for(&p), (t.marks, 1));
+        assert_eq!(r.verify(&text, &p, &key("k2")), Err(FORGED));
+        assert_eq!(r.verify(&text, &policy("q"), &key("k")), Err(FORGED));
+    }
+
+    #[test]
+    fn an_altered_field_or_another_key_does_not_verify() {
+        let (r, p) = (ring(), policy("p"));
+        let text = r
+            .issue(&p, &key("k"), 2, &verdict(), 1)
+            .expect("loaded")
+            .to_string();
+        for (from, to) in [
+            (".2.1000250.", ".3.1000250."),
+            (".2.1000250.", ".2.1000251."),
+            ("0001.", "0002."),
+        ] {
+            let altered = text.replacen(from, to, 1);
+            assert_ne!(altered, text);
+            assert_eq!(r.verify(&altered, &p, &key("k")), Err(FORGED), "{altered}");
+        }
+        let other = Keyring::of(Key::new(7, [8; KEY_BYTES]));
+        assert_eq!(other.verify(&text, &p, &key("k")), Err(FORGED));
+        let rotated_out = Keyring::of(Key::new(9, [9; KEY_BYTES]));
+        assert_eq!(rotated_out.verify(&text, &p, &key("k")), Err(UNKNOWN_KEY));
+    }
+
+    #[test]
+    fn a_rotation_keeps_the_previous_key_verifying_and_signs_with_the_new_one() {
+        let (r, p) = (ring(), policy("p"));
+        let old = r
+            .issue(&p, &key("k"), 2, &verdict(), 1)
+            .expect("loaded")
+            .to_string();
+        let text = rotated(Some(&Key::new(7, [9; KEY_BYTES]).text()), [5; KEY_BYTES]);
+        r.load(&text).expect("a ring");
+        assert_eq!(r.current_id(), Some(8));
+        assert!(r.verify(&old, &p, &key("k")).is_ok());
+        let new = r
+            .issue(&p, &key("k"), 2, &verdict(), 2)
+            .expect("loaded")
+            .to_string();
+        assert!(new.starts_with("2.8."), "{new}");
+        // A second rotation drops key 7.
+        r.load(&rotated(Some(&text), [4; KEY_BYTES]))
+            .expect("a ring");
+        assert_eq!(r.verify(&old, &p, &key("k")), Err(UNKNOWN_KEY));
+        assert!(r.verify(&new, &p, &key("k")).is_ok());
+        assert_eq!(
+            rotated(None, [1; KEY_BYTES]).split_once(':').map(|s| s.0),
+            Some("1")
+        );
     }
 
     #[test]
     fn a_policy_with_another_number_of_limits_gets_marks_no_take_holds() {
         let p = policy("p");
-        let t = Ticket::parse("1.2.00000000.5.6").expect("parses");
+        let t = Ticket::parse(&format!("2.1.0000000000000001.2.5.6.{}", "0".repeat(32)))
+            .expect("parses");
         assert_eq!(t.marks_for(&p), ([0; MAX_LIMITS], 1));
     }
 
     #[test]
     fn anything_else_is_refused() {
+        let tag = "0".repeat(32);
         for bad in [
-            "",
-            "1",
-            "2.1.00000000.5",
-            "1.0.00000000.5",
-            "1.1.0000000.5",
-            "1.1.0000000g.5",
-            "1.1.00000000",
-            "1.1.00000000.x",
-            "1.1.00000000.1.2.3.4.5.6.7.8.9",
-            "1.-1.00000000.5",
+            String::new(),
+            "2".into(),
+            format!("1.1.00000000.5.{tag}"),
+            format!("2.1.0000000000000001.0.5.{tag}"),
+            format!("2.1.000000000000001.1.5.{tag}"),
+            format!("2.1.0000000000000001.1.{tag}"),
+            format!("2.1.0000000000000001.1.x.{tag}"),
+            format!("2.1.0000000000000001.1.5.{}", "0".repeat(31)),
+            format!("2.1.0000000000000001.1.5.{}", "A".repeat(32)),
+            format!("2.x.0000000000000001.1.5.{tag}"),
+            format!("2.1.0000000000000001.1.1.2.3.4.5.6.7.8.9.{tag}"),
+            "1".repeat(MAX_TICKET_BYTES + 1),
         ] {
-            assert!(Ticket::parse(bad).is_err(), "{bad:?}");
+            assert!(Ticket::parse(&bad).is_err(), "{bad:?}");
         }
-        assert!(Ticket::parse(&"1".repeat(MAX_TICKET_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn the_padded_key_is_the_same_hmac_key() {
+        let k = Key::new(1, [0x42; KEY_BYTES]);
+        let mut sliced =
+            <HmacSha256 as Mac>::new_from_slice(&[0x42; KEY_BYTES]).expect("any length");
+        let mut padded = k.mac();
+        sliced.update(b"body");
+        padded.update(b"body");
+        assert_eq!(
+            sliced.finalize().into_bytes(),
+            padded.finalize().into_bytes()
+        );
+    }
+
+    #[test]
+    fn a_ring_text_reads_back() {
+        let r = Keyring::default();
+        assert!(!r.is_loaded());
+        assert!(r.load("junk").is_err());
+        assert!(r.load("1:00 2:00").is_err());
+        let k = Key::new(3, [0xab; KEY_BYTES]);
+        r.load(&Keyring::text_of(&k)).expect("a ring");
+        assert!(r.knows(3) && !r.knows(2));
     }
 }

@@ -21,9 +21,16 @@
 //! are all on one slot: lease calls are per unit of work, not per request, so one node serves
 //! them, and different policies spread over the nodes.
 //!
+//! A ticket's record of the units refunded with it, `<prefix>:{<policy>:<escaped key>}:ticket:<16
+//! hex>` ([`ticket_record`]), is on its subject's hash tag, so that the refund script keeps it
+//! with the subject's state; the ring of keys that sign tickets is `<prefix>:ticket-keys`
+//! ([`ticket_keys`]).
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
+
+use std::fmt::Write as _;
 
 use crate::limiter::MAX_LIMITS;
 use crate::policy::{Algorithm, LimitKey, Policy};
@@ -46,6 +53,21 @@ pub fn state_key(
         buf.push(':');
     }
     buf.push_str(alg);
+}
+
+/// Writes the key of a ticket's record of the units refunded with it to `buf` (cleared first):
+/// `<prefix>:{<policy>:<escaped key>}:ticket:<16 hex>`, on its subject's hash tag so that the
+/// refund script can read and write it with the subject's state on a Cluster. (No state key
+/// ends so: an algorithm's name ends each.)
+pub fn ticket_record(buf: &mut String, prefix: &str, policy: &str, key: &str, id: u64) {
+    subject(buf, prefix, policy, key, 23);
+    let _ = write!(buf, "ticket:{id:016x}");
+}
+
+/// The key of the ring of keys that sign tickets, shared by every instance:
+/// `<prefix>:ticket-keys` (see `service::ticket::Keyring`).
+pub fn ticket_keys(prefix: &str) -> String {
+    format!("{prefix}:ticket-keys")
 }
 
 /// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):
@@ -210,6 +232,15 @@ mod tests {
         );
         assert_eq!(buf, "rl:{api:u}:daily:fixed_window");
         assert_eq!(hash_tag(&buf), "api:u");
+    }
+
+    #[test]
+    fn a_ticket_s_record_is_on_its_subject_s_hash_tag() {
+        let mut buf = String::from("junk");
+        ticket_record(&mut buf, "rl", "api", "a}b", 0xab);
+        assert_eq!(buf, "rl:{api:a%7Db}:ticket:00000000000000ab");
+        assert_eq!(hash_tag(&buf), hash_tag(&key("api", "a}b")));
+        assert_eq!(ticket_keys("rl"), "rl:ticket-keys");
     }
 
     #[test]

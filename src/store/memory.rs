@@ -27,7 +27,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
-use super::{key, ChangePage, Etag, JointPart, PolicyWrite, Store, StoreError, Written};
+use super::{key, ChangePage, Claim, Etag, JointPart, PolicyWrite, Store, StoreError, Written};
 use crate::limiter::concurrency::{self, LeaseAnswer, LeaseCall, LeaseOp};
 use crate::limiter::{decide_joint, decide_op, Op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
@@ -52,6 +52,8 @@ struct Slot {
 enum Kept {
     Limit(State),
     Leases(concurrency::State),
+    /// A ticket's record: the units refunded with it so far (see `store::Claim`).
+    Spent(u64),
 }
 
 /// The in-process store.
@@ -112,22 +114,24 @@ impl MemoryStore {
         cost: u64,
         now: u64,
     ) -> Result<Verdict, StoreError> {
-        self.decide_at(policy, key, Op::Acquire, cost, &[], now)
+        self.decide_at(policy, key, Op::Acquire, cost, None, now)
     }
 
     /// Decides one operation over all of the policy's limits at an explicit time, under one
-    /// lock ([`decide_op`]; `marks` are a refund's ticket's, or empty). Only an acquire or a
-    /// report may need new entries, and fail with [`StoreError::Full`] as
-    /// [`MemoryStore::acquire_at`] does.
+    /// lock ([`decide_op`]; `ticket` is a refund's, read and recorded under the same lock).
+    /// Only an acquire, a report or a refund's first use of a ticket may need new entries, and
+    /// fail with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
     pub fn decide_at(
         &self,
         policy: &Policy,
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now: u64,
     ) -> Result<Verdict, StoreError> {
+        let marks = ticket.map_or(&[][..], |t| t.marks);
+        let ticket = ticket.filter(|_| op == Op::Refund);
         let params = policy.params();
         let (mut names, n) = key::state_keys(&self.prefix, policy, key);
         let names = &mut names[..n];
@@ -149,6 +153,37 @@ impl MemoryStore {
                     self.reserve(&shard, names).ok_or_else(|| self.refuse())?
                 }
             };
+        }
+        // A ticket gives back at most what it took less what it gave before; its record is one
+        // more entry, reserved before anything is given so that a full store gives nothing.
+        let mut cost = cost;
+        let mut record = None;
+        if let Some(t) = ticket {
+            let mut name = String::new();
+            key::ticket_record(
+                &mut name,
+                &self.prefix,
+                policy.name.as_str(),
+                key.as_str(),
+                t.id,
+            );
+            let spent = match shard.get(&name) {
+                Some(Slot {
+                    state: Kept::Spent(units),
+                    expires_at_us,
+                }) if *expires_at_us > now => Some(*units),
+                Some(_) => Some(0),
+                None => None,
+            };
+            if spent.is_none() {
+                if self.reserve_count(1).is_none() {
+                    return Err(self.refuse());
+                }
+                reserved += 1;
+            }
+            let spent = spent.unwrap_or(0);
+            cost = cost.min(t.units.saturating_sub(spent));
+            record = Some((name, spent, t.ends_at_us));
         }
         // Taken out and put back: the pure functions own the state while they decide. Each
         // entry taken out, and each reserved slot, is one counted subject until put back.
@@ -172,6 +207,18 @@ impl MemoryStore {
         for (i, name) in names.iter_mut().enumerate() {
             let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
             kept += put_back(&mut shard, name, states[i].take(), expiry, now);
+        }
+        if let Some((name, spent, ends_at_us)) = record {
+            let given = verdict.units().iter().copied().max().unwrap_or(0);
+            let existed = shard.contains_key(&name);
+            if given > 0 && ends_at_us > now {
+                let slot = Slot {
+                    state: Kept::Spent(spent + given),
+                    expires_at_us: ends_at_us,
+                };
+                shard.insert(name, slot);
+                kept += u64::from(!existed);
+            }
         }
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
@@ -530,11 +577,11 @@ impl Store for MemoryStore {
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
         let now = now_us.unwrap_or_else(system_now_us);
-        self.decide_at(policy, key, op, cost, marks, now)
+        self.decide_at(policy, key, op, cost, ticket, now)
     }
 
     async fn acquire_joint(

@@ -467,6 +467,19 @@ pub fn joint_limits(parts: &[JointPart<'_>]) -> usize {
     parts.iter().map(|p| p.policy.params().len()).sum()
 }
 
+/// A refund's ticket as a store applies it: its take's marks (one per limit), and its record of
+/// the units given back with it, `id` on the subject (on Redis, a key on the subject's hash
+/// tag), which the refund reads and adds to in the same atomic step: it gives back at most
+/// `units` less what the record holds, and the record lives until `ends_at_us`, after which the
+/// ticket gives nothing back anyway.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub marks: &'a [u64],
+    pub id: u64,
+    pub units: u64,
+    pub ends_at_us: u64,
+}
+
 /// The operations every store provides.
 pub trait Store: Send + Sync {
     /// Decides one acquire over all of the policy's limits atomically: allowed only if every
@@ -480,20 +493,20 @@ pub trait Store: Send + Sync {
         cost: u64,
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
-        self.decide(policy, key, Op::Acquire, cost, &[], now_us)
+        self.decide(policy, key, Op::Acquire, cost, None, now_us)
     }
 
     /// Decides one operation over all of the policy's limits atomically, as
     /// [`crate::limiter::decide_op`] does: an acquire, a peek (which writes nothing, on Redis
-    /// with a read-only script call), a report or a refund (`marks`: its ticket's, one per
-    /// limit, or empty).
+    /// with a read-only script call), a report or a refund (`ticket`: its ticket's marks and
+    /// record, or `None` for a refund without one).
     fn decide(
         &self,
         policy: &Policy,
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
@@ -642,10 +655,10 @@ impl Store for AnyStore {
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
-        dispatch!(self, s => s.decide(policy, key, op, cost, marks, now_us))
+        dispatch!(self, s => s.decide(policy, key, op, cost, ticket, now_us))
     }
 
     async fn acquire_joint(

@@ -2,7 +2,7 @@
 //! share a call: `store::batch`), every call bounded by `redis.timeout_ms` and guarded by a
 //! circuit breaker (`store::calls`).
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use redis::{RedisError, Value};
@@ -16,7 +16,7 @@ use super::key::PolicyKeys;
 use super::scripts::Scripts;
 use super::topology::{parse_slots, Topology};
 use super::{
-    key, new_generation, Change, ChangePage, ErrorClass, Etag, JointPart, PolicyWrite,
+    key, new_generation, Change, ChangePage, Claim, ErrorClass, Etag, JointPart, PolicyWrite,
     Precondition, Store, StoreError, WriteStatus, Written, MAX_JOINT_LIMITS,
 };
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp};
@@ -236,6 +236,55 @@ impl RedisStore {
     }
 
     /// The channel of the denial cache's invalidations (see `service::denials`).
+    /// The ring of ticket keys (see `service::ticket::Keyring`), after making `fresh` its first
+    /// key if it has none: one `SET NX GET`, so that instances starting together agree.
+    pub async fn ticket_keys(&self, fresh: &str) -> Result<String, StoreError> {
+        let name = key::ticket_keys(&self.prefix);
+        self.with_conn_on(Some(&name), async |conn| {
+            let old: Option<String> = redis::cmd("SET")
+                .arg(&name)
+                .arg(fresh)
+                .arg("NX")
+                .arg("GET")
+                .query_async(conn)
+                .await?;
+            Ok(old.unwrap_or_else(|| fresh.to_owned()))
+        })
+        .await
+    }
+
+    /// Rotates the ring of ticket keys in one script call: `fresh` becomes the current key,
+    /// with the next id, and the current one the previous; the previous one is dropped. Answers
+    /// the new ring. A call sent again (after a broken connection) finds `fresh` current already
+    /// and changes nothing, so it never ends the tickets of the key it just retired.
+    pub async fn rotate_ticket_keys(
+        &self,
+        fresh: &[u8; crate::service::ticket::KEY_BYTES],
+    ) -> Result<String, StoreError> {
+        static ROTATE: LazyLock<redis::Script> = LazyLock::new(|| {
+            redis::Script::new(
+                "local cur = redis.call('GET', KEYS[1])\n\
+                 local id, hex\n\
+                 if cur then\n  id, hex = string.match(cur, '^(%d+):(%x+)')\nend\n\
+                 if hex == ARGV[1] then\n  return cur\nend\n\
+                 local text = '1:' .. ARGV[1]\n\
+                 if id then\n  text = string.format('%d', tonumber(id) + 1) .. ':' .. ARGV[1] .. ' ' .. id .. ':' .. hex\nend\n\
+                 redis.call('SET', KEYS[1], text)\n\
+                 return text\n",
+            )
+        });
+        let name = key::ticket_keys(&self.prefix);
+        let hex: String = fresh.iter().map(|b| format!("{b:02x}")).collect();
+        self.with_conn_on(Some(&name), async |conn| {
+            Ok(ROTATE
+                .key(name.as_str())
+                .arg(hex.as_str())
+                .invoke_async(conn)
+                .await?)
+        })
+        .await
+    }
+
     pub fn denials_channel(&self) -> String {
         format!("{}:denials", self.prefix)
     }
@@ -678,25 +727,43 @@ impl Store for RedisStore {
         key: &LimitKey,
         op: Op,
         cost: u64,
-        marks: &[u64],
+        ticket: Option<&Claim<'_>>,
         now_us: Option<u64>,
     ) -> Result<Verdict, StoreError> {
-        let decision = Decide {
-            policy,
-            key,
-            op,
-            cost,
-            marks,
-            now_us,
-        };
-        if let Some(batches) = &self.batches {
+        let ticket = ticket.filter(|_| op == Op::Refund);
+        let marks = ticket.map_or(&[][..], |t| t.marks);
+        // A refund with a ticket goes alone: its script also keeps the ticket's record.
+        if let (Some(batches), None) = (&self.batches, ticket) {
+            let decision = Decide {
+                policy,
+                key,
+                op,
+                cost,
+                marks,
+                now_us,
+            };
             if let Some(job) = Job::new(&self.prefix, decision) {
                 return batches.decide(&self.calls, &self.scripts, job).await;
             }
         }
         let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
-        let argv = || script_argv(&params[..n], op, cost, marks, now_us);
+        // A ticket's record is one more key, on the subject's hash tag, and its units and end
+        // two more arguments, after the marks (see `lua/common.lua`).
+        let mut record = String::new();
+        if let Some(t) = ticket {
+            key::ticket_record(
+                &mut record,
+                &self.prefix,
+                policy.name.as_str(),
+                key.as_str(),
+                t.id,
+            );
+        }
+        let claim = ticket.map(|t| [Some(t.units), Some(t.ends_at_us)]);
+        let argv = || {
+            script_argv(&params[..n], op, cost, marks, now_us).chain(claim.into_iter().flatten())
+        };
         let script = self.scripts.decision(params, op);
         let reply: Value = self
             .with_conn_on(Some(&names[0]), async |conn| {
@@ -707,6 +774,9 @@ impl Store for RedisStore {
                 let mut call = script.prepare_invoke();
                 for name in &names[..n] {
                     call.key(name.as_str());
+                }
+                if ticket.is_some() {
+                    call.key(record.as_str());
                 }
                 for arg in argv() {
                     match arg {

@@ -106,7 +106,7 @@ fn compose_as(algorithms: &[Algorithm], op: Op, joint: bool) -> String {
     s.push('\n');
     s.push_str(COMMON);
     push_helpers(&mut s, algorithms);
-    push_body(&mut s, algorithms, op, joint);
+    push_body(&mut s, algorithms, op, joint, op == Op::Refund && !joint);
     s
 }
 
@@ -125,8 +125,9 @@ fn push_helpers(s: &mut String, algorithms: &[Algorithm]) {
 }
 
 /// A decision script's body, after `lua/common.lua` and the helpers, down to `return reply`.
-/// `joint`: each limit reads its own cost, from the argument before its parameters.
-fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool) {
+/// `joint`: each limit reads its own cost, from the argument before its parameters. `spent`: a
+/// refund's, which keeps a ticket's record when it is given one ([`push_spent_head`]).
+fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spent: bool) {
     let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     s.push_str("\nlocal allowed, reply = true, {1");
     for _ in algorithms {
@@ -148,6 +149,9 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool) {
     // Each part's parameters start after the cost, the time and the parameters before it; a
     // refund's marks follow all of them, one per limit.
     let params: usize = algorithms.iter().map(|a| a.fields().len()).sum();
+    if spent {
+        push_spent_head(s, algorithms.len(), 2 + params + algorithms.len());
+    }
     let mut offset = 2;
     for (i, (a, p)) in algorithms.iter().zip(&parts).enumerate() {
         // Writing to a String cannot fail.
@@ -217,7 +221,51 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool) {
     if matches!(op, Op::Acquire | Op::Peek) {
         s.push_str("if not allowed then\n  reply[1] = 0\nend\n");
     }
+    if spent {
+        push_spent_tail(s, algorithms.len(), 2 + params + algorithms.len());
+    }
     s.push_str("return reply\n");
+}
+
+/// The start of a refund that keeps a ticket's record, for `n` limits whose last mark is
+/// `ARGV[last]`: when the script is given one more key than limits, that key is the ticket's
+/// record (on the subject's hash tag: `store::key::ticket_record`), and the ticket's units and
+/// the end of its life are `ARGV[last + 1]` and `ARGV[last + 2]`. The refund then gives back at
+/// most the units the record does not hold yet; the algorithms' parts see only a lower `cost`.
+/// Without that key (a refund without a ticket) it changes nothing.
+fn push_spent_head(s: &mut String, n: usize, last: usize) {
+    let _ = write!(
+        s,
+        "-- A ticket's record: the units refunded with it so far, read and added to in this one\n\
+         -- atomic call, so that however often and concurrently it is sent, it never gives back\n\
+         -- more than it took.\n\
+         local spent_key, spent = KEYS[{key}], 0\n\
+         if spent_key then\n  \
+           spent = tonumber(redis.call('GET', spent_key) or '0') or 0\n  \
+           local left = math.max(tonumber(ARGV[{units}]) - spent, 0)\n  \
+           if left < cost then\n    cost = left\n  end\nend\n",
+        key = n + 1,
+        units = last + 1,
+    );
+}
+
+/// The end of a refund that keeps a ticket's record ([`push_spent_head`]): adds the most any
+/// limit gave back (so that no limit's refunds with the ticket ever pass its units), kept until
+/// the ticket can give nothing back any more.
+fn push_spent_tail(s: &mut String, n: usize, last: usize) {
+    let _ = write!(
+        s,
+        "if spent_key then\n  \
+           local given = 0\n  \
+           for i = 1, {n} do\n    \
+             if reply[4 * i - 2] > given then\n      given = reply[4 * i - 2]\n    end\n  \
+           end\n  \
+           local ttl = math.ceil((tonumber(ARGV[{end_}]) - now) / 1000)\n  \
+           if given > 0 and ttl > 0 then\n    \
+             redis.call('SET', spent_key, string.format('%d', spent + given), 'PX', string.format('%d', ttl))\n  \
+           end\nend\n",
+        end_ = last + 2,
+    );
 }
 
 /// The operations a batch decides: those that may write (a peek is read-only and goes alone,
@@ -279,7 +327,7 @@ pub fn batch_source(cross_slot: bool) -> String {
             // comment lines (the one-limit scripts keep them; fifteen copies would take the
             // script past what one argument of a command line may hold).
             let mut function = String::from(COMMON);
-            push_body(&mut function, &[a], op, false);
+            push_body(&mut function, &[a], op, false, false);
             for line in function.lines() {
                 let code = line.trim_start();
                 if !code.is_empty() && !code.starts_with("--") {

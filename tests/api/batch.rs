@@ -441,7 +441,7 @@ fn decisions_whose_deadline_passes_while_they_wait_are_never_sent() {
     // Only the two sent reached Redis: two units of the window are gone, not 21.
     let seen = rt.block_on(async {
         loop {
-            match store.decide(&policy, &key, Op::Peek, 1, &[], None).await {
+            match store.decide(&policy, &key, Op::Peek, 1, None, None).await {
                 Ok(v) => break v,
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
             }

@@ -251,7 +251,12 @@ async fn hits_addend_is_the_cost_per_request_and_per_descriptor() {
 }
 
 async fn hits_addend_is_the_cost(backend: Backend) {
-    let app = app(backend).await;
+    // Negative hits are refunds without a ticket: allowed only by this setting.
+    let app = app_with(
+        backend,
+        &[("RATELIMITER__LIMITS__TICKETLESS_REFUNDS", "true")],
+    )
+    .await;
     app.create_policy(per_address(10)).await;
     let mut client = client(&app).await;
     let mut req = by_address("a");
@@ -293,6 +298,32 @@ async fn hits_addend_is_the_cost(backend: Backend) {
         (Code::OverLimit as i32, 4)
     );
     assert_eq!(header(&r, "Retry-After"), None, "no wait lets it through");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_hits_are_refused_by_default_and_change_nothing() {
+    let app = app(Backend::Embedded).await;
+    app.create_policy(per_address(10)).await;
+    let mut client = client(&app).await;
+    let mut req = by_address("a");
+    req.hits_addend = 4;
+    assert_eq!(
+        call(&mut client, req.clone()).await.statuses[0].limit_remaining,
+        6
+    );
+    // Refused before anything is decided: no units come back.
+    let mut refund = req.clone();
+    refund.descriptors[0].is_negative_hits = true;
+    let status = client
+        .should_rate_limit(refund)
+        .await
+        .expect_err("refused without limits.ticketless_refunds");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("ticketless_refunds"),
+        "{status:?}"
+    );
+    assert_eq!(app.acquire("per-address", "a", 1).await["remaining"], 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -306,6 +306,15 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
     }
 }
 
+/// Starts the app on `backend`, with extra `RATELIMITER__…` settings.
+pub async fn spawn_app_on(backend: Backend, extra: &[(&str, &str)]) -> TestApp {
+    match backend {
+        Backend::Embedded => spawn_app_with(None, extra).await,
+        Backend::Redis => spawn_app_with(Some(Arc::new(TestRedis::start())), extra).await,
+        Backend::Cluster => spawn_app_on_cluster(Arc::new(TestCluster::start()), extra).await,
+    }
+}
+
 /// Starts the app against a cluster, with extra `RATELIMITER__…` settings.
 pub async fn spawn_app_on_cluster(cluster: Arc<TestCluster>, extra: &[(&str, &str)]) -> TestApp {
     let seeds = cluster.seeds();

@@ -30,3 +30,4 @@ mod policy_sync;
 mod scripts;
 mod settle;
 mod settling;
+mod tickets;

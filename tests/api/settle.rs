@@ -261,10 +261,18 @@ fn every_operation_decides_exactly_as_decide_op() {
                 (Op::Refund, 0 | 1) if !tickets.is_empty() => {
                     tickets[(step.marks / 4) as usize % tickets.len()].clone()
                 }
-                // Marks no take made: near now, either side, and long ago.
+                // Marks no take made: near now, either side, and long ago; half of them held
+                // marks (`limiter::HELD_MARK` + a take's time), which Lua must read alike.
                 (Op::Refund, 2) => params
                     .iter()
                     .map(|_| now.saturating_add_signed((step.marks >> 8) as i64 % 10_000_000))
+                    .map(|m| {
+                        if step.marks & 16 == 0 {
+                            m
+                        } else {
+                            ratelimiter::limiter::HELD_MARK + m
+                        }
+                    })
                     .collect(),
                 (Op::Refund, 3) if step.marks & 4 == 0 => vec![0; params.len()],
                 _ => Vec::new(),

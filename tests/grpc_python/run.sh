@@ -72,8 +72,11 @@ start_service() {
   while [ "$grpc_port" = "$http_port" ]; do grpc_port=$(free_port); done
   export RATELIMITER_URL="http://127.0.0.1:$http_port"
   export RATELIMITER_GRPC="127.0.0.1:$grpc_port"
+  # Negative hits are refunds without a ticket, refused unless limits.ticketless_refunds is
+  # on: the Python client checks what they do (tests/api/grpc.rs, that they are refused).
   env -u RATELIMITER__AUTH__ADMIN_TOKENS -u RATELIMITER__AUTH__CLIENT_TOKENS \
-    -u RATELIMITER__REDIS__URL ${1:+RATELIMITER__REDIS__URL="$1"} \
+    -u RATELIMITER__AUTH__SETTLE_TOKENS -u RATELIMITER__REDIS__URL \
+    ${1:+RATELIMITER__REDIS__URL="$1"} RATELIMITER__LIMITS__TICKETLESS_REFUNDS=true \
     RATELIMITER__SERVER__BIND="127.0.0.1:$http_port" \
     RATELIMITER__GRPC__BIND="127.0.0.1:$grpc_port" RATELIMITER__REDIS__TIMEOUT_MS=2000 \
     RUST_LOG="${RUST_LOG:-warn}" "$BIN" >"$log" 2>&1 &
