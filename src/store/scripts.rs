@@ -144,6 +144,19 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool) {
             let _ = write!(s, ", KEYS[{}]", i + 1);
         }
         s.push_str(")\n");
+        // MGET answers nil for a key of another type, where the one-limit script's GET fails
+        // with WRONGTYPE: a state missing from the answer is read again with GET, so that a key
+        // this script did not write fails the whole call before any part writes, and is never
+        // taken for a new subject and overwritten. Only missing states pay for it (new
+        // subjects, one GET each).
+        for (n, i) in strings.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "if not raws[{}] then\n  redis.call('GET', KEYS[{}])\nend",
+                n + 1,
+                i + 1
+            );
+        }
     }
     // Each part's parameters start after the cost, the time and the parameters before it; a
     // refund's marks follow all of them, one per limit.
