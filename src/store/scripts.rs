@@ -591,6 +591,30 @@ mod tests {
     }
 
     #[test]
+    fn the_sliding_log_touches_as_many_members_as_its_model_says() {
+        let reach = format!(
+            "\nlocal REACH = {} -- ",
+            crate::limiter::sliding_window_log::REACH
+        );
+        assert_eq!(Algorithm::SlidingWindowLog.lua().matches(&reach).count(), 1);
+    }
+
+    #[test]
+    fn a_missing_state_is_read_again_so_that_a_key_of_another_type_fails_the_script() {
+        let script = compose(
+            &[Algorithm::TokenBucket, Algorithm::FixedWindow],
+            Op::Refund,
+        );
+        let mget = script.find("redis.call('MGET'").unwrap_or_default();
+        let first = script.find("do -- limit 1").unwrap_or_default();
+        for n in 1..=2 {
+            let again = format!("if not raws[{n}] then\n  redis.call('GET', KEYS[{n}])\nend");
+            let at = script.find(&again).unwrap_or_default();
+            assert!(mget < at && at < first, "{again}");
+        }
+    }
+
+    #[test]
     fn a_helper_is_included_once() {
         let script = compose(&[Algorithm::TokenBucket, Algorithm::Gcra], Op::Acquire);
         assert_eq!(script.matches("local function muldiv").count(), 1);
