@@ -59,7 +59,8 @@ pub struct Job {
 
 impl Job {
     /// The decision as a batch takes it; `None` for what goes alone: a peek (read-only, with
-    /// `EVALSHA_RO`) and a policy of several limits (its script is composed for them).
+    /// `EVALSHA_RO`), a policy of several limits (its script is composed for them) and a
+    /// sliding log's refund (the costliest decision, see below).
     pub fn new(prefix: &str, decision: Decide<'_>) -> Option<Self> {
         let Decide {
             policy,
@@ -73,6 +74,12 @@ impl Job {
             return None;
         };
         if !BATCHED_OPS.contains(&op) {
+            return None;
+        }
+        // The one decision that may rewrite hundreds of members (a sliding log's refund, up to
+        // `sliding_window_log::REACH`) goes alone, so that no batch of other decisions waits
+        // for one or for many of them inside one call.
+        if op == Op::Refund && params.algorithm() == Algorithm::SlidingWindowLog {
             return None;
         }
         let mut state_key = String::new();

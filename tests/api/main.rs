@@ -10,6 +10,7 @@ mod batch;
 mod bounds;
 mod cluster;
 mod connections;
+mod costs;
 mod denial_cache;
 mod edge;
 mod errors;

@@ -810,10 +810,7 @@ fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
             .arg("x")
             .query(&mut lab.conn)
             .expect("RPUSH");
-        for parts in [
-            [(&policy, 1), (&beside, 1)],
-            [(&beside, 1), (&policy, 1)],
-        ] {
+        for parts in [[(&policy, 1), (&beside, 1)], [(&beside, 1), (&policy, 1)]] {
             let parts = parts.map(|(policy, cost)| JointPart {
                 policy,
                 key: &key,
