@@ -351,6 +351,7 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
                     .expect("decided")
             })
             .await;
+            eprintln!("{} {op:?} of 10^9: {us} µs of Redis", a.as_str());
             assert!(
                 us < BOUND_US,
                 "{} {op:?} held Redis for {us} µs",
