@@ -487,6 +487,56 @@ mod tests {
         assert_eq!((given, o.state), (2, None));
     }
 
+    /// A log of `n` entries of one unit, 1 µs apart from 0, under a limit that holds them all.
+    fn long_log(n: u64) -> (Params, Option<State>) {
+        let p = Params {
+            limit: MAX_LIMIT,
+            window_us: 1_000_000,
+        };
+        (p, log(&(0..n).map(|t| (t, 1)).collect::<Vec<_>>()))
+    }
+
+    #[test]
+    fn a_ticket_gives_while_at_most_reach_entries_follow_its_own() {
+        let n = REACH as u64 + 10;
+        let (p, state) = long_log(n);
+        let mark = |t: u64| Some(t + p.window_us);
+        let deepest = n - 1 - REACH as u64;
+        let (o, given) = refund(state.clone(), &p, 1, n, mark(deepest));
+        assert_eq!(given, 1);
+        assert_eq!(entries(&o).len(), n as usize - 1);
+        let (o, given) = refund(state, &p, 1, n, mark(deepest - 1));
+        assert_eq!(
+            (given, entries(&o).len()),
+            (0, n as usize),
+            "one entry too deep"
+        );
+    }
+
+    #[test]
+    fn a_refund_without_a_ticket_gives_from_at_most_reach_entries() {
+        let (p, state) = long_log(REACH as u64 * 2);
+        let (o, given) = refund(state, &p, 1_000_000_000, REACH as u64 * 2, None);
+        assert_eq!(given, REACH as u64);
+        assert_eq!(entries(&o).len(), REACH);
+    }
+
+    #[test]
+    fn a_write_drops_at_most_reach_entries_that_left_unless_all_have() {
+        let n = REACH as u64 * 3;
+        let (p, state) = long_log(n);
+        // All but the newest 10 have left the window at this time: REACH of them go.
+        let now = n - 10 + p.window_us - 1;
+        let o = acquire(state, &p, 1, now);
+        assert_eq!(entries(&o).len(), n as usize - REACH + 1);
+        // Those still stored are behind the new entry's window: they count for nothing.
+        let d = decide(o.state.clone(), &p, 1, n, false).decision;
+        assert_eq!(d.remaining, MAX_LIMIT - 11);
+        // Once every one has left, they all go at once.
+        let o = acquire(o.state, &p, 1, now + 2 * p.window_us);
+        assert_eq!(entries(&o), [(now + 2 * p.window_us, 1)]);
+    }
+
     #[test]
     fn what_writes_nothing_drops_nothing_so_a_step_back_sees_the_same_log_as_redis() {
         // On Redis only writes remove members that have left the window; here too.

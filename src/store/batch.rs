@@ -59,8 +59,7 @@ pub struct Job {
 
 impl Job {
     /// The decision as a batch takes it; `None` for what goes alone: a peek (read-only, with
-    /// `EVALSHA_RO`), a policy of several limits (its script is composed for them) and a
-    /// sliding log's refund (the costliest decision, see below).
+    /// `EVALSHA_RO`) and a policy of several limits (its script is composed for them).
     pub fn new(prefix: &str, decision: Decide<'_>) -> Option<Self> {
         let Decide {
             policy,
@@ -74,12 +73,6 @@ impl Job {
             return None;
         };
         if !BATCHED_OPS.contains(&op) {
-            return None;
-        }
-        // The one decision that may rewrite hundreds of members (a sliding log's refund, up to
-        // `sliding_window_log::REACH`) goes alone, so that no batch of other decisions waits
-        // for one or for many of them inside one call.
-        if op == Op::Refund && params.algorithm() == Algorithm::SlidingWindowLog {
             return None;
         }
         let mut state_key = String::new();
@@ -283,6 +276,12 @@ impl Batches {
         let Some(lane) = master.and_then(|i| self.lanes.get_or(Default::default).get(i)) else {
             return one(calls, scripts, &job, Instant::now() + calls.timeout).await;
         };
+        // The one decision that may rewrite hundreds of members (a sliding log's refund, up to
+        // `sliding_window_log::REACH`) goes at once and alone, so that no batch waits inside
+        // Redis for one, or for many of them in one call.
+        if job.op == Op::Refund && job.algorithm == Algorithm::SlidingWindowLog {
+            return one(calls, scripts, &job, Instant::now() + calls.timeout).await;
+        }
         let waiting = {
             let mut state = lane.lock();
             if state.in_flight >= DEPTH {

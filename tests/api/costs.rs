@@ -413,17 +413,21 @@ async fn past_the_reach_of_one_call_the_log_still_decides_as_its_rust_function()
     assert_eq!(v.units(), [1]);
     let v = run(Op::Refund, 5, &[mark(n - 2 - reach)], now).await;
     assert_eq!(v.units(), [0]);
-    // Without a ticket, from the REACH newest entries.
-    let v = run(Op::Refund, 1_000_000_000, &[], now).await;
-    assert!(v.units()[0] >= reach, "{:?}", v.units());
-    // 500 entries have left the window: a take drops REACH of them, and after a step back the
-    // rest count again, on both.
+    // 501 entries have left the window: a refund drops REACH of them and logs nothing, so after
+    // a step back the others, still stored, count again, on both.
     let later = T0 + window_us + 500 * 1_000;
-    let _ = run(Op::Acquire, 1, &[], later).await;
-    let _ = run(Op::Peek, 1, &[], now).await;
-    let _ = run(Op::Acquire, 9_000, &[], now).await;
-    let _ = run(Op::Report, 3, &[], later).await;
-    let _ = run(Op::Refund, 2, &[], later + 20).await;
+    let v = run(Op::Refund, 5, &[], later).await;
+    assert_eq!(v.units(), [5]);
+    let stale = run(Op::Peek, 1, &[], now).await;
+    let fresh = run(Op::Peek, 1, &[], later).await;
+    assert!(stale.limits()[0].remaining < fresh.limits()[0].remaining);
+    let _ = run(Op::Acquire, 1, &[], now).await;
+    // A take drops REACH more; a report at its time joins its entry.
+    let _ = run(Op::Acquire, 2, &[], later + 10).await;
+    let _ = run(Op::Report, 3, &[], later + 10).await;
+    // Without a ticket, from the REACH newest entries at most.
+    let v = run(Op::Refund, 1_000_000_000, &[], later + 20).await;
+    assert!(v.units()[0] >= reach, "{:?}", v.units());
     let _ = run(Op::Acquire, 2, &[], later + 20).await;
     // Everything has left: the whole log goes at once, and the totals start again.
     let end = later + 2 * window_us;
