@@ -49,7 +49,10 @@
 -- A part that reads its state, one string, into `raw` with a plain GET of `key` (the exact line
 -- is GET_STATE in src/store/scripts.rs) has that line replaced, in a script of several such
 -- parts, by `local raw = raws[n]`, all of them read by one MGET before the first part: one call
--- to Redis instead of one per limit.
+-- to Redis instead of one per limit. MGET answers nil for a key of another type, where GET fails
+-- with WRONGTYPE: a state the MGET found missing is read again with GET, so that every script
+-- fails on a key of the wrong type as the one-limit script does, before anything is written,
+-- and never overwrites a key it did not write.
 --
 -- The parts nest, each inside the one before (`do ... end`), so that every level runs before
 -- any take or keep, each part's locals stay its own, and the script stays straight-line code.

@@ -2,10 +2,11 @@
 -- Mirrors src/limiter/sliding_window_log.rs. One limit's part of a decision script: see
 -- common.lua.
 --
--- key          the limit's log: a sorted set with one member per logged request, scored by its
---              time in µs; a member is "<total>:<cost>": the request's cost, and the running
---              total of units logged up to and including it, zero-padded to 16 digits so that
---              members of the same time sort in the order they were logged
+-- key          the limit's log: a sorted set with one member per time at which units were
+--              logged, scored by that time in µs; a member is "<total>:<cost>": the units logged
+--              at that time, and the running total of units logged up to and including it,
+--              zero-padded to 16 digits (logs written by earlier builds may hold several members
+--              of one time, which sort in the order they were logged and are read alike)
 -- ARGV[a + 1]  limit (at most 10,000)
 -- ARGV[a + 2]  window_us
 --
@@ -17,40 +18,44 @@
 -- Debt: a report logs its units whether they fit or not, but never past 2 * limit units in the
 -- window; units beyond are not logged. Acquires are denied until enough members have left the
 -- window, so time pays the debt back member by member. Every member holds at least one unit, so
--- the log holds at most 2 * limit members (20,000).
+-- the log holds at most 2 * limit members in the window (20,000).
 --
 -- Refund: gives back units of members in the window by lowering their costs (a member whose cost
--- reaches 0 is removed). With a mark (a ticket's: the take's time plus window_us), only members
--- of time mark - window_us give, the newest of them first; without one, the newest members.
--- Totals must stay running totals, so every member after those that gave is rewritten with its
--- total lowered by the units given: O(members after them), at most 2 * limit, in one ZADD per
--- 2,000; a refund without a mark gives from the newest members, which have none after them. The
--- members that stay are written anew before the newest of them is removed, so that the key, and
--- its expiry, never disappear meanwhile; the expiry is never moved.
+-- reaches 0 is removed). With a mark (a ticket's: the take's time plus window_us), only the
+-- member of time mark - window_us gives, and only while at most REACH members follow it; without
+-- one, the newest members, at most REACH of them. Totals must stay running totals, so every
+-- member after those that gave is rewritten with its total lowered by the units given (at most
+-- REACH, in one ZADD); a refund without a mark gives from the newest members, which have none
+-- after them. The members that stay are written anew before the newest of them is removed, so
+-- that the key, and its expiry, never disappear meanwhile; the expiry is never moved.
 --
--- Per call, on a log of n <= 2 * limit members: an allowed request runs 4 commands (ZRANGE
--- newest, ZRANGE oldest, ZADD, PEXPIRE; 3 on an empty log), and 2 more (ZRANGE BYSCORE for the
--- oldest in the window, ZREMRANGEBYSCORE) when members have left the window. One that does not
--- fit runs the level's 3 at most, and no more when the oldest member in the window frees enough
--- (always for one unit on a full log) or only the newest does (a request of the whole limit);
--- otherwise ZCARD, then a binary search by rank for the member whose departure frees enough
--- among the last min(n, limit - cost + 1), at most ceil(log2(limit)) ZRANGEs (14 at 10,000).
--- Each command is O(log n). The exceptions are ZREMRANGEBYSCORE, O(log n + m) for the m members
--- that left the window, each of them inserted, and paid for, by an earlier request; and a
--- refund's rewrite above. A report runs the level, ZADD and PEXPIRE, and ZCARD and the same
--- search (for one unit) when it leaves nothing available; a refund the level, one ZRANGE for the
--- members that give (and one for those after them, with a mark), ZREMRANGEBYRANK, ZADD, ZREM,
--- and when nothing is available after it ZCARD and a search over all n members, at most
--- ceil(log2(n)) ZRANGEs.
+-- Cost, the same bound for every section: besides the member it logs, a call removes or writes
+-- at most REACH (256) members. A write removes at most REACH of those that have left the window
+-- (ZCOUNT, ZREMRANGEBYRANK), or, when none is left in it, the whole key with one UNLINK, which
+-- Redis frees outside its main thread; members left over count again only if the clock steps
+-- back, as any stored member does, and go with the next writes. Every other command is
+-- O(log n) on a log of n members: an allowed request runs 4 (ZRANGE newest, ZRANGE oldest, ZADD,
+-- PEXPIRE; 3 on an empty log; one more, ZREM, when it joins the newest member of its time), and 2
+-- or 3 more (ZRANGE BYSCORE for the oldest in the window, the removal) when members have left the
+-- window. One that does not fit runs the level's 3 at most, and no more when the oldest member in
+-- the window frees enough (always for one unit on a full log) or only the newest does (a request
+-- of the whole limit); otherwise ZCARD, then a binary search by rank for the member whose
+-- departure frees enough among the last min(n, limit - cost + 1), at most ceil(log2(limit))
+-- ZRANGEs (14 at 10,000). A report runs the level, the removal, ZADD and PEXPIRE, and ZCARD and
+-- the same search (for one unit) when it leaves nothing available; a refund the level, ZCOUNT
+-- with a mark, one ZRANGE for the members that give (and one for those after them, with a mark),
+-- the removal, ZREMRANGEBYRANK, ZADD, ZREM, and when nothing is available after it ZCARD and a
+-- search over all n members, at most ceil(log2(n)) ZRANGEs.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
 -- Time never runs backwards past the newest member. Keep writes nothing; members that have left
 -- the window but are still stored count again if the clock steps back before the next write, as
--- in the Rust model, which drops entries only where this script writes.
+-- in the Rust model, which drops entries only where this script writes, and as many.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
+local REACH = 256 -- src/limiter/sliding_window_log.rs, REACH
 
 local t, total, newest = now, 0, nil
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -67,7 +72,7 @@ end
 -- it (`stale`: some are still stored). The oldest member is read by rank first, so that the
 -- search by score is made only when one has left (an empty log needs neither).
 local horizon = t - window_us
-local count, before, stale, first, first_at = 0, 0, false, 0, 0
+local count, before, stale, first, first_at, all_gone = 0, 0, false, 0, 0, false
 if newest then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
   first_at = tonumber(oldest[2])
@@ -86,16 +91,28 @@ if newest then
     -- Every member has left: the log is empty, and the next one written starts the totals anew
     -- (after the others are removed).
     total = 0
+    all_gone = true
   end
 end
 
 local admits = count + cost <= limit
 --- take
-if stale then
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+-- At most REACH members that left the window go (see the header), or the whole log at once.
+if all_gone then
+  redis.call('UNLINK', key)
+elseif stale then
+  local gone = redis.call('ZCOUNT', key, '-inf', string.format('%d', horizon))
+  redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, REACH) - 1)
 end
 total = total + cost
-redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
+if newest == t then
+  -- One member per time: the newest, of this time, takes the units too.
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
+    tonumber(string.match(last[1], ':(%d+)$')) + cost))
+  redis.call('ZREM', key, last[1])
+else
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
+end
 out_reset = t + window_us - now
 redis.call('PEXPIRE', key, math.ceil(out_reset / 1000))
 out_remaining = limit - count - cost
@@ -137,13 +154,22 @@ end
 -- Logs what fits under the debt bound, 2 * limit units in the window.
 out_units = math.max(math.min(cost, 2 * limit - count), 0)
 if out_units > 0 then
-  if stale then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+  if all_gone then
+    redis.call('UNLINK', key)
+  elseif stale then
+    local gone = redis.call('ZCOUNT', key, '-inf', string.format('%d', horizon))
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, REACH) - 1)
   end
   total = total + out_units
   count = count + out_units
+  if newest == t then
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
+      tonumber(string.match(last[1], ':(%d+)$')) + out_units))
+    redis.call('ZREM', key, last[1])
+  else
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, out_units))
+  end
   newest = t
-  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, out_units))
   redis.call('PEXPIRE', key, math.ceil((t + window_us - now) / 1000))
 end
 -- The subject as it stands, as keep describes it for one unit.
@@ -178,10 +204,14 @@ local at = nil
 if want > 0 then
   if mark == nil then
     members = redis.call('ZRANGE', key, '+inf', '(' .. string.format('%d', horizon), 'BYSCORE',
-      'REV', 'LIMIT', 0, want, 'WITHSCORES')
+      'REV', 'LIMIT', 0, math.min(want, REACH), 'WITHSCORES')
   elseif mark - window_us > horizon and mark - window_us <= newest then
     at = string.format('%d', mark - window_us)
-    members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'REV', 'LIMIT', 0, want, 'WITHSCORES')
+    -- Only while at most REACH members follow, whose totals are rewritten below.
+    if redis.call('ZCOUNT', key, '(' .. at, '+inf') <= REACH then
+      members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'REV', 'LIMIT', 0,
+        math.min(want, REACH), 'WITHSCORES')
+    end
   end
 end
 -- Each gives all it holds, but the last one that gives (`partial`) may give only part: its cost
@@ -204,8 +234,10 @@ for i = 1, #members, 2 do
 end
 out_units = want - left
 if out_units > 0 then
+  -- Something in the window gives, so the log is not all gone.
   if stale then
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', string.format('%d', horizon))
+    local gone = redis.call('ZCOUNT', key, '-inf', string.format('%d', horizon))
+    redis.call('ZREMRANGEBYRANK', key, 0, math.min(gone, REACH) - 1)
   end
   -- The members that stay and change, with their new strings: the partial one, and every one
   -- after the mark's time (none without a mark: the newest gave), whose totals drop by all that
@@ -240,9 +272,9 @@ if out_units > 0 then
   else
     redis.call('ZREMRANGEBYRANK', key, -touched, -1)
   end
-  -- In slices of 2,000 members, as Lua's unpack takes fewer than 8,000 values: at most 10 ZADDs.
-  for i = 1, #adds, 4000 do
-    redis.call('ZADD', key, unpack(adds, i, math.min(i + 3999, #adds)))
+  -- At most REACH + 1 members: one ZADD (Lua's unpack takes fewer than 8,000 values).
+  if #adds > 0 then
+    redis.call('ZADD', key, unpack(adds))
   end
   if last_old then
     redis.call('ZREM', key, last_old)
@@ -251,10 +283,10 @@ if out_units > 0 then
   if m == 0 then
     if partial then
       newest = tonumber(partial_at)
-    elseif count > 0 then
-      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     else
-      newest = nil
+      -- The newest member left, in the window or not (members that left it may stay).
+      local l = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+      newest = l[2] and tonumber(l[2])
     end
   end
 end

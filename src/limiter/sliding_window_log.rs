@@ -1,10 +1,10 @@
 //! Sliding window log: at most `limit` units in any trailing window of `window_us`.
 //!
 //! Exact: every granted request is remembered with its time and cost until it leaves the window
-//! `(now - window_us, now]`. On Redis each request is one sorted-set member carrying its cost
-//! and a running total of units (so the units in the window are read from the two ends, and a
-//! request costs Redis the same whatever its cost); here consecutive requests with the same time
-//! share one entry, which keeps the embedded store small. Both give identical decisions.
+//! `(now - window_us, now]`. One entry per time: requests at the same time share it. On Redis
+//! each entry is one sorted-set member carrying its units and a running total of units (so the
+//! units in the window are read from the two ends, and a request costs Redis the same whatever
+//! its cost). Both give identical decisions.
 //!
 //! Time never runs backwards past the newest entry: a request at a `now` before it is logged at
 //! the newest entry's time, and the window is measured from there.
@@ -28,7 +28,15 @@
 //! entries give first. Only units in the window are given, so the log never goes below empty.
 //! The expiry never moves: when the newest entry is given back whole, the state may outlive the
 //! log's last entry, which changes no answer. On Redis, members after the refunded one have
-//! their running totals rewritten: O(members after it), at most `2 * limit`.
+//! their running totals rewritten, so a mark gives only while at most [`REACH`] entries follow
+//! its own (later, nothing: stricter, never looser), and a refund without one gives from at most
+//! the [`REACH`] newest entries.
+//!
+//! **Cost** ([`REACH`]): one call touches at most [`REACH`] entries besides the one it logs. A
+//! write drops at most [`REACH`] of the entries that have left the window (all of them at once
+//! when no entry is left in it, which Redis does with one `UNLINK`); the others stay, count
+//! again only if the clock steps back, as any stored entry does, and go with the next writes.
+//! As on Redis, an entry's time is its identity: requests at one time share one entry.
 
 use std::collections::VecDeque;
 
@@ -38,6 +46,13 @@ use super::{until, Decision, Outcome};
 /// report stops at `2 * limit` units in the window, so a log has at most `2 * limit` entries, and
 /// at most that many leave the window in one call.
 pub const MAX_LIMIT: u64 = 10_000;
+
+/// The most entries one call removes, gives from or rewrites besides the one it logs, so that
+/// no call costs Redis more than a few hundred member writes whatever the log holds (see the
+/// module docs): a write drops at most this many entries that have left the window (all of
+/// them when none is left in it), a refund without a mark gives from at most this many of the
+/// newest, and a refund with a mark gives only while at most this many entries follow its own.
+pub const REACH: usize = 256;
 
 /// Validated parameters, in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +171,7 @@ pub fn refund(
     };
     let w = Window::of(&log, p, now_us);
     // Only entries in the window give, so whatever is given was in use. With a mark, the one
-    // entry of its time (`at`), while in the window.
+    // entry of its time (`at`), while in the window and followed by at most REACH entries.
     let want = units.min(w.count);
     let at = match mark {
         Some(mark) => {
@@ -164,7 +179,7 @@ pub fn refund(
                 log.entries
                     .binary_search_by_key(&time, |&(ts, _)| ts)
                     .ok()
-                    .filter(|&i| i >= w.gone)
+                    .filter(|&i| i >= w.gone && log.entries.len() - 1 - i <= REACH)
             }) else {
                 return (after(Some(log), p, now_us), 0);
             };
@@ -172,7 +187,19 @@ pub fn refund(
         }
         None => None,
     };
-    let given = at.map_or(want, |i| want.min(log.entries[i].1));
+    let given = match at {
+        Some(i) => want.min(log.entries[i].1),
+        // The newest entries in the window, at most REACH of them.
+        None => want.min(
+            log.entries
+                .iter()
+                .skip(w.gone)
+                .rev()
+                .take(REACH)
+                .map(|&(_, n)| n)
+                .sum(),
+        ),
+    };
     if given == 0 {
         return (after(Some(log), p, now_us), 0);
     }
@@ -184,8 +211,8 @@ pub fn refund(
             }
         }
         None => {
-            // The newest first; `given` is at most the units in the window, so the walk stops
-            // inside it.
+            // The newest first; `given` is at most the units of the REACH newest entries in the
+            // window, so the walk stops inside them.
             let mut left = given;
             while left > 0 {
                 let Some((_, n)) = log.entries.back_mut() else {
@@ -201,7 +228,8 @@ pub fn refund(
         }
     }
     // A refund that gives writes the log, and drops what has left the window as a take does.
-    log.entries.drain(..w.gone);
+    // Something in the window gave, so some entry is left in it.
+    log.entries.drain(..w.gone.min(REACH));
     (after(Some(log), p, now_us), given)
 }
 
@@ -229,12 +257,23 @@ impl Window {
 /// Drops the entries that have left the window `w`, logs `n` units at its end, and returns the
 /// time until they leave the window, which is also the time until the whole log has.
 fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
-    log.entries.drain(..w.gone);
+    let gone = dropped(w.gone, log.entries.len());
+    log.entries.drain(..gone);
     match log.entries.back_mut() {
         Some((ts, units)) if *ts == w.t => *units += n,
         _ => log.entries.push_back((w.t, n)),
     }
     until(w.t + p.window_us, now_us)
+}
+
+/// How many of the `gone` entries that have left the window a write drops, of a log of `len`:
+/// all when no entry is left in it, else at most [`REACH`].
+fn dropped(gone: usize, len: usize) -> usize {
+    if gone == len {
+        len
+    } else {
+        gone.min(REACH)
+    }
 }
 
 /// A report's or a refund's answer: the subject as it stands, for one unit, allowed; the state
@@ -446,6 +485,56 @@ mod tests {
         assert_eq!(entries(&o), [(5_000, 2)]);
         let (o, given) = refund(o.state, &P, 5, 4_600, Some(mark));
         assert_eq!((given, o.state), (2, None));
+    }
+
+    /// A log of `n` entries of one unit, 1 µs apart from 0, under a limit that holds them all.
+    fn long_log(n: u64) -> (Params, Option<State>) {
+        let p = Params {
+            limit: MAX_LIMIT,
+            window_us: 1_000_000,
+        };
+        (p, log(&(0..n).map(|t| (t, 1)).collect::<Vec<_>>()))
+    }
+
+    #[test]
+    fn a_ticket_gives_while_at_most_reach_entries_follow_its_own() {
+        let n = REACH as u64 + 10;
+        let (p, state) = long_log(n);
+        let mark = |t: u64| Some(t + p.window_us);
+        let deepest = n - 1 - REACH as u64;
+        let (o, given) = refund(state.clone(), &p, 1, n, mark(deepest));
+        assert_eq!(given, 1);
+        assert_eq!(entries(&o).len(), n as usize - 1);
+        let (o, given) = refund(state, &p, 1, n, mark(deepest - 1));
+        assert_eq!(
+            (given, entries(&o).len()),
+            (0, n as usize),
+            "one entry too deep"
+        );
+    }
+
+    #[test]
+    fn a_refund_without_a_ticket_gives_from_at_most_reach_entries() {
+        let (p, state) = long_log(REACH as u64 * 2);
+        let (o, given) = refund(state, &p, 1_000_000_000, REACH as u64 * 2, None);
+        assert_eq!(given, REACH as u64);
+        assert_eq!(entries(&o).len(), REACH);
+    }
+
+    #[test]
+    fn a_write_drops_at_most_reach_entries_that_left_unless_all_have() {
+        let n = REACH as u64 * 3;
+        let (p, state) = long_log(n);
+        // All but the newest 10 have left the window at this time: REACH of them go.
+        let now = n - 10 + p.window_us - 1;
+        let o = acquire(state, &p, 1, now);
+        assert_eq!(entries(&o).len(), n as usize - REACH + 1);
+        // Those still stored are behind the new entry's window: they count for nothing.
+        let d = decide(o.state.clone(), &p, 1, n, false).decision;
+        assert_eq!(d.remaining, MAX_LIMIT - 11);
+        // Once every one has left, they all go at once.
+        let o = acquire(o.state, &p, 1, now + 2 * p.window_us);
+        assert_eq!(entries(&o), [(now + 2 * p.window_us, 1)]);
     }
 
     #[test]

@@ -276,6 +276,12 @@ impl Batches {
         let Some(lane) = master.and_then(|i| self.lanes.get_or(Default::default).get(i)) else {
             return one(calls, scripts, &job, Instant::now() + calls.timeout).await;
         };
+        // The one decision that may rewrite hundreds of members (a sliding log's refund, up to
+        // `sliding_window_log::REACH`) goes at once and alone, so that no batch waits inside
+        // Redis for one, or for many of them in one call.
+        if job.op == Op::Refund && job.algorithm == Algorithm::SlidingWindowLog {
+            return one(calls, scripts, &job, Instant::now() + calls.timeout).await;
+        }
         let waiting = {
             let mut state = lane.lock();
             if state.in_flight >= DEPTH {

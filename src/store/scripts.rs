@@ -145,6 +145,19 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
             let _ = write!(s, ", KEYS[{}]", i + 1);
         }
         s.push_str(")\n");
+        // MGET answers nil for a key of another type, where the one-limit script's GET fails
+        // with WRONGTYPE: a state missing from the answer is read again with GET, so that a key
+        // this script did not write fails the whole call before any part writes, and is never
+        // taken for a new subject and overwritten. Only missing states pay for it (new
+        // subjects, one GET each).
+        for (n, i) in strings.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "if not raws[{}] then\n  redis.call('GET', KEYS[{}])\nend",
+                n + 1,
+                i + 1
+            );
+        }
     }
     // Each part's parameters start after the cost, the time and the parameters before it; a
     // refund's marks follow all of them, one per limit.
@@ -622,6 +635,30 @@ mod tests {
                 functions.matches("ARGV[o + ").count()
             );
             assert_eq!(s.matches("f = function(key, o)").count(), 15);
+        }
+    }
+
+    #[test]
+    fn the_sliding_log_touches_as_many_members_as_its_model_says() {
+        let reach = format!(
+            "\nlocal REACH = {} -- ",
+            crate::limiter::sliding_window_log::REACH
+        );
+        assert_eq!(Algorithm::SlidingWindowLog.lua().matches(&reach).count(), 1);
+    }
+
+    #[test]
+    fn a_missing_state_is_read_again_so_that_a_key_of_another_type_fails_the_script() {
+        let script = compose(
+            &[Algorithm::TokenBucket, Algorithm::FixedWindow],
+            Op::Refund,
+        );
+        let mget = script.find("redis.call('MGET'").unwrap_or_default();
+        let first = script.find("do -- limit 1").unwrap_or_default();
+        for n in 1..=2 {
+            let again = format!("if not raws[{n}] then\n  redis.call('GET', KEYS[{n}])\nend");
+            let at = script.find(&again).unwrap_or_default();
+            assert!(mget < at && at < first, "{again}");
         }
     }
 

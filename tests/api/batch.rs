@@ -326,6 +326,46 @@ fn concurrent_decisions_of_one_thread_go_in_batches_and_stay_exact() {
 }
 
 #[test]
+fn a_sliding_log_refund_is_never_batched_so_no_batch_waits_for_one() {
+    let redis = TestRedis::start();
+    let mut conn = redis.conn();
+    let rt = runtime();
+    let _inside = rt.enter();
+    let store = store(&redis, 64);
+    let log = Policy::single(
+        PolicyName::parse("log").expect("valid"),
+        ratelimiter::policy::Algorithm::SlidingWindowLog,
+        &[100, 3_600_000],
+        None,
+        FailMode::Closed,
+    );
+    let key = subject(0);
+    rt.block_on(store.load_scripts()).expect("scripts load");
+    for now in 0..50 {
+        let v = rt
+            .block_on(store.acquire(&log, &key, 1, Some(T0 + now)))
+            .expect("decided");
+        assert!(v.allowed);
+    }
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query(&mut conn)
+        .expect("RESETSTAT");
+    // 50 refunds at once from one thread: each its own call (the costliest decision, up to
+    // hundreds of members rewritten, never holds up a batch), and exact.
+    let verdicts =
+        rt.block_on(join_all((0..50).map(|_| {
+            store.decide(&log, &key, Op::Refund, 1, None, Some(T0 + 100))
+        })));
+    let given: u64 = verdicts
+        .iter()
+        .map(|v| v.as_ref().expect("decided by Redis").units()[0])
+        .sum();
+    assert_eq!(given, 50);
+    assert_eq!(evalsha_calls(&mut conn), 50, "each refund alone");
+}
+
+#[test]
 fn a_decision_that_fails_in_a_batch_fails_alone() {
     let redis = TestRedis::start();
     let mut conn = redis.conn();

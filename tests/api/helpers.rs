@@ -522,3 +522,20 @@ pub async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
         .map(|v| v.parse().expect("a number"))
         .unwrap_or(0.0)
 }
+
+/// A ticket's claim on `marks` for `units`, with an id of its own, as the service sends it (no
+/// claim without marks: a ticketless operation).
+pub fn claim(marks: &[u64], units: u64) -> Option<ratelimiter::store::Claim<'_>> {
+    static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    (!marks.is_empty()).then(|| ratelimiter::store::Claim {
+        marks,
+        id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        units,
+        ends_at_us: marks
+            .iter()
+            .copied()
+            .map(ratelimiter::limiter::mark_life_end)
+            .max()
+            .unwrap_or(0),
+    })
+}

@@ -11,6 +11,7 @@ mod bounds;
 mod claims;
 mod cluster;
 mod connections;
+mod costs;
 mod denial_cache;
 mod edge;
 mod errors;

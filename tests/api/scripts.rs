@@ -14,7 +14,9 @@ use ratelimiter::limiter::{
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
-use ratelimiter::store::{scripts, JointPart, MemoryStore, RedisStore, Store, StoreError};
+use ratelimiter::store::{
+    scripts, ErrorClass, JointPart, MemoryStore, RedisStore, Store, StoreError,
+};
 
 use crate::helpers::TestRedis;
 
@@ -735,6 +737,116 @@ fn composed_scripts_decide_exactly_as_decide_all() {
         "only {} denials where some limit admitted",
         partial_denials.get()
     );
+}
+
+// --- A key of another type: every script fails on it, and leaves it as it was ------------------
+
+/// Whether `key` still holds the list the test pushed, and nothing else.
+fn holds_the_list(conn: &mut redis::Connection, key: &str) -> bool {
+    let kind: String = redis::cmd("TYPE").arg(key).query(conn).expect("TYPE");
+    let items: Vec<String> = redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query(conn)
+        .expect("LRANGE");
+    kind == "list" && items == ["x"]
+}
+
+fn exists(conn: &mut redis::Connection, key: &str) -> bool {
+    redis::cmd("EXISTS").arg(key).query(conn).expect("EXISTS")
+}
+
+/// A script of two limits kept in strings reads both with one MGET, which answers nil for a key
+/// of another type where the one-limit script's GET fails with WRONGTYPE: each must fail the
+/// call (an error the fail mode answers, as `ErrorClass` says), and write nothing anywhere.
+#[test]
+fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
+    let mut lab = Lab::new();
+    let specs = [
+        bucket(10, 1, 1_000),
+        window(10, 60_000, Algorithm::FixedWindow),
+    ];
+    let key = LimitKey::parse("subject".into()).expect("key");
+    let wrong_type = |e: StoreError, what: &str| {
+        assert!(e.to_string().contains("WRONGTYPE"), "{what}: {e}");
+        assert_eq!(e.class(), ErrorClass::Refused, "{what}: {e}");
+    };
+    // The list in the first limit's key, then in the second's.
+    for listed in 0..2 {
+        let ops = [
+            (Op::Acquire, false),
+            (Op::Peek, false),
+            (Op::Report, false),
+            (Op::Refund, false),
+            (Op::Refund, true),
+        ];
+        for (op, with_marks) in ops {
+            let (policy, keys) = composite(&mut lab, &specs);
+            let _: i64 = redis::cmd("RPUSH")
+                .arg(&keys[listed])
+                .arg("x")
+                .query(&mut lab.conn)
+                .expect("RPUSH");
+            let marks = if with_marks {
+                vec![T0 + 1_000_000; 2]
+            } else {
+                Vec::new()
+            };
+            let what = format!("{op:?} with the list in limit {}", listed + 1);
+            let e = lab
+                .rt
+                .block_on(lab.store.decide(
+                    &policy,
+                    &key,
+                    op,
+                    1,
+                    crate::helpers::claim(&marks, 1).as_ref(),
+                    Some(T0),
+                ))
+                .expect_err(&what);
+            wrong_type(e, &what);
+            assert!(holds_the_list(&mut lab.conn, &keys[listed]), "{what}");
+            assert!(!exists(&mut lab.conn, &keys[1 - listed]), "{what}");
+        }
+        // A joint acquire: the subject with the list, and another subject beside it.
+        let (policy, keys) = composite(&mut lab, &specs);
+        let (beside, beside_keys) = composite(&mut lab, &specs[1..]);
+        let _: i64 = redis::cmd("RPUSH")
+            .arg(&keys[listed])
+            .arg("x")
+            .query(&mut lab.conn)
+            .expect("RPUSH");
+        for parts in [[(&policy, 1), (&beside, 1)], [(&beside, 1), (&policy, 1)]] {
+            let parts = parts.map(|(policy, cost)| JointPart {
+                policy,
+                key: &key,
+                cost,
+            });
+            let what = format!("a joint acquire with the list in limit {}", listed + 1);
+            let e = lab
+                .rt
+                .block_on(lab.store.acquire_joint(&parts, Some(T0)))
+                .expect_err(&what);
+            wrong_type(e, &what);
+            assert!(holds_the_list(&mut lab.conn, &keys[listed]), "{what}");
+            assert!(!exists(&mut lab.conn, &keys[1 - listed]), "{what}");
+            assert!(!exists(&mut lab.conn, &beside_keys[0]), "{what}");
+        }
+    }
+    // The one-limit script, for comparison: the same error.
+    let (policy, keys) = composite(&mut lab, &specs[..1]);
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(&keys[0])
+        .arg("x")
+        .query(&mut lab.conn)
+        .expect("RPUSH");
+    let e = lab
+        .rt
+        .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)))
+        .expect_err("one limit");
+    wrong_type(e, "one limit");
+    assert!(holds_the_list(&mut lab.conn, &keys[0]));
 }
 
 // --- Joint scripts: several subjects, each with its own cost, as `decide_joint` decides them ----
