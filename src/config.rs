@@ -314,6 +314,13 @@ pub struct LimitsSettings {
     pub denial_cache_ms: u64,
     /// The most cached denials (at least 1), about 100 bytes each plus the key.
     pub denial_cache_entries: u64,
+    /// The most lease calls waiting to be undone on Redis (`service::undo`: takes whose outcome
+    /// is unknown, releases answered by fail mode), about 300 bytes each; when full, a new one
+    /// is dropped (counted) and its lease is held until its expiry. 0 undoes nothing.
+    pub lease_undo_queue: usize,
+    /// The most concurrency policies' ledgers the lease sweep visits per second and instance
+    /// (at least 1): those the lease index holds, in turn when there are more.
+    pub lease_sweep_budget: usize,
 }
 
 impl LimitsSettings {
@@ -403,6 +410,8 @@ impl Settings {
             .set_default("limits.denial_cache", true)?
             .set_default("limits.denial_cache_ms", 1_000)?
             .set_default("limits.denial_cache_entries", 100_000)?
+            .set_default("limits.lease_undo_queue", 10_000)?
+            .set_default("limits.lease_sweep_budget", 1_000)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -469,6 +478,9 @@ impl RawSettings {
                 "limits.denial_cache_entries",
                 "must be at least 1 (turn the cache off with limits.denial_cache = false)",
             ));
+        }
+        if self.limits.lease_sweep_budget == 0 {
+            return Err(invalid("limits.lease_sweep_budget", "must be at least 1"));
         }
         if self.redis.policy_refresh_ms == 0 {
             return Err(invalid("redis.policy_refresh_ms", "must be at least 1"));

@@ -179,6 +179,7 @@ impl ApiError {
                 ),
                 ServiceError::CostAboveQuota { .. } => invalid_field(Some("cost")),
                 ServiceError::BadTicket(_) => invalid_field(Some("ticket")),
+                ServiceError::LeaseTooLong { .. } => invalid_field(Some("lease_ms")),
                 ServiceError::ConcurrencyPolicy(_) | ServiceError::RatePolicy(_) => {
                     invalid_field(Some("policy"))
                 }
