@@ -700,7 +700,11 @@ mod tests {
         // no expiry counted later.
         let (_, renewed, _) = decide(None, &mut ledger, &call(LeaseOp::Renew, &a, 0, 5), SECOND);
         assert!(!renewed.ok);
-        assert!(decide(y, &mut ledger, &call(LeaseOp::Renew, &c, 0, 5), SECOND).1.ok);
+        assert!(
+            decide(y, &mut ledger, &call(LeaseOp::Renew, &c, 0, 5), SECOND)
+                .1
+                .ok
+        );
         assert_eq!(sweep(&mut ledger, 60 * SECOND).expired, 1);
         let nothing = decide(None, &mut ledger, &call(LeaseOp::Reset, "", 0, 5), 0).1;
         assert!(!nothing.ok);
@@ -716,7 +720,10 @@ mod tests {
         };
         let (kept, answer, ttl) = decide(None, &mut ledger, &late, SECOND + 1);
         assert_eq!((kept, ttl), (None, None));
-        assert_eq!((answer.ok, answer.retry_after_us, answer.leases), (false, 0, 0));
+        assert_eq!(
+            (answer.ok, answer.retry_after_us, answer.leases),
+            (false, 0, 0)
+        );
         // At its deadline it is still in time.
         assert!(decide(None, &mut ledger, &late, SECOND).1.ok);
     }

@@ -111,13 +111,17 @@ mod tests {
         let doc = |v: Value| v.as_object().cloned().expect("an object");
         let p = parse(&doc(json!({"limit": 2, "lease_ms": 1000}))).expect("valid");
         assert_eq!(p.max_lease_us, 1_000_000);
-        let p = parse(&doc(json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": 5000})))
-            .expect("valid");
+        let p = parse(&doc(
+            json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": 5000}),
+        ))
+        .expect("valid");
         assert_eq!(p.max_lease_us, 5_000_000);
         assert_eq!(values(&p)[2], ("max_lease_ms", 5000));
         for bad in [json!(999), json!(0), json!(86_400_001), json!(1.5)] {
-            let e = parse(&doc(json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": bad})))
-                .expect_err("refused");
+            let e = parse(&doc(
+                json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": bad}),
+            ))
+            .expect_err("refused");
             assert_eq!(e.field(), Some("max_lease_ms"));
         }
     }

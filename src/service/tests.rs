@@ -465,9 +465,17 @@ async fn a_lease_longer_than_the_policy_s_max_lease_ms_is_refused_naming_lease_m
     create(&s, bounded("short", params)).await;
     params.max_lease_us = 5_000_000;
     create(&s, bounded("longer", params)).await;
-    let too_long = s.take_lease("short", key("k"), 1, Some(1_001), Some(T0)).await;
+    let too_long = s
+        .take_lease("short", key("k"), 1, Some(1_001), Some(T0))
+        .await;
     assert!(
-        matches!(too_long, Err(ServiceError::LeaseTooLong { asked: 1_001, max: 1_000 })),
+        matches!(
+            too_long,
+            Err(ServiceError::LeaseTooLong {
+                asked: 1_001,
+                max: 1_000
+            })
+        ),
         "{too_long:?}"
     );
     let a = s
@@ -498,10 +506,14 @@ async fn rate_and_concurrency_policies_refuse_each_others_operations() {
         ));
     }
     // A reset of a concurrency policy's subject ends its leases instead.
-    let held = s.take_lease("c", key("k"), 3, None, None).await.expect("answered");
+    let held = s
+        .take_lease("c", key("k"), 3, None, None)
+        .await
+        .expect("answered");
     s.reset("c", &key("k")).await.expect("reset");
     assert!(matches!(
-        s.renew_lease(held.lease.expect("granted"), None, None).await,
+        s.renew_lease(held.lease.expect("granted"), None, None)
+            .await,
         Err(ServiceError::UnknownLease(_))
     ));
     assert!(s

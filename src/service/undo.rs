@@ -60,12 +60,7 @@ pub struct Undo {
 }
 
 impl Undo {
-    pub fn new(
-        policy: Arc<Policy>,
-        key: LimitKey,
-        call: &LeaseCall<'_>,
-        lease: Duration,
-    ) -> Self {
+    pub fn new(policy: Arc<Policy>, key: LimitKey, call: &LeaseCall<'_>, lease: Duration) -> Self {
         let now = Instant::now();
         Self {
             policy,

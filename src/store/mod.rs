@@ -525,9 +525,7 @@ pub trait Store: Send + Sync {
     /// The concurrency policies whose ledgers may hold leases, for the lease sweep: on Redis the
     /// lease index (see [`key::lease_index`]), at most [`MAX_INDEX_READ`] of them; on the
     /// embedded store every ledger it holds.
-    fn leased_ledgers(
-        &self,
-    ) -> impl Future<Output = Result<Vec<LeasedLedger>, StoreError>> + Send;
+    fn leased_ledgers(&self) -> impl Future<Output = Result<Vec<LeasedLedger>, StoreError>> + Send;
 
     /// Takes `entry` out of the lease index, unless a take or renewal wrote it again since it
     /// was read: for a ledger found empty after `entry.until_us`, or of a policy that is gone.
