@@ -363,3 +363,152 @@ async fn on_redis_a_take_with_no_answer_is_undone_in_every_fail_mode() {
 async fn on_a_cluster_a_take_with_no_answer_is_undone_in_every_fail_mode() {
     a_take_with_no_answer_is_undone_in_every_fail_mode(Backend::Cluster).await;
 }
+
+// ---- Item 11: the sweep's cost follows the leases, not the policies --------------------------
+
+/// Script calls (`EVAL`, `EVALSHA`, `EVALSHA_RO`) the store's masters ran since their stats
+/// were last reset.
+fn script_calls(app: &TestApp) -> u64 {
+    let mut calls = 0;
+    for mut conn in masters(app).expect("a Redis store") {
+        let info: String = ::redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut conn)
+            .expect("INFO");
+        for line in info.lines() {
+            let Some((name, stats)) = line.split_once(':') else {
+                continue;
+            };
+            if matches!(
+                name,
+                "cmdstat_eval" | "cmdstat_evalsha" | "cmdstat_evalsha_ro"
+            ) {
+                calls += stats
+                    .split(',')
+                    .find_map(|s| s.strip_prefix("calls="))
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    calls
+}
+
+fn reset_stats(app: &TestApp) {
+    for mut conn in masters(app).expect("a Redis store") {
+        let _: () = ::redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query(&mut conn)
+            .expect("CONFIG RESETSTAT");
+    }
+}
+
+/// Creates `n` concurrency policies named `<prefix>-<i>`, 32 at a time.
+async fn create_many(app: &TestApp, prefix: &str, n: usize) {
+    let names: Vec<String> = (0..n).map(|i| format!("{prefix}-{i}")).collect();
+    for chunk in names.chunks(32) {
+        join_all(chunk.iter().map(|name| {
+            app.create_policy(
+                json!({"name": name, "algorithm": "concurrency", "limit": 2, "lease_ms": 60_000}),
+            )
+        }))
+        .await;
+    }
+}
+
+/// With `n` concurrency policies `<prefix>-<i>` and no lease, the script calls a second Redis
+/// runs over `idle` (a sweep a second on each policy would be `n` a second); 0 on the embedded
+/// store.
+async fn idle_script_calls(
+    app: &TestApp,
+    backend: Backend,
+    prefix: &str,
+    n: usize,
+    idle: Duration,
+) -> f64 {
+    create_many(app, prefix, n).await;
+    // Every instance's cache has them (the app's own writes went into it at once).
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    if backend == Backend::Embedded {
+        return 0.0;
+    }
+    reset_stats(app);
+    tokio::time::sleep(idle).await;
+    script_calls(app) as f64 / idle.as_secs_f64()
+}
+
+/// The time from the expiry of a lease of one second on `policy` to its count as expired and
+/// the gauge at 0 (15 s at most). No call touches its subject again: only the sweep can count
+/// it.
+async fn expiry_lag(app: &TestApp, policy: &str) -> Duration {
+    let (status, granted) = take(app, policy, "k", 1, Some(1_000)).await;
+    assert_eq!(status, 201, "{granted}");
+    let expires_at = Instant::now() + Duration::from_millis(1_000);
+    let deadline = expires_at + Duration::from_secs(15);
+    loop {
+        let expired = metric(
+            app,
+            "ratelimiter_leases_total",
+            &[("policy", policy), ("event", "expired")],
+        )
+        .await;
+        let in_use = metric(app, "ratelimiter_leases_in_use", &[("policy", policy)]).await;
+        if expired == 1.0 && in_use == 0.0 {
+            return Instant::now().saturating_duration_since(expires_at);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the expiry was not swept: expired {expired}, in use {in_use}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn the_sweep_costs_what_the_leases_cost_not_the_policies(backend: Backend) {
+    let app = spawn_on(backend, &[]).await;
+    let n = 2_000;
+    let prefix = format!("{}-swept", tag(backend));
+    let per_second = idle_script_calls(&app, backend, &prefix, n, Duration::from_secs(3)).await;
+    // Without leases the sweep reads the lease index and nothing else; what remains is the
+    // policy refresh (every 100 ms here). A sweep per policy would be 2,000 a second.
+    assert!(per_second < 100.0, "{per_second} script calls a second");
+    let lag = expiry_lag(&app, &format!("{prefix}-{}", n / 2)).await;
+    eprintln!("{backend:?}: {n} concurrency policies, no lease: {per_second:.1} script calls/s; expiry counted {lag:?} after it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_the_embedded_store_an_expiry_is_swept_among_many_policies() {
+    the_sweep_costs_what_the_leases_cost_not_the_policies(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_the_sweep_costs_what_the_leases_cost_not_the_policies() {
+    the_sweep_costs_what_the_leases_cost_not_the_policies(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_sweep_costs_what_the_leases_cost_not_the_policies() {
+    the_sweep_costs_what_the_leases_cost_not_the_policies(Backend::Cluster).await;
+}
+
+/// The README's figure: `RATELIMITER_SWEEP_POLICIES` (default 50,000) concurrency policies on one
+/// Redis. Not in CI (it creates them all over HTTP): `cargo test --test api -- --ignored
+/// sweep_at_scale --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn sweep_at_scale() {
+    let n = std::env::var("RATELIMITER_SWEEP_POLICIES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let app = spawn_on(
+        Backend::Redis,
+        &[("RATELIMITER__LIMITS__MAX_POLICIES", "100000")],
+    )
+    .await;
+    let started = Instant::now();
+    let per_second =
+        idle_script_calls(&app, Backend::Redis, "scale", n, Duration::from_secs(10)).await;
+    let lag = expiry_lag(&app, &format!("scale-{}", n / 2)).await;
+    eprintln!("{n} concurrency policies (created and measured in {:?}), no lease: {per_second:.1} script calls/s; an expiry counted {lag:?} after it", started.elapsed());
+}
