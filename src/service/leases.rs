@@ -12,14 +12,20 @@
 //! - `closed`: take, renewal and release all fail (503): the client retries a release later, and
 //!   the lease expires anyway.
 //!
+//! In every mode, a take whose outcome is unknown, and a release the fail mode answered as
+//! done, are undone on the store once it answers again ([`super::undo`]), so that no slot stays
+//! held by a lease nobody was given. A call's `lease_ms` is bounded by its policy's
+//! `max_lease_ms`; a reset of a subject ends its leases ([`RateLimiter::reset`]).
+//!
 //! Metrics, per policy: `ratelimiter_leases_total{event}` counts what the store (or `local`'s)
 //! did: `granted`, `denied`, `renewed`, `released` (a live lease ended) and `expired` (holders
 //! that died or forgot); `fail_open` counts calls answered without any store. Expiries are read
 //! from the policy's ledger (see [`crate::limiter::concurrency::Ledger`]): the call that drops an
 //! expired lease from it counts it, once over all instances, so the counter sums over instances.
-//! Every instance also sweeps each concurrency policy's ledger once a second
-//! ([`RateLimiter::sweep_leases`]), which counts the expiries that no call would find (a subject
-//! whose last lease expired with its key) within a second of them. `ratelimiter_leases_in_use` is
+//! Every instance also sweeps, once a second, the ledgers that may hold leases
+//! ([`RateLimiter::sweep_leases`]: those of the store's lease index, not every concurrency
+//! policy), which counts the expiries that no call would find (a subject whose last lease
+//! expired with its key) within about a second of them. `ratelimiter_leases_in_use` is
 //! the policy's live leases in the shared store, over all instances, as of the latest answer or
 //! sweep this instance saw: every instance reports the same number, so aggregate it with `max`,
 //! not `sum`.
