@@ -231,9 +231,14 @@ impl RateLimiter {
     }
 }
 
+/// The shortest time between two passes: each walks the whole queue, and takes that fail in a
+/// flood each wake the drain.
+const BETWEEN_PASSES: Duration = Duration::from_millis(20);
+
 /// Drains the limiter's undo queue whenever an entry is due, until the limiter is gone.
 pub(super) async fn drain_forever(limiter: Weak<RateLimiter>, queue: Arc<UndoQueue>) {
     loop {
+        tokio::time::sleep(BETWEEN_PASSES).await;
         let pause = queue
             .until_due(Instant::now())
             .unwrap_or(LONGEST_WAIT)
@@ -246,5 +251,66 @@ pub(super) async fn drain_forever(limiter: Weak<RateLimiter>, queue: Arc<UndoQue
             return;
         };
         this.drain_undos().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::concurrency::Params;
+    use crate::policy::{FailMode, PolicyName};
+
+    fn undo(n: u8) -> Undo {
+        let params = Params {
+            limit: 2,
+            lease_us: 1_000_000,
+            max_lease_us: 1_000_000,
+        };
+        let policy = Policy::concurrent(
+            PolicyName::parse("p").expect("valid"),
+            params,
+            None,
+            FailMode::Open,
+        );
+        let member = format!("{n:032x}:1");
+        let call = LeaseCall {
+            op: LeaseOp::Take,
+            member: &member,
+            cost: 1,
+            lease_us: 1_000_000,
+            limit: 2,
+            deadline_us: None,
+        };
+        Undo::new(
+            Arc::new(policy),
+            LimitKey::parse("k".into()).expect("valid"),
+            &call,
+            Duration::from_secs(1),
+        )
+    }
+
+    #[test]
+    fn the_queue_is_bounded_and_hands_out_only_what_is_due() {
+        let queue = UndoQueue::new(2);
+        for n in 0..3 {
+            queue.push(undo(n));
+        }
+        assert_eq!(queue.len(), 2, "the third is dropped");
+        let now = Instant::now();
+        let due = queue.due(now);
+        assert_eq!(due.len(), 2);
+        assert!(queue.is_empty());
+        let later: Vec<Undo> = due
+            .into_iter()
+            .map(|mut u| {
+                u.next_try = now + Duration::from_secs(5);
+                u
+            })
+            .collect();
+        queue.put_back(later);
+        assert!(queue.due(now).is_empty(), "nothing is due yet");
+        let wait = queue.until_due(now).expect("entries wait");
+        assert!(wait <= Duration::from_secs(5) && wait > Duration::from_secs(4));
+        assert_eq!(queue.due(now + Duration::from_secs(5)).len(), 2);
     }
 }

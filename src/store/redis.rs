@@ -920,6 +920,9 @@ impl Store for RedisStore {
                     .await?)
             })
             .await?;
+        // What this instance wrote and has passed is forgotten: its next take writes it again.
+        let now = self.redis_now_us(None);
+        lock(&self.indexed).retain(|_, until| *until > now);
         Ok(entries
             .into_iter()
             .filter_map(|(member, until_us)| {
