@@ -255,17 +255,19 @@ fn owner_of<'a>(app: &'a TestApp, policy: &str) -> &'a TestRedis {
         .expect("a master holds the policy's ledger")
 }
 
-/// Pauses the policy's Redis (SIGSTOP) while `n` takes of one unit each are in flight, for
-/// about 300 ms (beyond `redis.timeout_ms` of 100), then resumes it; the answers.
+/// Pauses the policy's Redis (SIGSTOP) while `n` takes of one unit each are in flight, until
+/// every take was answered without it (by `redis.timeout_ms` of 100, or by the open breaker)
+/// and at least 300 ms have passed, then resumes it; the answers. Redis then runs the takes it
+/// had received.
 async fn takes_with_redis_paused(app: &TestApp, policy: &str, n: usize) -> Vec<(u16, Value)> {
     let owner = owner_of(app, policy);
     owner.signal("STOP");
-    let takes = (0..n).map(|_| take(app, policy, "k", 1, None));
-    let (answers, ()) = tokio::join!(join_all(takes), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        owner.signal("CONT");
-    });
-    answers
+    let paused = Instant::now();
+    let takes = join_all((0..n).map(|_| take(app, policy, "k", 1, None)));
+    let answers = tokio::time::timeout(Duration::from_secs(20), takes).await;
+    tokio::time::sleep(Duration::from_millis(300).saturating_sub(paused.elapsed())).await;
+    owner.signal("CONT");
+    answers.expect("every take is answered while Redis is paused")
 }
 
 async fn a_take_with_no_answer_is_undone_in_every_fail_mode(backend: Backend) {
