@@ -139,8 +139,8 @@ create_policy login '{"name":"login","algorithm":"fixed_window","limit":10000000
 create_policy a '{"name":"a","algorithm":"gcra","rate":1000000000,"period_ms":1000,"burst":1000000000}'
 create_policy A '{"name":"A","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000,"refill_period_ms":1000},{"name":"daily","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":86400000}]}'
 create_policy 0 '{"name":"0","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":1000,"mode":"shadow"}'
-create_policy exports '{"name":"exports","algorithm":"concurrency","limit":10000,"lease_ms":600000}'
-create_policy fuzz-lease-ids '{"name":"fuzz-lease-ids","algorithm":"concurrency","limit":10000,"lease_ms":600000}'
+create_policy exports '{"name":"exports","algorithm":"concurrency","limit":10000,"lease_ms":600000,"max_lease_ms":86400000}'
+create_policy fuzz-lease-ids '{"name":"fuzz-lease-ids","algorithm":"concurrency","limit":10000,"lease_ms":600000,"max_lease_ms":86400000}'
 
 # --- Schemathesis ---------------------------------------------------------------------------
 seed_args=()

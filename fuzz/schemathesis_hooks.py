@@ -41,6 +41,11 @@ Schemathesis generates.
   stateful renewal's, is raised to at least STATEFUL_LEASE_MS: a lease that expires before the
   scenario's next step is gone, as it should be, and ensure_resource_availability would take that
   404 for a lease lost at once.
+- A take's `lease_ms` above its policy's `max_lease_ms` is a 422 naming `lease_ms` the schema
+  cannot foresee: such a take is sent to LEASE_POLICIES[0], which allows a day (the schema's
+  bound). A renewal's `lease_ms` is held to the same bound by its lease's policy, which the hook
+  does not look up: renewals of real ids are of LEASE_HOOK_POLICY, which allows a day too; and a
+  policy's `max_lease_ms` below its `lease_ms` is raised to it.
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
@@ -184,6 +189,12 @@ def before_call(context, case, kwargs):
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
         _descriptor_in_bytes(body.get("descriptor"))
+        # A concurrency policy's `max_lease_ms` is at least its `lease_ms` (a 422 naming
+        # `max_lease_ms` otherwise), which JSON Schema cannot say.
+        lease, longest = body.get("lease_ms"), body.get("max_lease_ms")
+        if isinstance(lease, (int, float)) and isinstance(longest, (int, float)) \
+                and longest < lease:
+            body["max_lease_ms"] = lease
 
     if (path in DECISIONS or path == "/v1/leases") and body is not None \
             and isinstance(body.get("key"), str):
@@ -194,16 +205,27 @@ def before_call(context, case, kwargs):
         if policy is not None and policy.get("algorithm") == "concurrency":
             body["policy"] = "a"
     stateful = meta.phase.name == "stateful"
-    if path == "/v1/leases" and body is not None and LEASE_POLICIES:
-        policy = _policy(body.get("policy"))
-        cost = body.get("cost")
-        if (policy is None and stateful) or (policy is not None and (
-                policy.get("algorithm") != "concurrency"
-                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0)))):
-            body["policy"] = LEASE_POLICIES[0]
     if stateful and path in ("/v1/leases", "/v1/leases/{id}/renew") and body is not None \
             and isinstance(body.get("lease_ms"), (int, float)):
         body["lease_ms"] = max(body["lease_ms"], STATEFUL_LEASE_MS)
+    if path == "/v1/leases" and body is not None and LEASE_POLICIES:
+        policy = _policy(body.get("policy"))
+        cost = body.get("cost")
+        lease = body.get("lease_ms")
+        if (policy is None and stateful) or (policy is not None and (
+                policy.get("algorithm") != "concurrency"
+                or (isinstance(cost, (int, float)) and cost > policy.get("limit", 0))
+                or (isinstance(lease, (int, float))
+                    and lease > policy.get("max_lease_ms", policy.get("lease_ms", 0))))):
+            body["policy"] = LEASE_POLICIES[0]
+    if path == "/v1/leases/{id}/renew" and body is not None \
+            and isinstance(body.get("lease_ms"), (int, float)) and case.path_parameters:
+        # A renewal may ask for at most its lease's policy's max_lease_ms, named in the id.
+        parts = str(case.path_parameters.get("id", "")).split("~")
+        policy = _policy(parts[1]) if len(parts) == 5 else None
+        longest = policy.get("max_lease_ms") if policy else None
+        if isinstance(longest, int) and body["lease_ms"] > longest:
+            body["lease_ms"] = longest
 
     if path in LEASE_PATHS and not stateful and case.path_parameters:
         _lease_cases += 1

@@ -17,13 +17,16 @@
 --          live leases and its score is below every expiry (>= 1). The key expires when its
 --          last lease does (PEXPIREAT the latest expiry in ms, rounded up; with an explicit
 --          time, PEXPIRE the same from that time).
--- ARGV[1]  'take', 'renew', 'release', 'look' or 'sweep' (the ledger alone)
--- ARGV[2]  the lease's member string (unused by look and sweep); the stores check its form,
+-- ARGV[1]  'take', 'renew', 'release', 'reset' (every lease of the subject), 'look' or
+--          'sweep' (the ledger alone)
+-- ARGV[2]  the lease's member string (unused by look, sweep and reset); the stores check its form,
 --          and that a take's names its cost, before calling
 -- ARGV[3]  cost: the units a take holds or a look asks about, 1..10000
 -- ARGV[4]  lease_us: a take's or a renewal's lifetime from now, µs
 -- ARGV[5]  limit: the policy's limit now
 -- ARGV[6]  the current time in µs, or empty for Redis TIME (explicit times are for tests)
+-- ARGV[7]  a take's deadline in µs, or empty: a take decided after it grants nothing and
+--          changes nothing (its sender has answered its client without it)
 -- Reply    {ok (0|1), in_use, expires_in_us, retry_after_us, expired, leases, now}, as
 --          LeaseAnswer's fields
 -- Flags    `#!lua` (refused whole, with OOM, while Redis is over maxmemory); look's
@@ -98,9 +101,19 @@ local expired = redis.call('ZREMRANGEBYSCORE', ledger, 0, NOW)
 if op == 'sweep' then
   return {0, 0, 0, 0, expired, redis.call('ZCARD', ledger), now}
 end
+if op == 'reset' then
+  -- The live leases only: an expired one's ledger entry went with the sweep above.
+  local live = redis.call('ZRANGEBYSCORE', key, '(' .. NOW, '+inf')
+  for _, m in ipairs(live) do
+    redis.call('ZREM', ledger, m)
+  end
+  redis.call('DEL', key)
+  return {#live > 0 and 1 or 0, 0, 0, 0, expired, redis.call('ZCARD', ledger), now}
+end
 if member == SUM then
   error('concurrency.lua: ' .. SUM .. ' is not a lease member')
 end
+local late = op == 'take' and ARGV[7] ~= nil and ARGV[7] ~= '' and now > tonumber(ARGV[7])
 
 -- Sets k to expire `grace` ms after its highest score, the latest expiry it holds.
 local function expire_with_last(k, grace)
@@ -118,7 +131,7 @@ if changed then
 end
 local ok, expires_in, retry = 0, 0, 0
 local expiry = string.format('%d', now + lease)
-if op == 'take' or op == 'renew' then
+if (op == 'take' and not late) or op == 'renew' then
   -- Live, or not there at all: the expired ones are gone, and `in_use`'s score is below now.
   local at = redis.call('ZSCORE', key, member)
   if at and tonumber(at) > now then

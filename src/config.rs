@@ -323,6 +323,13 @@ pub struct LimitsSettings {
     /// units back to whatever the subject has in use: any caller allowed to refund can then keep
     /// any subject under its limit. Off by default: a refund names the ticket of its take.
     pub ticketless_refunds: bool,
+    /// The most lease calls waiting to be undone on Redis (`service::undo`: takes whose outcome
+    /// is unknown, releases answered by fail mode), about 300 bytes each; when full, a new one
+    /// is dropped (counted) and its lease is held until its expiry. 0 undoes nothing.
+    pub lease_undo_queue: usize,
+    /// The most concurrency policies' ledgers the lease sweep visits per second and instance
+    /// (at least 1): those the lease index holds, in turn when there are more.
+    pub lease_sweep_budget: usize,
 }
 
 impl LimitsSettings {
@@ -413,6 +420,8 @@ impl Settings {
             .set_default("limits.denial_cache_ms", 1_000)?
             .set_default("limits.denial_cache_entries", 100_000)?
             .set_default("limits.ticketless_refunds", false)?
+            .set_default("limits.lease_undo_queue", 10_000)?
+            .set_default("limits.lease_sweep_budget", 1_000)?
             .set_default("log.format", "text")?;
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
@@ -480,6 +489,9 @@ impl RawSettings {
                 "limits.denial_cache_entries",
                 "must be at least 1 (turn the cache off with limits.denial_cache = false)",
             ));
+        }
+        if self.limits.lease_sweep_budget == 0 {
+            return Err(invalid("limits.lease_sweep_budget", "must be at least 1"));
         }
         if self.redis.policy_refresh_ms == 0 {
             return Err(invalid("redis.policy_refresh_ms", "must be at least 1"));

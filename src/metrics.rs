@@ -38,6 +38,17 @@ pub const LEASES: &str = "ratelimiter_leases_total";
 /// `policy`, as of this instance's latest lease call or once-a-second sweep. Every instance
 /// reports the same number: aggregate with `max`, not `sum`.
 pub const LEASES_IN_USE: &str = "ratelimiter_leases_in_use";
+/// Lease calls undone on the shared store after the store failed on them (see
+/// `service::undo`), labelled `outcome`: `queued` (a take whose outcome was unknown, or a
+/// release answered by fail mode, waiting for the store), `undone` (the store held the lease,
+/// and released it), `absent` (the store held nothing: the take never ran, or was refused for
+/// its deadline), `dropped` (the queue was full: the lease is held until its expiry),
+/// `abandoned` (the store did not answer before the lease would have expired anyway).
+pub const LEASE_UNDOS: &str = "ratelimiter_lease_undos_total";
+/// Lease undos waiting for the store (at most `limits.lease_undo_queue`).
+pub const LEASE_UNDOS_WAITING: &str = "ratelimiter_lease_undos_waiting";
+/// Ledgers the latest lease sweep visited (those the lease index holds), and the calls it made.
+pub const LEASE_SWEEP_LEDGERS: &str = "ratelimiter_lease_sweep_ledgers";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// Envoy rate-limit calls over gRPC (`ShouldRateLimit`), labelled `code`: the answer's overall
@@ -180,6 +191,17 @@ fn describe() {
         LEASES_IN_USE,
         "Live leases of the policy in the store, over all instances (every instance reports the \
          same number: aggregate with max)"
+    );
+    describe_counter!(
+        LEASE_UNDOS,
+        "Lease calls undone on the shared store after it failed on them, by outcome: queued, \
+         undone (a lease was held, and released), absent (nothing was held), dropped (queue \
+         full), abandoned (the lease would have expired anyway)"
+    );
+    describe_gauge!(LEASE_UNDOS_WAITING, "Lease undos waiting for the store");
+    describe_gauge!(
+        LEASE_SWEEP_LEDGERS,
+        "Concurrency policies' ledgers the latest lease sweep visited (those that may hold leases)"
     );
     describe_counter!(
         SHADOW_DENIED,

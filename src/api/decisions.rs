@@ -1,7 +1,7 @@
 //! The decision endpoints of rate policies: `POST /v1/acquire`, `/v1/peek`, `/v1/report` and
 //! `/v1/refund`, each answered as JSON and as the IETF `RateLimit` headers, and `POST
 //! /v1/reset`. A concurrency policy is refused with 422 naming `policy` (its endpoints are in
-//! `leases`).
+//! `leases`), except by reset, which ends the subject's leases.
 
 use actix_web::http::header;
 use actix_web::{post, web, HttpResponse};
@@ -434,20 +434,23 @@ pub async fn refund(
 /// Delete a subject's state.
 ///
 /// Deletes the state of `key` for every limit of `policy`, atomically: the subject starts
-/// afresh, with its full quota. Every other subject and policy is untouched. Needs an admin
+/// afresh, with its full quota. For a concurrency policy, ends every lease of `key` (a support
+/// tool for a stuck holder): their slots are free at once, and their ids are unknown leases from
+/// then on (a renewal is a 404). Every other subject and policy is untouched. Needs an admin
 /// token when `auth.admin_tokens` is set (otherwise a settle token when `auth.settle_tokens` is,
-/// otherwise a client token when `auth.client_tokens` is). Not a decision: a store that cannot be reached is a 503 whatever the fail mode.
+/// otherwise a client token when `auth.client_tokens` is). Not a decision: a store that cannot
+/// be reached is a 503 whatever the fail mode.
 #[utoipa::path(
     tag = "decisions",
     security((), ("bearer" = [])),
     request_body = ResetRequest,
     responses(
-        (status = 204, description = "The subject's state is gone (or there was none)"),
+        (status = 204, description = "The subject's state, or its leases, are gone (or there were none)"),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "The request lacks an admin token (`auth.admin_tokens`), or without admin tokens a settle token (`auth.settle_tokens`), or a client token when only `auth.client_tokens` is set", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key, a concurrency policy (`policy`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, an invalid policy name, an empty or over-long key", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store could not be reached", body = Problem, content_type = "application/problem+json"),
     )
 )]

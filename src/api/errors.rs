@@ -181,6 +181,7 @@ impl ApiError {
                 ServiceError::BadTicket(_) | ServiceError::TicketRequired => {
                     invalid_field(Some("ticket"))
                 }
+                ServiceError::LeaseTooLong { .. } => invalid_field(Some("lease_ms")),
                 ServiceError::ConcurrencyPolicy(_) | ServiceError::RatePolicy(_) => {
                     invalid_field(Some("policy"))
                 }

@@ -32,8 +32,9 @@ pub struct TakeLeaseRequest {
     #[schema(schema_with = schema::lease_cost_field)]
     #[serde(default)]
     pub cost: Option<serde_json::Number>,
-    /// The lease's lifetime in milliseconds, 1 to 86400000; the policy's `lease_ms` when left
-    /// out.
+    /// The lease's lifetime in milliseconds, 1 to the policy's `max_lease_ms` (which is its
+    /// `lease_ms` unless the policy says otherwise; at most 86400000); the policy's `lease_ms`
+    /// when left out.
     #[schema(schema_with = schema::lease_ms_field)]
     #[serde(default)]
     pub lease_ms: Option<serde_json::Number>,
@@ -44,8 +45,8 @@ pub struct TakeLeaseRequest {
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"lease_ms": 30000}))]
 pub struct RenewLeaseRequest {
-    /// The lease's new lifetime from now, in milliseconds, 1 to 86400000; the policy's
-    /// `lease_ms` when left out.
+    /// The lease's new lifetime from now, in milliseconds, 1 to the policy's `max_lease_ms`;
+    /// the policy's `lease_ms` when left out.
     #[schema(schema_with = schema::lease_ms_field)]
     #[serde(default)]
     pub lease_ms: Option<serde_json::Number>,
@@ -155,7 +156,9 @@ pub struct RenewLeaseResponse {
 /// `retry_after_ms` (the time until the earliest current lease expires unless renewed: when a
 /// slot frees by itself at the earliest; a release may free one sooner) and `Retry-After`. Both carry `RateLimit-Policy`
 /// (`q` the limit, `qu="concurrent-requests"`) and `RateLimit` (`r` the units free). Expiry is
-/// measured on the store's clock (Redis `TIME`).
+/// measured on the store's clock (Redis `TIME`). A degraded grant (`decided_by` `fail_open`:
+/// nothing holds it, or `fail_local`: this instance alone holds it) is not held on the shared
+/// store: once the store answers again, its renewal is a 404 and the holder takes a new lease.
 #[utoipa::path(
     tag = "leases",
     security((), ("bearer" = [])),
@@ -179,8 +182,8 @@ pub struct RenewLeaseResponse {
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such policy", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, a `cost` below 1 or above the policy's `limit`, a `lease_ms` outside 1 to 86400000, a policy that is a rate policy, not a concurrency policy", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A missing, unknown or out-of-range field: no `policy` or `key`, a `cost` below 1 or above the policy's `limit`, a `lease_ms` outside 1 to the policy's `max_lease_ms`, a policy that is a rate policy, not a concurrency policy", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The store failed and the policy's fail mode is `closed` (a take that got no answer is undone once the store answers again)", body = Problem, content_type = "application/problem+json"),
     )
 )]
 #[post("/v1/leases")]
@@ -255,7 +258,7 @@ pub async fn take(
         (status = 401, description = "`auth.client_tokens` is set and the request has none of them", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`unknown-lease`: the lease has expired, was released, never existed, or the id is not a lease id; `unknown-policy`: its policy was deleted", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 64 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An unknown or out-of-range field: a `lease_ms` outside 1 to 86400000", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An unknown or out-of-range field: a `lease_ms` outside 1 to the policy's `max_lease_ms`", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "The store failed and the policy's fail mode is `closed`", body = Problem, content_type = "application/problem+json"),
     )
 )]

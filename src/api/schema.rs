@@ -276,7 +276,21 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
             &concurrency::FIELDS,
             policy_object("concurrency policy".to_owned(), name_is),
         )
-        .property("mode", concurrency_mode()),
+        .property("mode", concurrency_mode())
+        .property(
+            concurrency::MAX_LEASE.name,
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(concurrency::MAX_LEASE.min))
+                .maximum(Some(concurrency::MAX_LEASE.max))
+                .description(Some(format!(
+                    "{} ({} to {})",
+                    concurrency::MAX_LEASE.doc,
+                    concurrency::MAX_LEASE.min,
+                    concurrency::MAX_LEASE.max
+                )))
+                .examples([concurrency::MAX_LEASE.example]),
+        ),
     );
     // One limit may go unnamed (it takes the policy's name); several must each have a name,
     // distinct from the others' (which JSON Schema cannot state: the server answers 422).

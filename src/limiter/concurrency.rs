@@ -19,6 +19,11 @@
 //! - `Renew` sets a live lease's expiry to `lease_us` from now (which may shorten it); a lease
 //!   that is not live is not renewed (an expired one has been dropped).
 //! - `Release` removes the member; `ok` says whether it was live.
+//! - `Reset` removes every lease of the subject (an operator's tool for a stuck holder); `ok`
+//!   says whether any was live. Their ids are unknown from then on.
+//! - A `Take` with a `deadline_us` that is decided after it grants nothing and changes nothing
+//!   (`ok` false, no wait): its sender gave up waiting for the answer long before, and answered
+//!   its client without it (see `service::undo`), so a lease it would grant is held by nobody.
 //! - `Look` writes and drops nothing: `ok` iff `in_use + cost <= limit` (live leases only),
 //!   `retry_after_us` as a denied take's.
 //! - The subject's key expires when its last lease would: every call that changes the leases
@@ -52,6 +57,8 @@ pub struct Params {
     pub limit: u64,
     /// A lease's lifetime when the call names none, in µs.
     pub lease_us: u64,
+    /// The longest lifetime a call may ask for, in µs (at least `lease_us`).
+    pub max_lease_us: u64,
 }
 
 /// What a lease call does.
@@ -67,6 +74,8 @@ pub enum LeaseOp {
     Look,
     /// Drop the policy's expired leases from its ledger and count them, touching no subject.
     Sweep,
+    /// End every lease of the subject.
+    Reset,
 }
 
 impl LeaseOp {
@@ -77,6 +86,7 @@ impl LeaseOp {
             LeaseOp::Release => "release",
             LeaseOp::Look => "look",
             LeaseOp::Sweep => "sweep",
+            LeaseOp::Reset => "reset",
         }
     }
 }
@@ -93,6 +103,9 @@ pub struct LeaseCall<'a> {
     pub lease_us: u64,
     /// The policy's `limit` now (it may have been lowered below what is held).
     pub limit: u64,
+    /// `Take`: the store's time (µs) after which the take must grant nothing, because its
+    /// sender no longer waits for the answer; `None` for no deadline.
+    pub deadline_us: Option<u64>,
 }
 
 /// The answer to one lease call.
@@ -149,10 +162,12 @@ impl LeaseCall<'_> {
         cost: 0,
         lease_us: 0,
         limit: 0,
+        deadline_us: None,
     };
 
     /// What makes this call one that the stores must not make, if anything: a member that is
-    /// not `<32 lowercase hex>:<cost>` (except for `Look`, which names none), a `Take` whose
+    /// not `<32 lowercase hex>:<cost>` (except for `Look`, `Sweep` and `Reset`, which name
+    /// none), a `Take` whose
     /// member names another cost than the call's, a cost of 0 or above [`MAX_LIMIT`]
     /// (`Take`, `Look`), a lease of 0 or longer than [`MAX_LEASE_MS`] (`Take`, `Renew`), or a
     /// limit above [`MAX_LIMIT`]. The script reads a lease's cost from its member, so the two
@@ -160,7 +175,7 @@ impl LeaseCall<'_> {
     pub fn problem(&self) -> Option<&'static str> {
         let member = member_cost(self.member);
         match self.op {
-            LeaseOp::Look | LeaseOp::Sweep => {}
+            LeaseOp::Look | LeaseOp::Sweep | LeaseOp::Reset => {}
             _ if member.is_none() => return Some("the member is not <32 lowercase hex>:<cost>"),
             LeaseOp::Take if member != Some(self.cost) => {
                 return Some("the member names another cost than the call's")
@@ -285,7 +300,7 @@ pub fn decide(
                 None,
             );
         }
-        LeaseOp::Take | LeaseOp::Renew | LeaseOp::Release => {}
+        LeaseOp::Take | LeaseOp::Renew | LeaseOp::Release | LeaseOp::Reset => {}
     }
     let now = now_us;
     let mut state = state.unwrap_or_default();
@@ -298,8 +313,9 @@ pub fn decide(
         ..LeaseAnswer::at(now)
     };
     let expiry = now.saturating_add(call.lease_us);
+    let late = call.op == LeaseOp::Take && call.deadline_us.is_some_and(|d| now > d);
     match call.op {
-        LeaseOp::Take | LeaseOp::Renew => {
+        LeaseOp::Take | LeaseOp::Renew if !late => {
             if let Some(lease) = state.leases.get_mut(call.member) {
                 lease.0 = expiry;
                 answer.ok = true;
@@ -326,7 +342,16 @@ pub fn decide(
                 changed = true;
             }
         }
-        LeaseOp::Look | LeaseOp::Sweep => {}
+        LeaseOp::Reset => {
+            // Only the live ones: an expired member's ledger entry has been swept already.
+            for member in state.leases.keys() {
+                ledger.remove(member);
+            }
+            answer.ok = !state.leases.is_empty();
+            answer.leases = ledger.len();
+            return (None, answer, None);
+        }
+        LeaseOp::Take | LeaseOp::Renew | LeaseOp::Look | LeaseOp::Sweep => {}
     }
     answer.in_use = in_use;
     answer.leases = ledger.len();
@@ -403,6 +428,7 @@ mod tests {
             cost,
             lease_us: 10 * SECOND,
             limit,
+            deadline_us: None,
         }
     }
 
@@ -658,6 +684,48 @@ mod tests {
         decide(None, &mut ledger, &full, 0);
         decide(None, &mut ledger, &call(LeaseOp::Renew, &a, 0, 2), 0);
         assert!(ledger.is_empty());
+    }
+
+    #[test]
+    fn a_reset_ends_every_lease_of_its_subject_and_only_those() {
+        let mut ledger = Ledger::default();
+        let (a, b, c) = (member(1, 1), member(2, 2), member(3, 1));
+        let (x, _, _) = decide(None, &mut ledger, &call(LeaseOp::Take, &a, 1, 5), 0);
+        let (x, _, _) = decide(x, &mut ledger, &call(LeaseOp::Take, &b, 2, 5), 0);
+        let (y, _, _) = decide(None, &mut ledger, &call(LeaseOp::Take, &c, 1, 5), 0);
+        let (x, answer, ttl) = decide(x, &mut ledger, &call(LeaseOp::Reset, "", 0, 5), SECOND);
+        assert_eq!((x, ttl), (None, None));
+        assert_eq!((answer.ok, answer.in_use, answer.leases), (true, 0, 1));
+        // The other subject's lease is untouched, and the reset ones are unknown: no renewal,
+        // no expiry counted later.
+        let (_, renewed, _) = decide(None, &mut ledger, &call(LeaseOp::Renew, &a, 0, 5), SECOND);
+        assert!(!renewed.ok);
+        assert!(
+            decide(y, &mut ledger, &call(LeaseOp::Renew, &c, 0, 5), SECOND)
+                .1
+                .ok
+        );
+        assert_eq!(sweep(&mut ledger, 60 * SECOND).expired, 1);
+        let nothing = decide(None, &mut ledger, &call(LeaseOp::Reset, "", 0, 5), 0).1;
+        assert!(!nothing.ok);
+    }
+
+    #[test]
+    fn a_take_decided_after_its_deadline_grants_nothing() {
+        let mut ledger = Ledger::default();
+        let a = member(1, 1);
+        let late = LeaseCall {
+            deadline_us: Some(SECOND),
+            ..call(LeaseOp::Take, &a, 1, 5)
+        };
+        let (kept, answer, ttl) = decide(None, &mut ledger, &late, SECOND + 1);
+        assert_eq!((kept, ttl), (None, None));
+        assert_eq!(
+            (answer.ok, answer.retry_after_us, answer.leases),
+            (false, 0, 0)
+        );
+        // At its deadline it is still in time.
+        assert!(decide(None, &mut ledger, &late, SECOND).1.ok);
     }
 
     #[test]

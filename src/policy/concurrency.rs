@@ -1,5 +1,5 @@
 //! The concurrency kind of policy, as documents name it: `{"algorithm": "concurrency", "limit",
-//! "lease_ms"}` in the flat form, and nowhere else.
+//! "lease_ms", "max_lease_ms"}` in the flat form (`max_lease_ms` optional), and nowhere else.
 //!
 //! A concurrency limit is not one of the rate algorithms of [`crate::limiter::Algorithm`] (whose
 //! rules acquire, peek, report and refund units): it is held by leases
@@ -37,12 +37,23 @@ pub const LEASE_MS: Field = Field {
     example: 30_000,
 };
 
-/// The fields, in document order.
+/// `max_lease_ms`: the longest lease a take or renewal may ask for; optional.
+pub const MAX_LEASE: Field = Field {
+    name: "max_lease_ms",
+    min: 1,
+    max: MAX_LEASE_MS,
+    doc: "the longest `lease_ms` a take or renewal may ask for, at least `lease_ms`; left out, \
+          it is `lease_ms` (a longer request is refused with 422 naming `lease_ms`), so that no \
+          client can hold a slot longer than the policy says without renewing",
+    example: 300_000,
+};
+
+/// The required fields, in document order.
 pub const FIELDS: [Field; 2] = [LIMIT, LEASE_MS];
 
 /// Whether `key` is a field of concurrency policies.
 pub fn is_field(key: &str) -> bool {
-    FIELDS.iter().any(|f| f.name == key)
+    FIELDS.iter().any(|f| f.name == key) || key == MAX_LEASE.name
 }
 
 /// The parameters from a flat document whose `algorithm` is [`NAME`]; stray fields have been
@@ -50,21 +61,35 @@ pub fn is_field(key: &str) -> bool {
 pub(super) fn parse(doc: &Map<String, Value>) -> Result<Params, ValidationError> {
     let limit = required_int(doc, &LIMIT, NAME)?;
     let lease_ms = required_int(doc, &LEASE_MS, NAME)?;
+    let max_lease_ms = match doc.get(MAX_LEASE.name) {
+        None | Some(Value::Null) => lease_ms,
+        Some(_) => required_int(doc, &MAX_LEASE, NAME)?,
+    };
+    if max_lease_ms < lease_ms {
+        return Err(ValidationError::invalid(
+            MAX_LEASE.name,
+            format!("must be at least `lease_ms` ({lease_ms})"),
+        ));
+    }
     Ok(Params {
         limit,
         lease_us: lease_ms * 1_000,
+        max_lease_us: max_lease_ms * 1_000,
     })
 }
 
-/// The fields' values as a document shows them, in [`FIELDS`] order.
-pub fn values(params: &Params) -> [(&'static str, u64); 2] {
+/// The fields' values as a document shows them, in document order (`max_lease_ms` always
+/// shown, so that a client reads the bound it is held to).
+pub fn values(params: &Params) -> [(&'static str, u64); 3] {
     [
         (LIMIT.name, params.limit),
         (LEASE_MS.name, params.lease_us / 1_000),
+        (MAX_LEASE.name, params.max_lease_us / 1_000),
     ]
 }
 
-/// Validates a lease call's `lease_ms`: an integer within [`LEASE_MS`]'s bounds.
+/// Validates a lease call's `lease_ms`: an integer within [`LEASE_MS`]'s bounds (the policy's
+/// `max_lease_ms` is checked by the service, which knows the policy).
 pub fn parse_lease_ms(value: &Number) -> Result<u64, ValidationError> {
     let (min, max) = (LEASE_MS.min, LEASE_MS.max);
     match whole(value) {
@@ -80,6 +105,26 @@ pub fn parse_lease_ms(value: &Number) -> Result<u64, ValidationError> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn max_lease_ms_defaults_to_lease_ms_and_is_at_least_it() {
+        let doc = |v: Value| v.as_object().cloned().expect("an object");
+        let p = parse(&doc(json!({"limit": 2, "lease_ms": 1000}))).expect("valid");
+        assert_eq!(p.max_lease_us, 1_000_000);
+        let p = parse(&doc(
+            json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": 5000}),
+        ))
+        .expect("valid");
+        assert_eq!(p.max_lease_us, 5_000_000);
+        assert_eq!(values(&p)[2], ("max_lease_ms", 5000));
+        for bad in [json!(999), json!(0), json!(86_400_001), json!(1.5)] {
+            let e = parse(&doc(
+                json!({"limit": 2, "lease_ms": 1000, "max_lease_ms": bad}),
+            ))
+            .expect_err("refused");
+            assert_eq!(e.field(), Some("max_lease_ms"));
+        }
+    }
 
     #[test]
     fn lease_ms_is_a_whole_number_within_a_day() {

@@ -607,14 +607,15 @@ mod tests {
 
     #[test]
     fn a_concurrency_policy_reads_back_as_written() {
-        let v = json!({"name": "exports", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "description": "x", "fail_mode": "closed", "mode": "enforce"});
+        let v = json!({"name": "exports", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "max_lease_ms": 60000, "description": "x", "fail_mode": "closed", "mode": "enforce"});
         let p = parse_policy(&v, None).expect("valid");
         assert!(p.limits.is_empty() && p.params().is_empty());
         assert_eq!(
             p.concurrency(),
             Some(concurrency::Params {
                 limit: 5,
-                lease_us: 30_000_000
+                lease_us: 30_000_000,
+                max_lease_us: 60_000_000,
             })
         );
         assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);

@@ -12,29 +12,38 @@
 //! - `closed`: take, renewal and release all fail (503): the client retries a release later, and
 //!   the lease expires anyway.
 //!
+//! In every mode, a take whose outcome is unknown, and a release the fail mode answered as
+//! done, are undone on the store once it answers again ([`super::undo`]), so that no slot stays
+//! held by a lease nobody was given. A call's `lease_ms` is bounded by its policy's
+//! `max_lease_ms`; a reset of a subject ends its leases ([`RateLimiter::reset`]).
+//!
 //! Metrics, per policy: `ratelimiter_leases_total{event}` counts what the store (or `local`'s)
 //! did: `granted`, `denied`, `renewed`, `released` (a live lease ended) and `expired` (holders
 //! that died or forgot); `fail_open` counts calls answered without any store. Expiries are read
 //! from the policy's ledger (see [`crate::limiter::concurrency::Ledger`]): the call that drops an
 //! expired lease from it counts it, once over all instances, so the counter sums over instances.
-//! Every instance also sweeps each concurrency policy's ledger once a second
-//! ([`RateLimiter::sweep_leases`]), which counts the expiries that no call would find (a subject
-//! whose last lease expired with its key) within a second of them. `ratelimiter_leases_in_use` is
+//! Every instance also sweeps, once a second, the ledgers that may hold leases
+//! ([`RateLimiter::sweep_leases`]: those of the store's lease index, not every concurrency
+//! policy), which counts the expiries that no call would find (a subject whose last lease
+//! expired with its key) within about a second of them. `ratelimiter_leases_in_use` is
 //! the policy's live leases in the shared store, over all instances, as of the latest answer or
 //! sweep this instance saw: every instance reports the same number, so aggregate it with `max`,
 //! not `sum`.
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use metrics::{Counter, Gauge};
 
+use super::undo::Undo;
 use super::{DecidedBy, LeaseId, RateLimiter, ServiceError};
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp, Params};
 use crate::metrics as m;
 use crate::policy::{FailMode, LimitKey, Policy};
 use crate::store::memory::system_now_us;
-use crate::store::{ErrorClass, Etag, Store, StoreError};
+use crate::store::{ErrorClass, Etag, LeasedLedger, Store, StoreError};
 use crate::telemetry::Summarized;
 
 /// One answered take or renewal.
@@ -117,7 +126,10 @@ impl LeaseCounters {
             (LeaseOp::Take, false) => self.denied.increment(1),
             (LeaseOp::Renew, true) => self.renewed.increment(1),
             (LeaseOp::Release, true) => self.released.increment(1),
-            (LeaseOp::Renew | LeaseOp::Release | LeaseOp::Look | LeaseOp::Sweep, _) => {}
+            (
+                LeaseOp::Renew | LeaseOp::Release | LeaseOp::Look | LeaseOp::Sweep | LeaseOp::Reset,
+                _,
+            ) => {}
         }
         self.expired.increment(answer.expired);
     }
@@ -128,12 +140,12 @@ impl LeaseCounters {
 pub(super) struct LeaseMetrics(RwLock<HashMap<Arc<str>, Arc<LeaseCounters>>>);
 
 impl LeaseMetrics {
-    /// Zeroes and forgets the gauges of policies that are not among `live`: a deleted policy's
+    /// Zeroes and forgets the gauges of policies for which `live` says no: a deleted policy's
     /// leases are unknown, none in use.
-    fn retain(&self, live: &[Arc<Policy>]) {
+    fn retain(&self, live: impl Fn(&str) -> bool) {
         let mut all = self.0.write().unwrap_or_else(|e| e.into_inner());
         all.retain(|name, counters| {
-            let kept = live.iter().any(|p| p.name.as_str() == &**name);
+            let kept = live(name);
             if !kept {
                 counters.in_use.set(0.0);
             }
@@ -154,14 +166,26 @@ impl LeaseMetrics {
     }
 }
 
-/// `lease_ms` as the lease's lifetime in µs, or the policy's.
-fn lifetime_us(params: &Params, lease_ms: Option<u64>) -> u64 {
-    lease_ms.map_or(params.lease_us, |ms| ms.saturating_mul(1_000))
+/// `lease_ms` as the lease's lifetime in µs, or the policy's; refused above the policy's
+/// `max_lease_ms`.
+fn lifetime_us(params: &Params, lease_ms: Option<u64>) -> Result<u64, ServiceError> {
+    let Some(ms) = lease_ms else {
+        return Ok(params.lease_us);
+    };
+    let us = ms.saturating_mul(1_000);
+    if us > params.max_lease_us {
+        return Err(ServiceError::LeaseTooLong {
+            asked: ms,
+            max: params.max_lease_us / 1_000,
+        });
+    }
+    Ok(us)
 }
 
 impl RateLimiter {
     /// Takes a lease of `cost` units (1 to the policy's `limit`) for `lease_ms` (already within
-    /// 1 to [`crate::limiter::concurrency::MAX_LEASE_MS`]; the policy's `lease_ms` when `None`)
+    /// 1 to [`crate::limiter::concurrency::MAX_LEASE_MS`], and refused above the policy's
+    /// `max_lease_ms`; the policy's `lease_ms` when `None`)
     /// on the subject `key` of the concurrency policy named `name` (already checked with
     /// [`crate::policy::PolicyName::check`]). A denial is an answer, not an error. `now_us`
     /// drives time explicitly (tests only).
@@ -185,13 +209,17 @@ impl RateLimiter {
                 limit: None,
             });
         }
+        let lease_us = lifetime_us(&params, lease_ms)?;
+        // The id is drawn before the take is sent: a take that gets no answer can be undone
+        // by it (see `undo`).
         let id = LeaseId::issue(&policy.name, &key, cost)?;
         let call = LeaseCall {
             op: LeaseOp::Take,
             member: id.member(),
             cost,
-            lease_us: lifetime_us(&params, lease_ms),
+            lease_us,
             limit: params.limit,
+            deadline_us: self.store.lease_deadline(now_us),
         };
         let (answer, decided_by) = self.lease_call(&policy, &key, call, now_us).await?;
         Ok(Leased {
@@ -223,8 +251,9 @@ impl RateLimiter {
             op: LeaseOp::Renew,
             member: id.member(),
             cost: id.cost(),
-            lease_us: lifetime_us(&params, lease_ms),
+            lease_us: lifetime_us(&params, lease_ms)?,
             limit: params.limit,
+            deadline_us: None,
         };
         let (answer, decided_by) = self.lease_call(&policy, id.key(), call, now_us).await?;
         if !answer.ok {
@@ -262,6 +291,7 @@ impl RateLimiter {
             cost: id.cost(),
             lease_us: 0,
             limit: params.limit,
+            deadline_us: None,
         };
         let (answer, decided_by) = self.lease_call(&policy, id.key(), call, now_us).await?;
         Ok(Released {
@@ -270,30 +300,111 @@ impl RateLimiter {
         })
     }
 
-    /// Sweeps the ledger of every concurrency policy this instance knows, on the store, and
-    /// counts what the sweeps found (see the module doc): one script call per concurrency
-    /// policy. A store that fails is left for the next sweep.
-    pub async fn sweep_leases(&self) {
-        let policies = self.cache.filtered(|p| p.concurrency().is_some());
-        for policy in &policies {
-            match self.store.sweep_leases(policy, None).await {
-                Ok(answer) => self.leases.of(policy.name.as_str()).count(
-                    LeaseOp::Sweep,
-                    &answer,
-                    self.store_decider(),
-                ),
+    /// Ends every lease of the subject `key` of the concurrency policy `policy`, on the store
+    /// (an error when it fails, whatever the fail mode) and in this instance's own store for
+    /// `local`.
+    pub(super) async fn reset_leases(
+        &self,
+        policy: &Arc<Policy>,
+        key: &LimitKey,
+    ) -> Result<(), ServiceError> {
+        let params = policy
+            .concurrency()
+            .ok_or_else(|| ServiceError::RatePolicy(policy.name.to_string()))?;
+        let call = LeaseCall {
+            op: LeaseOp::Reset,
+            member: "",
+            cost: 0,
+            lease_us: 0,
+            limit: params.limit,
+            deadline_us: None,
+        };
+        if let Some(local) = &self.local {
+            let _ = local.lease_at(policy, key, call, system_now_us());
+        }
+        let answer = self.store.lease(policy, key, call, None).await?;
+        self.leases
+            .of(policy.name.as_str())
+            .count(LeaseOp::Reset, &answer, self.store_decider());
+        Ok(())
+    }
+
+    /// Sweeps the ledgers that may hold leases, on the store, and counts what the sweeps found
+    /// (see the module doc): one read of the lease index (on Redis; the embedded store knows
+    /// its ledgers), then one script call per ledger it holds, at most `limits.lease_sweep_budget`
+    /// a round, taking turns when more are held. A ledger found empty after its index entry's
+    /// time, or of a policy that is gone, leaves the index. The cost of a round follows the
+    /// ledgers in use, not the number of concurrency policies. A store that fails is left for
+    /// the next round. Returns the ledgers swept.
+    pub async fn sweep_leases(&self) -> usize {
+        let entries = match self.store.leased_ledgers().await {
+            Ok(entries) => entries,
+            Err(e) => {
+                tracing::debug!(error = %e, "could not read the lease index; sweeping next time");
+                return 0;
+            }
+        };
+        let budget = self.sweep_budget.min(entries.len());
+        let start = match entries.len() {
+            0 => 0,
+            n => self.sweep_cursor.fetch_add(budget, Ordering::Relaxed) % n,
+        };
+        let mut swept = 0;
+        for entry in entries.iter().cycle().skip(start).take(budget) {
+            let policy = self
+                .cache
+                .get(&entry.policy)
+                .map(|(p, _)| p)
+                .filter(|p| p.incarnation() == entry.incarnation && p.concurrency().is_some());
+            let Some(policy) = policy else {
+                // Deleted, created again or of another kind: its leases are unknown. (A policy
+                // this instance has not loaded yet keeps its entry until its time passes.)
+                self.unindex_when_due(entry, None).await;
+                continue;
+            };
+            swept += 1;
+            match self.store.sweep_leases(&policy, None).await {
+                Ok(answer) => {
+                    self.leases.of(policy.name.as_str()).count(
+                        LeaseOp::Sweep,
+                        &answer,
+                        self.store_decider(),
+                    );
+                    if answer.leases == 0 {
+                        self.unindex_when_due(entry, Some(answer.at_us)).await;
+                    }
+                }
                 Err(e) => {
                     tracing::debug!(policy = %policy.name, error = %e, "could not sweep a policy's leases");
                 }
             }
         }
-        self.leases.retain(&policies);
+        metrics::gauge!(m::LEASE_SWEEP_LEDGERS).set(swept as f64);
+        self.leases.retain(|name| {
+            self.cache
+                .get(name)
+                .is_some_and(|(p, _)| p.concurrency().is_some())
+        });
+        swept
+    }
+
+    /// Takes `entry` out of the lease index once its time has passed: by the store's clock
+    /// `now_us` when a sweep read it, else by this machine's (the entry's time is a minute's
+    /// worth of margin past its leases, so a skewed clock only delays it).
+    async fn unindex_when_due(&self, entry: &LeasedLedger, now_us: Option<u64>) {
+        let now = now_us.unwrap_or_else(system_now_us);
+        if entry.until_us >= now {
+            return;
+        }
+        if let Err(e) = self.store.unindex_ledger(entry).await {
+            tracing::debug!(policy = %entry.policy, error = %e, "could not take a ledger out of the lease index");
+        }
     }
 
     /// One lease call to the store, or by fail mode when it fails; counted.
     async fn lease_call(
         &self,
-        policy: &Policy,
+        policy: &Arc<Policy>,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now_us: Option<u64>,
@@ -314,7 +425,7 @@ impl RateLimiter {
     /// The answer when the store failed: the answer and who gave it, or the error, by fail mode.
     async fn lease_by_fail_mode(
         &self,
-        policy: &Policy,
+        policy: &Arc<Policy>,
         key: &LimitKey,
         call: LeaseCall<'_>,
         now_us: Option<u64>,
@@ -328,36 +439,45 @@ impl RateLimiter {
             tracing::warn!(policy = %policy.name, %error, op = call.op.as_str(), fail_mode = policy.fail_mode.as_str(), count, "store failed on a lease call; answering by fail mode (count: calls since the last such line)");
         }
         let now = now_us.unwrap_or_else(system_now_us);
+        // A take that got no answer may yet be run by the store, granting a lease to nobody
+        // that would keep its units for the whole lease: it is undone once the store answers
+        // again, whatever the fail mode answers (see `undo`). So is a release the fail mode
+        // answers as done, below, so that the holder's slot is freed on the store too.
+        let unknown_take = call.op == LeaseOp::Take && error.class() == ErrorClass::OutcomeUnknown;
+        if unknown_take {
+            let lease = Duration::from_micros(call.lease_us);
+            self.undos
+                .push(Undo::new(policy.clone(), key.clone(), &call, lease));
+        }
         if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
             // A full local store (`StoreError::Full`) answers as `open` does, below. So does a
             // renewal or a release the local store does not know: the lease was most likely
             // taken on the shared store before it failed, and a 404 would tell a holder whose
-            // lease is still live there to stop its work.
-            if let Ok(answer) = local.lease_at(policy, key, call, now) {
+            // lease is still live there to stop its work. The local store has no deadline: it
+            // always answers.
+            let local_call = LeaseCall {
+                deadline_us: None,
+                ..call
+            };
+            if let Ok(answer) = local.lease_at(policy, key, local_call, now) {
                 if answer.ok || matches!(call.op, LeaseOp::Take | LeaseOp::Look) {
                     return Ok((answer, DecidedBy::FailLocal));
                 }
             }
         }
         match policy.fail_mode {
-            // A take that got no answer may have been granted by a lease nobody holds, which
-            // would keep its units for the whole lease: release it, on a best effort (the
-            // store is failing), before refusing. A renewal or a release is retried by its
-            // holder, and the lease expires anyway.
-            FailMode::Closed => {
-                if call.op == LeaseOp::Take && error.class() == ErrorClass::OutcomeUnknown {
-                    let release = LeaseCall {
-                        op: LeaseOp::Release,
-                        ..call
-                    };
-                    let undone = self.store().lease(policy, key, release, now_us).await;
-                    tracing::debug!(policy = %policy.name, undone = undone.is_ok(), "released a take whose outcome is unknown");
-                }
-                Err(error.outcome_known().into())
-            }
+            // A renewal or a release is retried by its holder, and the lease expires anyway.
+            FailMode::Closed => Err(error.outcome_known().into()),
             FailMode::Open | FailMode::Local => {
                 // A take is granted and a renewal succeeds; a release is done, but whether the
                 // lease was live is not known.
+                if call.op == LeaseOp::Release {
+                    // The lease may live as long as the policy allows any to.
+                    let longest = policy.concurrency().map_or(0, |p| p.max_lease_us);
+                    let lease = Duration::from_micros(longest);
+                    self.undos
+                        .push(Undo::new(policy.clone(), key.clone(), &call, lease));
+                }
                 let holds = matches!(call.op, LeaseOp::Take | LeaseOp::Renew);
                 Ok((
                     LeaseAnswer {

@@ -5,7 +5,8 @@
 //! the store cannot answer, the policy's fail mode decides: `open` allows, `closed` refuses,
 //! `local` decides with an in-process store until the shared one is back. Acquires, peeks,
 //! reports, refunds and resets are for rate policies; leases on concurrency policies are in
-//! [`leases`], their ids in [`lease_id`]. How the cache follows the store, and policy reads and
+//! [`leases`], their ids in [`lease_id`], the undoing of those the store may have run after it
+//! failed on them in [`undo`]. How the cache follows the store, and policy reads and
 //! writes, are in [`policies`]; readiness in [`readiness`]. Repeated acquires of a subject
 //! that Redis denied are answered by this instance until their retry time ([`denials`]).
 //! Several subjects decided as one request, all or nothing (Envoy's descriptors), are in
@@ -19,6 +20,7 @@ pub mod leases;
 pub mod policies;
 pub mod readiness;
 pub mod ticket;
+pub mod undo;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -87,6 +89,9 @@ pub enum ServiceError {
         "`policy` `{0}` is a rate policy, not a concurrency policy: acquire with POST /v1/acquire"
     )]
     RatePolicy(String),
+    /// A take or renewal asked for a longer lease than its policy's `max_lease_ms`.
+    #[error("`lease_ms` {asked} is above the policy's `max_lease_ms` of {max}")]
+    LeaseTooLong { asked: u64, max: u64 },
     /// A lease id that names no live lease (expired, released, never issued, its policy no longer
     /// a concurrency policy), or that is not a lease id at all.
     #[error("no such lease: {0}")]
@@ -221,6 +226,11 @@ pub struct RateLimiter {
     local: Option<MemoryStore>,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
     leases: leases::LeaseMetrics,
+    /// Lease calls to undo on the shared store once it answers (see [`undo`]).
+    undos: Arc<undo::UndoQueue>,
+    /// `limits.lease_sweep_budget`, and where the next sweep starts among the indexed ledgers.
+    sweep_budget: usize,
+    sweep_cursor: std::sync::atomic::AtomicUsize,
     acquire_seconds: Histogram,
     /// `limits.shadow`: every policy in shadow mode.
     shadow: bool,
@@ -289,6 +299,9 @@ impl RateLimiter {
             local,
             counters: RwLock::default(),
             leases: leases::LeaseMetrics::default(),
+            undos: Arc::new(undo::UndoQueue::new(limits.lease_undo_queue)),
+            sweep_budget: limits.lease_sweep_budget,
+            sweep_cursor: std::sync::atomic::AtomicUsize::new(0),
             acquire_seconds: metrics::histogram!(m::ACQUIRE_SECONDS),
             shadow: limits.shadow,
             denials,
@@ -565,13 +578,17 @@ impl RateLimiter {
         })
     }
 
-    /// Deletes the subject `key`'s state for every limit of the policy named `name`. Not a
-    /// decision: a failing store is an error whatever the fail mode (`local` also clears this
-    /// instance's own state, so that the reset holds for what it decides meanwhile).
+    /// Deletes the subject `key`'s state for every limit of the policy named `name`, or, of a
+    /// concurrency policy, ends every lease of the subject (their ids are unknown from then on:
+    /// a support tool for a stuck holder). Not a decision: a failing store is an error whatever
+    /// the fail mode (`local` also clears this instance's own state, so that the reset holds for
+    /// what it decides meanwhile).
     pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
         let (policy, _) = self.policy(name).await?;
         if policy.concurrency().is_some() {
-            return Err(ServiceError::ConcurrencyPolicy(name.to_owned()));
+            self.reset_leases(&policy, key).await?;
+            self.counters(&policy).resets.increment(1);
+            return Ok(());
         }
         if let Some(local) = &self.local {
             local.clear(&policy, key);
@@ -717,6 +734,10 @@ impl RateLimiter {
         if self.denials.is_some() {
             tokio::spawn(listen_for_invalidations(Arc::downgrade(self)));
         }
+        tokio::spawn(undo::drain_forever(
+            Arc::downgrade(self),
+            self.undos.clone(),
+        ));
         let weak = Arc::downgrade(self);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(refresh_every);

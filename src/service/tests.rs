@@ -18,6 +18,8 @@ fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
         denial_cache_ms: 1_000,
         denial_cache_entries: 1_000,
         ticketless_refunds: false,
+        lease_undo_queue: 100,
+        lease_sweep_budget: 1_000,
     }
 }
 
@@ -236,6 +238,8 @@ fn concurrency(name: &str, limit: u64, lease_ms: u64, fail_mode: FailMode) -> Po
         crate::policy::concurrency::Params {
             limit,
             lease_us: lease_ms * 1_000,
+            // Calls here may ask for up to a day; the default bound is held by its own test.
+            max_lease_us: crate::limiter::concurrency::MAX_LEASE_MS * 1_000,
         },
         None,
         fail_mode,
@@ -444,6 +448,54 @@ async fn deleting_a_concurrency_policy_makes_its_leases_unknown() {
 }
 
 #[tokio::test]
+async fn a_lease_longer_than_the_policy_s_max_lease_ms_is_refused_naming_lease_ms() {
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    let mut params = crate::policy::concurrency::Params {
+        limit: 2,
+        lease_us: 1_000_000,
+        max_lease_us: 1_000_000,
+    };
+    let bounded = |name: &str, params| {
+        Policy::concurrent(
+            PolicyName::parse(name).expect("valid name"),
+            params,
+            None,
+            FailMode::Open,
+        )
+    };
+    create(&s, bounded("short", params)).await;
+    params.max_lease_us = 5_000_000;
+    create(&s, bounded("longer", params)).await;
+    let too_long = s
+        .take_lease("short", key("k"), 1, Some(1_001), Some(T0))
+        .await;
+    assert!(
+        matches!(
+            too_long,
+            Err(ServiceError::LeaseTooLong {
+                asked: 1_001,
+                max: 1_000
+            })
+        ),
+        "{too_long:?}"
+    );
+    let a = s
+        .take_lease("longer", key("k"), 1, Some(5_000), Some(T0))
+        .await
+        .expect("answered")
+        .lease
+        .expect("granted");
+    assert!(matches!(
+        s.renew_lease(a.clone(), Some(5_001), Some(T0)).await,
+        Err(ServiceError::LeaseTooLong { max: 5_000, .. })
+    ));
+    // The refused calls took nothing: one unit is held, one free.
+    let r = s.renew_lease(a, None, Some(T0)).await.expect("live");
+    assert_eq!(r.answer.in_use, 1);
+}
+
+#[tokio::test]
 async fn rate_and_concurrency_policies_refuse_each_others_operations() {
     let s = service(&limits(10, 100), vec![]);
     s.refresh().await.expect("loads");
@@ -455,10 +507,22 @@ async fn rate_and_concurrency_policies_refuse_each_others_operations() {
             Err(ServiceError::ConcurrencyPolicy(_))
         ));
     }
+    // A reset of a concurrency policy's subject ends its leases instead.
+    let held = s
+        .take_lease("c", key("k"), 3, None, None)
+        .await
+        .expect("answered");
+    s.reset("c", &key("k")).await.expect("reset");
     assert!(matches!(
-        s.reset("c", &key("k")).await,
-        Err(ServiceError::ConcurrencyPolicy(_))
+        s.renew_lease(held.lease.expect("granted"), None, None)
+            .await,
+        Err(ServiceError::UnknownLease(_))
     ));
+    assert!(s
+        .take_lease("c", key("k"), 3, None, None)
+        .await
+        .expect("answered")
+        .granted());
     assert!(matches!(
         s.take_lease("r", key("k"), 1, None, Some(T0)).await,
         Err(ServiceError::RatePolicy(_))

@@ -26,6 +26,14 @@
 //! with the subject's state; the ring of keys that sign tickets is `<prefix>:ticket-keys`
 //! ([`ticket_keys`]).
 //!
+//! The lease index, `<prefix>:{leased}:ledgers` ([`lease_index`]), is a sorted set of the
+//! concurrency policies whose ledgers may hold leases, `<policy>@<incarnation>`
+//! ([`lease_index_member`]), each scored by a time on Redis's clock (µs) after which its ledger
+//! holds none: the lease sweep reads it instead of visiting every concurrency policy. It is one
+//! key on one slot (a Cluster's lease scripts cannot write a key of another slot, so the store
+//! writes it with a call of its own before a take or renewal). Its tag holds neither `:` nor
+//! `@`, so no state or lease key shares it.
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
@@ -83,6 +91,22 @@ pub fn lease_key(buf: &mut String, prefix: &str, policy: &str, incarnation: u64,
 pub fn lease_ledger(buf: &mut String, prefix: &str, policy: &str, incarnation: u64) {
     lease_tag(buf, prefix, policy, incarnation, 6);
     buf.push_str("leases");
+}
+
+/// The lease index: `<prefix>:{leased}:ledgers` (see the module doc).
+pub fn lease_index(prefix: &str) -> String {
+    format!("{prefix}:{{leased}}:ledgers")
+}
+
+/// A concurrency policy's member in the lease index: `<policy>@<incarnation>`.
+pub fn lease_index_member(policy: &str, incarnation: u64) -> String {
+    format!("{policy}@{incarnation}")
+}
+
+/// The policy and incarnation of a lease index member, if it is one.
+pub fn parse_lease_index_member(member: &str) -> Option<(&str, u64)> {
+    let (policy, incarnation) = member.rsplit_once('@')?;
+    Some((policy, incarnation.parse().ok()?))
 }
 
 /// Writes `<prefix>:{<policy>@<incarnation>}:` to `buf` (cleared first), with room for `tail`

@@ -70,9 +70,10 @@ pub struct MemoryStore {
     /// Refusals, logged one line a second with their count.
     refused: Summarized,
     policies: Mutex<PolicySet>,
-    /// Each concurrency policy's ledger, by its Redis key name: locked after a shard, never
-    /// before one. Not counted as subjects: it holds only what the subjects' entries hold.
-    ledgers: Mutex<HashMap<String, concurrency::Ledger>>,
+    /// Each concurrency policy's ledger, by the policy's name and incarnation: locked after a
+    /// shard, never before one. Not counted as subjects: it holds only what the subjects'
+    /// entries hold. A ledger left empty is removed, so these are the ledgers that hold leases.
+    ledgers: Mutex<HashMap<(String, u64), concurrency::Ledger>>,
 }
 
 /// Microseconds since the Unix epoch by the system clock.
@@ -332,8 +333,7 @@ impl MemoryStore {
         let (policy, incarnation) = (policy.name.as_str(), policy.incarnation());
         let mut name = String::new();
         key::lease_key(&mut name, &self.prefix, policy, incarnation, key.as_str());
-        let mut ledger_name = String::new();
-        key::lease_ledger(&mut ledger_name, &self.prefix, policy, incarnation);
+        let ledger_name = (policy.to_owned(), incarnation);
         let shard_lock = self.shard(policy, key.as_str());
         let mut shard = lock(shard_lock);
         // An entry whose expiry has passed holds only expired leases: absent, as the Redis key
@@ -404,13 +404,7 @@ impl MemoryStore {
     /// Sweeps a concurrency policy's ledger at an explicit time, as [`concurrency::sweep`]
     /// does.
     pub fn sweep_leases_at(&self, policy: &Policy, now: u64) -> LeaseAnswer {
-        let mut ledger_name = String::new();
-        key::lease_ledger(
-            &mut ledger_name,
-            &self.prefix,
-            policy.name.as_str(),
-            policy.incarnation(),
-        );
+        let ledger_name = (policy.name.as_str().to_owned(), policy.incarnation());
         let mut ledgers = lock(&self.ledgers);
         let Some(ledger) = ledgers.get_mut(&ledger_name) else {
             return concurrency::sweep(&mut concurrency::Ledger::default(), now);
@@ -611,6 +605,26 @@ impl Store for MemoryStore {
         Ok(self.sweep_leases_at(policy, now_us.unwrap_or_else(system_now_us)))
     }
 
+    async fn leased_ledgers(&self) -> Result<Vec<super::LeasedLedger>, StoreError> {
+        Ok(lock(&self.ledgers)
+            .keys()
+            .map(|(policy, incarnation)| super::LeasedLedger {
+                policy: policy.clone(),
+                incarnation: *incarnation,
+                until_us: u64::MAX,
+            })
+            .collect())
+    }
+
+    async fn unindex_ledger(&self, _entry: &super::LeasedLedger) -> Result<(), StoreError> {
+        // No index: an empty ledger is removed as it empties.
+        Ok(())
+    }
+
+    fn lease_deadline(&self, _now_us: Option<u64>) -> Option<u64> {
+        None
+    }
+
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
         self.clear(policy, key);
         Ok(())
@@ -752,6 +766,7 @@ mod tests {
             cost,
             lease_us: 1_000_000,
             limit: 2,
+            deadline_us: None,
         }
     }
 
@@ -765,6 +780,7 @@ mod tests {
         let params = concurrency::Params {
             limit: 2,
             lease_us: 1_000_000,
+            max_lease_us: 1_000_000,
         };
         Policy::concurrent(name, params, None, FailMode::Closed).with_incarnation(1)
     }

@@ -544,6 +544,24 @@ pub trait Store: Send + Sync {
         now_us: Option<u64>,
     ) -> impl Future<Output = Result<LeaseAnswer, StoreError>> + Send;
 
+    /// The concurrency policies whose ledgers may hold leases, for the lease sweep: on Redis the
+    /// lease index (see [`key::lease_index`]), at most [`MAX_INDEX_READ`] of them; on the
+    /// embedded store every ledger it holds.
+    fn leased_ledgers(&self) -> impl Future<Output = Result<Vec<LeasedLedger>, StoreError>> + Send;
+
+    /// Takes `entry` out of the lease index, unless a take or renewal wrote it again since it
+    /// was read: for a ledger found empty after `entry.until_us`, or of a policy that is gone.
+    fn unindex_ledger(
+        &self,
+        entry: &LeasedLedger,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The deadline for a take sent now (`now_us`, or the store's clock estimated): the time on
+    /// the store's clock after which the take must grant nothing
+    /// ([`LeaseCall::deadline_us`]), because its sender will have answered without it. `None`
+    /// on a store whose calls always answer (the embedded one).
+    fn lease_deadline(&self, now_us: Option<u64>) -> Option<u64>;
+
     /// Deletes the subject's state for every limit of the policy, atomically.
     fn reset(
         &self,
@@ -573,6 +591,19 @@ pub trait Store: Send + Sync {
 
     /// Whether the store answers at all.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The most lease index entries one sweep reads.
+pub const MAX_INDEX_READ: usize = 100_000;
+
+/// A ledger that may hold leases, as the lease index has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeasedLedger {
+    pub policy: String,
+    pub incarnation: u64,
+    /// After this time (µs, the store's clock) the ledger holds no lease, unless a take or
+    /// renewal wrote the entry again; `u64::MAX` on the embedded store.
+    pub until_us: u64,
 }
 
 /// The store chosen at start-up.
@@ -685,6 +716,21 @@ impl Store for AnyStore {
         now_us: Option<u64>,
     ) -> Result<LeaseAnswer, StoreError> {
         dispatch!(self, s => s.sweep_leases(policy, now_us))
+    }
+
+    async fn leased_ledgers(&self) -> Result<Vec<LeasedLedger>, StoreError> {
+        dispatch!(self, s => s.leased_ledgers())
+    }
+
+    async fn unindex_ledger(&self, entry: &LeasedLedger) -> Result<(), StoreError> {
+        dispatch!(self, s => s.unindex_ledger(entry))
+    }
+
+    fn lease_deadline(&self, now_us: Option<u64>) -> Option<u64> {
+        match self {
+            AnyStore::Memory(s) => s.lease_deadline(now_us),
+            AnyStore::Redis(s) => s.lease_deadline(now_us),
+        }
     }
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {

@@ -1,8 +1,9 @@
 //! The concurrency limit's scripts on a real Redis, held to `concurrency::decide`.
 //!
-//! A property test runs random sequences of takes, renewals, releases, looks and sweeps on two
-//! subjects of one policy (random members and costs, lease lengths from 1 µs to a day, a limit
-//! that changes, time that moves forward and sometimes back) through `lua/concurrency.lua` and
+//! A property test runs random sequences of takes (some with a deadline, some decided after it),
+//! renewals, releases, resets, looks and sweeps on two subjects of one policy (random members
+//! and costs, lease lengths from 1 µs to a day, a limit that changes, time that moves forward
+//! and sometimes back) through `lua/concurrency.lua` and
 //! through the pure function, and requires identical replies, identical leases in each subject's
 //! sorted set and in the policy's ledger, and the keys' expiries the function asks for, step by
 //! step. Targeted tests check what a reply cannot show: on Redis's own clock the keys expire
@@ -145,6 +146,10 @@ impl Lab {
             Some(now) => pipe.arg(now),
             None => pipe.arg(""),
         };
+        match call.deadline_us {
+            Some(deadline) => pipe.arg(deadline),
+            None => pipe.arg(""),
+        };
     }
 
     /// The sorted set's leases (every score from 0 up: the sum's member alone is below), and
@@ -259,6 +264,8 @@ struct Step {
     lease_us: u64,
     /// A new limit, from this step on.
     limit: Option<u64>,
+    /// A take's deadline, this many µs from its time (negative: it arrives late).
+    deadline: Option<i64>,
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
@@ -268,6 +275,11 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         3 => Just(LeaseOp::Release),
         2 => Just(LeaseOp::Look),
         1 => Just(LeaseOp::Sweep),
+        1 => Just(LeaseOp::Reset),
+    ];
+    let deadline = prop_oneof![
+        5 => Just(None),
+        2 => (-2i64..=2).prop_map(Some),
     ];
     let to_expiry = prop_oneof![
         4 => Just(None),
@@ -298,10 +310,10 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         0u64..6,
         prop_oneof![3 => 1u64..=3, 1 => 1u64..=10],
         lease,
-        limit,
+        (limit, deadline),
     )
         .prop_map(
-            |(dt_us, to_expiry, op, (subject, held), id, cost, lease_us, limit)| Step {
+            |(dt_us, to_expiry, op, (subject, held), id, cost, lease_us, (limit, deadline))| Step {
                 dt_us,
                 to_expiry,
                 op,
@@ -311,6 +323,7 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
                 cost,
                 lease_us,
                 limit,
+                deadline,
             },
         );
     proptest::collection::vec(step, 1..60)
@@ -329,6 +342,9 @@ struct Seen {
     /// Expiries counted by a call on the other subject than theirs, or by a sweep.
     expired_elsewhere: u64,
     looks_denied: u64,
+    /// Takes decided after their deadline (granting nothing), and resets that ended leases.
+    late_takes: u64,
+    resets: u64,
     keys_deleted: u64,
     at_an_expiry: u64,
     /// Keys that expired between the script and the `PERSIST` (not required to happen).
@@ -416,7 +432,7 @@ fn every_lease_call_decides_exactly_as_decide() {
             };
             let call = LeaseCall {
                 op: step.op,
-                member: if matches!(step.op, LeaseOp::Look | LeaseOp::Sweep) {
+                member: if matches!(step.op, LeaseOp::Look | LeaseOp::Sweep | LeaseOp::Reset) {
                     ""
                 } else {
                     &m
@@ -424,6 +440,10 @@ fn every_lease_call_decides_exactly_as_decide() {
                 cost,
                 lease_us: step.lease_us,
                 limit,
+                deadline_us: step
+                    .deadline
+                    .filter(|_| step.op == LeaseOp::Take)
+                    .map(|d| now.saturating_add_signed(d)),
             };
             prop_assert_eq!(call.problem(), None);
             let state = states[who].clone();
@@ -481,6 +501,11 @@ fn every_lease_call_decides_exactly_as_decide() {
             if answer.ok && call.op == LeaseOp::Take && !was_live {
                 prop_assert!(answer.in_use <= limit, "{}", context);
             }
+            let late = call.op == LeaseOp::Take && call.deadline_us.is_some_and(|d| now > d);
+            if late {
+                prop_assert!(!answer.ok && answer.retry_after_us == 0, "{}", context);
+                seen.late_takes += 1;
+            }
             match call.op {
                 LeaseOp::Take if answer.ok && was_live => seen.taken_again += 1,
                 LeaseOp::Take if answer.ok => seen.granted += 1,
@@ -488,6 +513,7 @@ fn every_lease_call_decides_exactly_as_decide() {
                 LeaseOp::Renew if answer.ok => seen.renewed += 1,
                 LeaseOp::Release if answer.ok => seen.released += 1,
                 LeaseOp::Look if !answer.ok => seen.looks_denied += 1,
+                LeaseOp::Reset if answer.ok => seen.resets += 1,
                 _ => {}
             }
             seen.expired_dropped += u64::from(answer.expired > 0);
@@ -512,6 +538,8 @@ fn every_lease_call_decides_exactly_as_decide() {
         seen.expired_dropped,
         seen.expired_elsewhere,
         seen.looks_denied,
+        seen.late_takes,
+        seen.resets,
         seen.keys_deleted,
         seen.at_an_expiry,
     ];
@@ -550,6 +578,7 @@ fn exports() -> Policy {
     let params = concurrency::Params {
         limit: 3,
         lease_us: 1_000_000,
+        max_lease_us: 1_000_000,
     };
     Policy::concurrent(name, params, None, FailMode::Closed).with_incarnation(1)
 }
@@ -561,6 +590,7 @@ fn call(op: LeaseOp, member: &str, cost: u64, lease_us: u64) -> LeaseCall<'_> {
         cost,
         lease_us,
         limit: 3,
+        deadline_us: None,
     }
 }
 
@@ -666,6 +696,7 @@ fn a_look_writes_nothing_and_runs_read_only() {
         cost,
         lease_us: 0,
         limit: 3,
+        deadline_us: None,
     };
     // No key: a look answers and creates none.
     let reply = lab.call(keys, &look(3), Some(T0)).expect("look");
@@ -808,4 +839,15 @@ async fn on_a_cluster_a_policy_s_leases_and_ledger_live_on_the_slot_of_its_hash_
         assert_eq!((swept.expired, swept.leases), (0, 4));
     }
     assert!(slots.len() > 12, "policies spread over slots: {slots:?}");
+    // Each of them is in the lease index, one key on one slot, written beside the lease calls
+    // (no script may write a key of another slot on a Cluster).
+    let index = store.leased_ledgers().await.expect("the index");
+    for i in 0..24 {
+        assert!(
+            index
+                .iter()
+                .any(|e| e.policy == "exports" && e.incarnation == i),
+            "exports@{i} is not indexed: {index:?}"
+        );
+    }
 }

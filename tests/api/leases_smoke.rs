@@ -17,7 +17,7 @@ async fn a_lease_is_taken_renewed_and_released_on_the_embedded_store() {
     assert_eq!(policy.status(), 200);
     assert_eq!(
         policy.json::<serde_json::Value>().await.expect("JSON"),
-        json!({"name": "exports", "algorithm": "concurrency", "limit": 2, "lease_ms": 60000, "fail_mode": "open", "mode": "enforce"})
+        json!({"name": "exports", "algorithm": "concurrency", "limit": 2, "lease_ms": 60000, "max_lease_ms": 60000, "fail_mode": "open", "mode": "enforce"})
     );
 
     // Take: 201, with the lease's URL and the headers.
@@ -150,18 +150,9 @@ async fn rate_and_concurrency_policies_refuse_each_others_calls() {
         json!({"name": "r", "algorithm": "fixed_window", "limit": 2, "window_ms": 60000}),
     )
     .await;
-    for path in [
-        "/v1/acquire",
-        "/v1/peek",
-        "/v1/report",
-        "/v1/refund",
-        "/v1/reset",
-    ] {
-        let body = if path == "/v1/reset" {
-            json!({"policy": "c", "key": "k"})
-        } else {
-            json!({"policy": "c", "key": "k", "cost": 1})
-        };
+    for path in ["/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund"] {
+        // (A reset of a concurrency policy's subject ends its leases: `lease_hardening`.)
+        let body = json!({"policy": "c", "key": "k", "cost": 1});
         let r = app.post(path, &body).await;
         assert_eq!(r.status(), 422, "{path}");
         let problem: serde_json::Value = r.json().await.expect("JSON");

@@ -20,6 +20,7 @@ mod gcra;
 mod grpc;
 mod incarnation;
 mod instances;
+mod lease_hardening;
 mod lease_scripts;
 mod leases;
 mod leases_smoke;
