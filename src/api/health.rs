@@ -25,7 +25,9 @@ pub struct Health {
     /// master that cannot be reached, the cluster refusing calls during a failover); absent
     /// when nothing is.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(example = "the Redis master 10.0.0.7:6379 is unreachable: its keys are answered by their policies' fail mode")]
+    #[schema(
+        example = "the Redis master 10.0.0.7:6379 is unreachable: its keys are answered by their policies' fail mode"
+    )]
     pub degraded: Option<String>,
 }
 

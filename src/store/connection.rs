@@ -297,7 +297,10 @@ impl Connections {
                     // thread, and so will the connection's I/O.
                     let links = links.clone();
                     tokio::spawn(async move {
-                        let made = links.client.get_async_generic_connection::<NodeConn>().await;
+                        let made = links
+                            .client
+                            .get_async_generic_connection::<NodeConn>()
+                            .await;
                         let link = links.per_thread.get_or_default();
                         match made {
                             Ok(conn) => {
@@ -481,7 +484,11 @@ impl NodeConn {
         match value {
             Value::ServerError(e) if is_cluster_refusal(Some(e.code())) => {
                 let detail = format!("{}: {}", e.code(), e.details().unwrap_or_default());
-                Err(RedisError::from((redis::ErrorKind::Client, CLUSTER_REFUSED, detail)))
+                Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    CLUSTER_REFUSED,
+                    detail,
+                )))
             }
             other => Ok(other),
         }
@@ -513,7 +520,12 @@ impl ConnectionLike for NodeConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         let written_before = self.0.health.written.load(Ordering::Acquire);
         Box::pin(async move {
-            match self.0.conn.req_packed_commands(pipeline, offset, count).await {
+            match self
+                .0
+                .conn
+                .req_packed_commands(pipeline, offset, count)
+                .await
+            {
                 Ok(values) => values.into_iter().map(NodeConn::vet_reply).collect(),
                 Err(e) => Err(self.vet(e, written_before)),
             }
@@ -524,7 +536,6 @@ impl ConnectionLike for NodeConn {
         self.0.conn.get_db()
     }
 }
-
 
 /// Aborts a spawned task when dropped (a finished task is unaffected).
 struct AbortOnDrop(tokio::task::AbortHandle);

@@ -750,7 +750,11 @@ mod tests {
                 ClusterRefused,
                 [true, false, true, true],
             ),
-            (StoreError::server("OOM"), Refused, [false, false, true, false]),
+            (
+                StoreError::server("OOM"),
+                Refused,
+                [false, false, true, false],
+            ),
             (StoreError::Full(2), Refused, [false, false, true, false]),
             (
                 StoreError::corrupt("policy hash"),

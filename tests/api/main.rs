@@ -9,6 +9,7 @@ mod acquire;
 mod batch;
 mod bounds;
 mod cluster;
+mod cluster_faults;
 mod connections;
 mod denial_cache;
 mod edge;
