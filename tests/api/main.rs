@@ -25,6 +25,7 @@ mod leases_smoke;
 mod limits;
 mod openapi;
 mod operations;
+mod outcomes;
 mod policies;
 mod policy_sync;
 mod scripts;
