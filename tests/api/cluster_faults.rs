@@ -233,3 +233,196 @@ async fn cut_connections_never_count_a_decision_twice_on_a_cluster() {
         "connections were cut under calls: {cut} cut, {unknown} + {unavailable} failed"
     );
 }
+
+/// What a failover under load looked like from the service.
+struct Failover {
+    /// Acquires on the healthy masters' keys answered off Redis (by fail mode).
+    off_redis: usize,
+    /// Of those, the ones sent after both healthy masters said `cluster_state:ok` again
+    /// (after saying otherwise), with 250 ms of margin.
+    off_redis_after_ok: usize,
+    healthy_answers: usize,
+    /// `/readyz`, polled every 100 ms: (status, body).
+    readyz: Vec<(u16, Value)>,
+}
+
+/// Kills (SIGKILL) a master that holds neither the policies nor the healthy keys, under load
+/// on one key of each other master and on one of its own, until its key is decided by Redis
+/// again (its replica promoted) and a second more.
+async fn failover_under_load(node_args: &[&str]) -> Failover {
+    let cluster = Arc::new(TestCluster::start_with(node_args));
+    let app = spawn_app_on_cluster(
+        cluster.clone(),
+        &[
+            ("RATELIMITER__REDIS__TIMEOUT_MS", "250"),
+            ("RATELIMITER__REDIS__BREAKER_FAILURES", "3"),
+            // Long enough that a breaker opened by the failover would be seen keeping healthy
+            // keys off Redis well after the cluster answers again.
+            ("RATELIMITER__REDIS__BREAKER_COOLDOWN_MS", "2000"),
+        ],
+    )
+    .await;
+    app.create_policy(json!({"name": "fo", "algorithm": "fixed_window", "limit": 1_000_000_000u64, "window_ms": 3_600_000, "fail_mode": "open"}))
+        .await;
+    let policies = master_of(&cluster, "rl:{policies}:meta");
+    let mut by_master: Vec<(usize, String)> = Vec::new();
+    for i in 0..10_000 {
+        let key = format!("k{i}");
+        let m = master_of(&cluster, &format!("rl:{{fo:{key}}}:fixed_window"));
+        if by_master.iter().all(|(seen, _)| *seen != m) {
+            by_master.push((m, key));
+        }
+    }
+    assert_eq!(by_master.len(), 3, "three masters");
+    let at = by_master
+        .iter()
+        .position(|(m, _)| *m != policies)
+        .expect("a master without the policies");
+    let (victim, victim_key) = by_master.remove(at);
+    let healthy: Vec<(usize, String)> = by_master;
+    let start = Instant::now();
+    let done = AtomicBool::new(false);
+
+    // Each healthy master's cluster state, every 20 ms: (since start, ok).
+    let watch = {
+        let ports: Vec<u16> = healthy
+            .iter()
+            .map(|(m, _)| cluster.nodes()[*m].port)
+            .collect();
+        let done = &done;
+        async move {
+            let mut seen: Vec<(Duration, bool)> = Vec::new();
+            let mut conns: Vec<redis::aio::MultiplexedConnection> = Vec::new();
+            for port in ports {
+                let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("url");
+                conns.push(
+                    client
+                        .get_multiplexed_async_connection()
+                        .await
+                        .expect("connect"),
+                );
+            }
+            while !done.load(Ordering::Acquire) {
+                let mut ok = true;
+                for conn in &mut conns {
+                    let info: String = redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query_async(conn)
+                        .await
+                        .unwrap_or_default();
+                    ok &= info.contains("cluster_state:ok");
+                }
+                seen.push((start.elapsed(), ok));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen
+        }
+    };
+    // Healthy keys: (sent since start, decided by Redis).
+    let load = |key: String| {
+        let (app, done) = (&app, &done);
+        async move {
+            let mut answers: Vec<(Duration, bool)> = Vec::new();
+            while !done.load(Ordering::Acquire) {
+                let sent = start.elapsed();
+                let r = app
+                    .post("/v1/acquire", &json!({"policy": "fo", "key": key}))
+                    .await;
+                assert_eq!(r.status(), 200);
+                let body: Value = r.json().await.expect("JSON");
+                answers.push((sent, body["decided_by"] == "redis"));
+            }
+            answers
+        }
+    };
+    let readyz = async {
+        let mut polls = Vec::new();
+        while !done.load(Ordering::Acquire) {
+            let r = app.get("/readyz").await;
+            let status = r.status().as_u16();
+            polls.push((status, r.json::<Value>().await.expect("JSON")));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        polls
+    };
+    let victim_load = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        cluster.nodes()[victim].kill();
+        let killed = Instant::now();
+        loop {
+            let r = app
+                .post("/v1/acquire", &json!({"policy": "fo", "key": victim_key}))
+                .await;
+            let body: Value = r.json().await.expect("JSON");
+            if body["decided_by"] == "redis" && killed.elapsed() > Duration::from_millis(500) {
+                break;
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(15),
+                "no failover within 15 s: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        done.store(true, Ordering::Release);
+    };
+    let (seen, a, b, readyz, ()) = tokio::join!(
+        watch,
+        load(healthy[0].1.clone()),
+        load(healthy[1].1.clone()),
+        readyz,
+        victim_load
+    );
+    // The first time both healthy masters were ok again after either was not.
+    let refused = seen.iter().position(|(_, ok)| !ok);
+    let ok_again = refused.and_then(|i| seen[i..].iter().find(|(_, ok)| *ok).map(|(t, _)| *t));
+    let answers: Vec<(Duration, bool)> = a.into_iter().chain(b).collect();
+    let off_redis = answers.iter().filter(|(_, redis)| !redis).count();
+    let off_redis_after_ok = match ok_again {
+        Some(t) => answers
+            .iter()
+            .filter(|(sent, redis)| !redis && *sent > t + Duration::from_millis(250))
+            .count(),
+        None => off_redis,
+    };
+    eprintln!(
+        "{} healthy answers, {off_redis} off Redis ({off_redis_after_ok} after the cluster was ok \
+         again at {ok_again:?}); readyz: {:?}",
+        answers.len(),
+        readyz.iter().map(|(s, _)| *s).collect::<Vec<_>>()
+    );
+    Failover {
+        off_redis,
+        off_redis_after_ok,
+        healthy_answers: answers.len(),
+        readyz,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_instances_ready_and_healthy_masters_keys_on_redis_once_it_answers() {
+    let run = failover_under_load(&[]).await;
+    assert!(run.healthy_answers > 50, "{} answers", run.healthy_answers);
+    assert_eq!(
+        run.off_redis_after_ok, 0,
+        "healthy masters' keys answered off Redis after the cluster answered again"
+    );
+    for (status, body) in &run.readyz {
+        assert_eq!(*status, 200, "/readyz during a failover: {body}");
+    }
+    assert!(
+        run.readyz.iter().any(|(_, b)| b["degraded"].is_string()),
+        "the failover shows as degraded: {:?}",
+        run.readyz
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_full_coverage_a_failover_leaves_healthy_masters_keys_on_redis_throughout() {
+    let run = failover_under_load(&["--cluster-require-full-coverage", "no"]).await;
+    assert!(run.healthy_answers > 50, "{} answers", run.healthy_answers);
+    assert_eq!(run.off_redis, 0, "healthy masters' keys answered off Redis");
+    for (status, body) in &run.readyz {
+        assert_eq!(*status, 200, "/readyz during a failover: {body}");
+    }
+}

@@ -88,5 +88,8 @@ async fn a_paused_redis_s_counted_decisions_are_answered_outcome_unknown_in_clos
         "a call Redis counted was answered store-unavailable: {units} units for {allowed} \
          allowed, {unknown} outcome-unknown and {unavailable} store-unavailable answers"
     );
-    assert!(unavailable > 0, "the open breaker answered some: {answers:?}");
+    assert!(
+        unavailable > 0,
+        "the open breaker answered some: {answers:?}"
+    );
 }
