@@ -240,7 +240,10 @@ impl RedisStore {
             let mut conn = self.calls.conns.get().await?;
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(PROBE_SCRIPT).arg(0);
-            let _: Value = conn.query_by_address(cmd, host, port).await?;
+            // A routed command answers Redis's error as a value.
+            conn.query_by_address(cmd, host, port)
+                .await?
+                .extract_error()?;
             Ok::<_, StoreError>(())
         };
         tokio::time::timeout(self.calls.timeout, probe)

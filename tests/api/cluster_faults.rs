@@ -426,3 +426,45 @@ async fn without_full_coverage_a_failover_leaves_healthy_masters_keys_on_redis_t
         assert_eq!(*status, 200, "/readyz during a failover: {body}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_names_a_master_out_of_memory_that_does_not_hold_the_policies() {
+    let cluster = Arc::new(TestCluster::start());
+    let app = spawn_app_on_cluster(cluster.clone(), &[]).await;
+    let r = app.get("/readyz").await;
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.expect("JSON");
+    assert_eq!(body.get("degraded"), None, "{body}");
+
+    let policies = master_of(&cluster, "rl:{policies}:meta");
+    let oom = (0..cluster.nodes().len())
+        .find(|&i| i != policies && (0..1_000).any(|k| master_of(&cluster, &format!("k{k}")) == i))
+        .expect("another master");
+    let node = &cluster.nodes()[oom];
+    let address = format!("127.0.0.1:{}", node.port);
+    let mut conn = node.conn();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("1")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let r = app.get("/readyz").await;
+    let status = r.status().as_u16();
+    let body: Value = r.json().await.expect("JSON");
+    assert_eq!(status, 503, "{body}");
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(&address) && detail.contains("refuses writes"),
+        "names the master: {body}"
+    );
+
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query(&mut conn)
+        .expect("CONFIG SET");
+    let r = app.get("/readyz").await;
+    assert_eq!(r.status(), 200, "ready again");
+}
