@@ -23,11 +23,7 @@ enum Answer {
     Unavailable,
 }
 
-async fn acquire(app: &TestApp, policy: &str, key: &str) -> Answer {
-    acquire_remaining(app, policy, key).await.0
-}
-
-/// [`acquire`], and for an allowed one the units its limit has left.
+/// One acquire's answer, and for an allowed one the units its limit has left.
 async fn acquire_remaining(app: &TestApp, policy: &str, key: &str) -> (Answer, u64) {
     let r = app
         .post("/v1/acquire", &json!({"policy": policy, "key": key}))
