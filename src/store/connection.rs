@@ -18,8 +18,10 @@
 //! socket, a read or write failed), and it counts the bytes the socket accepted. A call takes a
 //! connection that is not known closed (or makes a new one), notes the count, and if it fails
 //! with nothing written since, its command never left this process: it may be sent again on a
-//! new connection ([`Conn::never_sent`]). Connecting has no retry loop of its own: a refused
-//! connection or a wrong password is reported at once, as what it is.
+//! new connection ([`Conn::never_sent`]). On a Cluster each node's connection is watched the
+//! same way ([`NodeConn`]), so that the cluster client resends only what was never sent.
+//! Connecting has no retry loop of its own: a refused connection or a wrong password is
+//! reported at once, as what it is.
 
 use std::io;
 use std::pin::Pin;
@@ -561,7 +563,8 @@ fn connect_error(e: RedisError) -> StoreError {
 impl Conn {
     /// Whether nothing of this call can have reached Redis: its connection accepted no byte
     /// since the call took it. Only then may the call be sent again. A cluster connection
-    /// cannot tell, so its calls never are.
+    /// answers false: its client already resent what its node connections proved unsent
+    /// ([`NodeConn`]), and nothing else may be.
     pub fn never_sent(&self) -> bool {
         match self {
             Conn::Single {
