@@ -255,6 +255,10 @@ async fn failover_under_load(node_args: &[&str]) -> Failover {
             // Long enough that a breaker opened by the failover would be seen keeping healthy
             // keys off Redis well after the cluster answers again.
             ("RATELIMITER__REDIS__BREAKER_COOLDOWN_MS", "2000"),
+            // The policy cache counts as stale after eight refreshes missed (4 s here): the
+            // refreshes fail while the cluster refuses calls, and a slow machine's promotion
+            // may take longer than the 2 s that the tests' usual 100 ms would allow.
+            ("RATELIMITER__REDIS__POLICY_REFRESH_MS", "500"),
         ],
     )
     .await;
