@@ -591,11 +591,14 @@ impl Conn {
             Conn::Single { .. } => cmd.query_async(self).await,
             Conn::Cluster(c) => {
                 let route = Route::new(slot, SlotAddr::Master);
+                // A routed command answers Redis's error as a value: made an error here, as
+                // `query_async` makes it, so that `NOSCRIPT` or `OOM` reads as what it is.
                 c.route_command(
                     cmd,
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                 )
                 .await
+                .and_then(Value::extract_error)
             }
         }
     }
@@ -611,13 +614,13 @@ impl Conn {
     ) -> redis::RedisResult<Value> {
         match self {
             Conn::Single { .. } => cmd.query_async(self).await,
-            Conn::Cluster(c) => {
-                c.route_command(
+            Conn::Cluster(c) => c
+                .route_command(
                     cmd,
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port }),
                 )
                 .await
-            }
+                .and_then(Value::extract_error),
         }
     }
 }

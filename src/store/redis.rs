@@ -240,10 +240,7 @@ impl RedisStore {
             let mut conn = self.calls.conns.get().await?;
             let mut cmd = redis::cmd("EVAL");
             cmd.arg(PROBE_SCRIPT).arg(0);
-            // A routed command answers Redis's error as a value.
-            conn.query_by_address(cmd, host, port)
-                .await?
-                .extract_error()?;
+            conn.query_by_address(cmd, host, port).await?;
             Ok::<_, StoreError>(())
         };
         tokio::time::timeout(self.calls.timeout, probe)
