@@ -26,6 +26,7 @@ async fn healthz() -> HttpResponse {
         status: "ok",
         store: "embedded",
         policies: None,
+        degraded: None,
     })
 }
 

@@ -217,7 +217,7 @@ impl ApiError {
                         "The store did not answer in time: the request may or may not have taken effect",
                         None,
                     ),
-                    ErrorClass::Unreachable | ErrorClass::Refused => (
+                    ErrorClass::Unreachable | ErrorClass::ClusterRefused | ErrorClass::Refused => (
                         S::SERVICE_UNAVAILABLE,
                         "urn:ratelimiter:problem:store-unavailable",
                         "The rate-limit store is unavailable",

@@ -21,6 +21,14 @@ pub struct Health {
     /// `/readyz` only: the policies this instance enforces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub policies: Option<PolicyView>,
+    /// `/readyz` only, on a Redis Cluster: what is degraded while the instance stays ready (a
+    /// master that cannot be reached, the cluster refusing calls during a failover); absent
+    /// when nothing is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(
+        example = "the Redis master 10.0.0.7:6379 is unreachable: its keys are answered by their policies' fail mode"
+    )]
+    pub degraded: Option<String>,
 }
 
 /// What this instance's policy cache holds: compare `generation` and `version` across instances
@@ -59,16 +67,20 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
         status: "ok",
         store: limiter.store().kind(),
         policies: None,
+        degraded: None,
     })
 }
 
 /// Readiness: this instance can decide with current policies.
 ///
 /// 503, with the reason in `detail`, while policies are not loaded yet, the store is unreachable
-/// (or the circuit breaker open), the store refuses writes (Redis out of memory), the policy
-/// cache has not been brought up to date within its bound, or policies listed in the
-/// configuration file are missing: take the instance out of the load balancer meanwhile. A 200
-/// answer shows the policy version this instance enforces.
+/// (or the circuit breaker open; on a Redis Cluster, every master), the store refuses writes
+/// (Redis out of memory; on a Cluster, any master, named), the policy cache has not been
+/// brought up to date within its bound, or policies listed in the configuration file are
+/// missing: take the instance out of the load balancer meanwhile. A 200 answer shows the policy
+/// version this instance enforces, and on a Cluster, in `degraded`, what one failover leaves
+/// degraded (a master that cannot be reached, the cluster refusing calls while it promotes a
+/// replica): every instance sees the same cluster, so none is taken out of rotation for it.
 #[utoipa::path(
     tag = "operations",
     responses(
@@ -78,9 +90,7 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
 )]
 #[get("/readyz")]
 pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
-    if let Some(reason) = limiter.unready().await {
-        return Err(reason.into());
-    }
+    let degraded = limiter.readiness().await?;
     let position = limiter.cache().position();
     let (full_pages, incremental_pages) = limiter.sync().pages();
     Ok(HttpResponse::Ok().json(Health {
@@ -97,6 +107,7 @@ pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, Api
             full_pages,
             incremental_pages,
         }),
+        degraded,
     }))
 }
 

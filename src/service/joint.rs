@@ -308,7 +308,8 @@ impl RateLimiter {
         error: StoreError,
     ) -> Result<(Vec<Verdict>, DecidedBy), ServiceError> {
         if parts.iter().any(|p| p.policy.fail_mode == FailMode::Closed) {
-            return Err(error.outcome_known().into());
+            // As what it is, like one subject's decision (`by_fail_mode`).
+            return Err(error.into());
         }
         static DEGRADED: crate::telemetry::Summarized = crate::telemetry::Summarized::per_second();
         if let Some(count) = DEGRADED.hit() {

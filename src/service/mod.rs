@@ -646,9 +646,10 @@ impl RateLimiter {
             }
         }
         match policy.fail_mode {
-            // Whether a decision that got no answer was counted does not matter to the client:
-            // it was not granted. `outcome-unknown` is for writes that must be read back.
-            FailMode::Closed => Err(error.outcome_known().into()),
+            // Answered as what it is: a decision that may have been counted by Redis (its
+            // units spent until their window passes) is `outcome-unknown`, one that provably
+            // was not is `store-unavailable`.
+            FailMode::Closed => Err(error.into()),
             // `local` on the embedded store (full, the only way it fails) allows, as `open`. A
             // report recorded nothing and a refund gave nothing back (units 0).
             FailMode::Open | FailMode::Local => Ok((

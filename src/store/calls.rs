@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use super::breaker::Breaker;
 use super::connection::{Conn, Connections};
 use super::topology::Topology;
-use super::StoreError;
+use super::{ErrorClass, StoreError};
 use crate::metrics as m;
 
 /// What a call to Redis goes through (see the module doc).
@@ -124,6 +124,7 @@ impl Calls {
         };
         match tokio::time::timeout_at(deadline.into(), call).await {
             Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) if e.class() == ErrorClass::ClusterRefused => Err((e, "cluster_refused")),
             Ok(Err(e)) if e.is_transient() => Err((e, "connection")),
             Ok(Err(e)) => Err((e, "server")),
             Err(_) if !sending.load(Ordering::Acquire) => Err((

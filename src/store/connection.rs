@@ -18,8 +18,10 @@
 //! socket, a read or write failed), and it counts the bytes the socket accepted. A call takes a
 //! connection that is not known closed (or makes a new one), notes the count, and if it fails
 //! with nothing written since, its command never left this process: it may be sent again on a
-//! new connection ([`Conn::never_sent`]). Connecting has no retry loop of its own: a refused
-//! connection or a wrong password is reported at once, as what it is.
+//! new connection ([`Conn::never_sent`]). On a Cluster each node's connection is watched the
+//! same way ([`NodeConn`]), so that the cluster client resends only what was never sent.
+//! Connecting has no retry loop of its own: a refused connection or a wrong password is
+//! reported at once, as what it is.
 
 use std::io;
 use std::pin::Pin;
@@ -65,14 +67,17 @@ pub enum Connections {
 pub struct ClusterLinks {
     client: ClusterClient,
     /// Made at start-up: every call of a thread whose own connection is not made yet.
-    shared: ClusterConnection,
+    shared: ClusterConn,
     per_thread: ThreadLocal<ThreadLink>,
 }
+
+/// A cluster connection whose node connections are [`NodeConn`]s.
+pub type ClusterConn = ClusterConnection<NodeConn>;
 
 /// One thread's cluster connection, once made.
 #[derive(Default)]
 struct ThreadLink {
-    conn: std::sync::OnceLock<ClusterConnection>,
+    conn: std::sync::OnceLock<ClusterConn>,
     /// Being made (or given up on, after a failure seen on another thread).
     making: AtomicBool,
 }
@@ -199,7 +204,7 @@ pub enum Conn {
         live: Live,
         written_before: u64,
     },
-    Cluster(ClusterConnection),
+    Cluster(ClusterConn),
 }
 
 impl Connections {
@@ -250,12 +255,15 @@ impl Connections {
     /// Connects to a Redis Cluster through any of its `nodes` (`[user:password@]host:port`).
     pub async fn open_cluster(nodes: &[&str], timeout: Duration) -> Result<Self, RedisError> {
         let urls: Vec<String> = nodes.iter().map(|n| format!("redis://{n}")).collect();
+        // The client resends by itself what Redis refused unrun (`MOVED`, `ASK`) and what a
+        // node's connection proves it never sent ([`NodeConn`]); a call that may have run is
+        // never resent, and a cluster-wide refusal is answered at once, not waited out.
         let client = ClusterClient::builder(urls)
             .connection_timeout(timeout)
             .response_timeout(timeout)
             .retries(2)
             .build()?;
-        let shared = client.get_async_connection().await?;
+        let shared = client.get_async_generic_connection::<NodeConn>().await?;
         Ok(Connections::Cluster(Arc::new(ClusterLinks {
             client,
             shared,
@@ -291,7 +299,10 @@ impl Connections {
                     // thread, and so will the connection's I/O.
                     let links = links.clone();
                     tokio::spawn(async move {
-                        let made = links.client.get_async_connection().await;
+                        let made = links
+                            .client
+                            .get_async_generic_connection::<NodeConn>()
+                            .await;
                         let link = links.per_thread.get_or_default();
                         match made {
                             Ok(conn) => {
@@ -389,23 +400,142 @@ impl Link {
 
 impl Target {
     async fn connect(&self) -> Result<Live, RedisError> {
-        let socket = TcpStream::connect((self.host.as_str(), self.port)).await?;
-        socket.set_nodelay(true)?;
-        let health = Arc::new(Health::default());
-        let stream = Counted {
-            inner: socket,
-            health: health.clone(),
-        };
-        // Sends AUTH and SELECT as the URL asks, and fails here if Redis refuses them.
-        let (conn, driver) =
-            MultiplexedConnection::new_with_config(&self.redis, stream, self.config.clone())
-                .await?;
-        let closed = ClosedOnDrop(health.clone());
-        tokio::spawn(async move {
-            let _closed = closed;
-            driver.await;
-        });
-        Ok(Live { conn, health })
+        connect_counted(&self.host, self.port, &self.redis, self.config.clone()).await
+    }
+}
+
+/// A multiplexed connection over a socket that counts what it writes, its I/O task spawned on
+/// this thread's runtime.
+async fn connect_counted(
+    host: &str,
+    port: u16,
+    redis: &RedisConnectionInfo,
+    config: AsyncConnectionConfig,
+) -> Result<Live, RedisError> {
+    let socket = TcpStream::connect((host, port)).await?;
+    socket.set_nodelay(true)?;
+    let health = Arc::new(Health::default());
+    let stream = Counted {
+        inner: socket,
+        health: health.clone(),
+    };
+    // Sends AUTH and SELECT as the URL asks, and fails here if Redis refuses them.
+    let (conn, driver) = MultiplexedConnection::new_with_config(redis, stream, config).await?;
+    let closed = ClosedOnDrop(health.clone());
+    tokio::spawn(async move {
+        let _closed = closed;
+        driver.await;
+    });
+    Ok(Live { conn, health })
+}
+
+/// One Cluster node's connection, as the cluster client holds it: a [`Live`] connection that
+/// vets each failure before the client sees it, since the client resends every call that
+/// fails on a broken connection (and waits out `CLUSTERDOWN`, `TRYAGAIN`), whether or not
+/// the node ran it. What this passes on as is: a failure after which the socket accepted no
+/// byte of the call (never sent: the client may resend it, and reconnects), and an answer
+/// Redis gave (including `MOVED` and `ASK`, which Redis gives instead of running the call).
+/// What it changes into an error the client never resends: a failure after some byte left
+/// ([`SENT_THEN_FAILED`]: the call may have run), and a cluster-wide refusal
+/// ([`CLUSTER_REFUSED`]: answered by fail mode at once; the next call tries again).
+#[derive(Clone)]
+pub struct NodeConn(Live);
+
+/// What a [`NodeConn`] says when a call failed after some of it was sent.
+pub const SENT_THEN_FAILED: &str = "the connection failed after the call was sent";
+/// What a [`NodeConn`] says when the cluster refused the call unrun, for now.
+pub const CLUSTER_REFUSED: &str = "the cluster refused the call for now";
+
+impl redis::cluster_async::Connect for NodeConn {
+    fn connect_with_config<'a, T>(info: T, config: AsyncConnectionConfig) -> RedisFuture<'a, Self>
+    where
+        T: redis::IntoConnectionInfo + Send + 'a,
+    {
+        Box::pin(async move {
+            let info = info.into_connection_info()?;
+            let ConnectionAddr::Tcp(host, port) = info.addr() else {
+                return Err(RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "only host:port cluster nodes are supported",
+                )));
+            };
+            let live = connect_counted(host, *port, info.redis_settings(), config).await?;
+            Ok(NodeConn(live))
+        })
+    }
+}
+
+impl NodeConn {
+    /// A failed call's error as the cluster client may see it (see [`NodeConn`]).
+    fn vet(&self, e: RedisError, written_before: u64) -> RedisError {
+        if is_cluster_refusal(e.code()) {
+            RedisError::from((redis::ErrorKind::Client, CLUSTER_REFUSED, e.to_string()))
+        } else if matches!(e.kind(), redis::ErrorKind::Server(_)) {
+            // Redis answered: the client acts on it (follows `MOVED`, `ASK`) or passes it on.
+            e
+        } else if self.0.health.written.load(Ordering::Acquire) != written_before {
+            RedisError::from((redis::ErrorKind::Client, SENT_THEN_FAILED, e.to_string()))
+        } else {
+            e
+        }
+    }
+
+    /// A reply as the cluster client may see it: a cluster-wide refusal is an error it will
+    /// not wait out.
+    fn vet_reply(value: Value) -> redis::RedisResult<Value> {
+        match value {
+            Value::ServerError(e) if is_cluster_refusal(Some(e.code())) => {
+                let detail = format!("{}: {}", e.code(), e.details().unwrap_or_default());
+                Err(RedisError::from((
+                    redis::ErrorKind::Client,
+                    CLUSTER_REFUSED,
+                    detail,
+                )))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+/// Redis's codes for a call the cluster refused unrun because it cannot serve the slot right
+/// now (a failover, a slot being migrated): not a sign that the node is unreachable.
+pub fn is_cluster_refusal(code: Option<&str>) -> bool {
+    matches!(code, Some("CLUSTERDOWN" | "TRYAGAIN" | "MASTERDOWN"))
+}
+
+impl ConnectionLike for NodeConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let written_before = self.0.health.written.load(Ordering::Acquire);
+        Box::pin(async move {
+            match self.0.conn.req_packed_command(cmd).await {
+                Ok(value) => NodeConn::vet_reply(value),
+                Err(e) => Err(self.vet(e, written_before)),
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let written_before = self.0.health.written.load(Ordering::Acquire);
+        Box::pin(async move {
+            match self
+                .0
+                .conn
+                .req_packed_commands(pipeline, offset, count)
+                .await
+            {
+                Ok(values) => values.into_iter().map(NodeConn::vet_reply).collect(),
+                Err(e) => Err(self.vet(e, written_before)),
+            }
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.conn.get_db()
     }
 }
 
@@ -433,7 +563,8 @@ fn connect_error(e: RedisError) -> StoreError {
 impl Conn {
     /// Whether nothing of this call can have reached Redis: its connection accepted no byte
     /// since the call took it. Only then may the call be sent again. A cluster connection
-    /// cannot tell, so its calls never are.
+    /// answers false: its client already resent what its node connections proved unsent
+    /// ([`NodeConn`]), and nothing else may be.
     pub fn never_sent(&self) -> bool {
         match self {
             Conn::Single {
@@ -460,12 +591,36 @@ impl Conn {
             Conn::Single { .. } => cmd.query_async(self).await,
             Conn::Cluster(c) => {
                 let route = Route::new(slot, SlotAddr::Master);
+                // A routed command answers Redis's error as a value: made an error here, as
+                // `query_async` makes it, so that `NOSCRIPT` or `OOM` reads as what it is.
                 c.route_command(
                     cmd,
                     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route)),
                 )
                 .await
+                .and_then(Value::extract_error)
             }
+        }
+    }
+}
+
+impl Conn {
+    /// Runs `cmd` on the Cluster node at `host:port`; on one Redis, on it.
+    pub async fn query_by_address(
+        &mut self,
+        cmd: Cmd,
+        host: String,
+        port: u16,
+    ) -> redis::RedisResult<Value> {
+        match self {
+            Conn::Single { .. } => cmd.query_async(self).await,
+            Conn::Cluster(c) => c
+                .route_command(
+                    cmd,
+                    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port }),
+                )
+                .await
+                .and_then(Value::extract_error),
         }
     }
 }

@@ -53,6 +53,10 @@ pub enum StoreError {
     /// The store answered with an error (a script error, out of memory, a wrong type).
     /// [`ErrorClass::Refused`].
     Server(Cause),
+    /// A Redis Cluster node refused the call unrun because the cluster cannot serve its slot
+    /// right now (`CLUSTERDOWN` while a replica is promoted, `TRYAGAIN` or a redirect not
+    /// followed while a slot moves). [`ErrorClass::ClusterRefused`].
+    ClusterRefused(Cause),
     /// Stored data that does not decode (a policy hash edited by hand, say).
     /// [`ErrorClass::Corrupt`].
     Corrupt(Cause),
@@ -70,21 +74,28 @@ pub enum StoreError {
 /// | class | errors | transient (breaker counts it) | acquire answered by fail mode | cached policies served instead | HTTP answer |
 /// |---|---|---|---|---|---|
 /// | `Unreachable` | `Unavailable` | yes | yes | yes | 503 `store-unavailable` |
-/// | `OutcomeUnknown` | `OutcomeUnknown` | yes | yes (`closed`: reported as `Unavailable`) | yes | 503 `outcome-unknown` |
+/// | `OutcomeUnknown` | `OutcomeUnknown` | yes | yes | yes | 503 `outcome-unknown` |
+/// | `ClusterRefused` | `ClusterRefused` | yes (the breaker does not count it) | yes | yes | 503 `store-unavailable` |
 /// | `Refused` | `Server`, `Full` | no | yes | no | 503 `store-unavailable` |
 /// | `Corrupt` | `Corrupt` | no | yes | no | 500 `internal` |
 ///
-/// - *Transient* ([`is_transient`](Self::is_transient)): the store was not reached or its
-///   answer never came, so the same call may succeed later without anyone changing anything.
-///   Only these count against the circuit breaker ([`counts_against_breaker`](
-///   Self::counts_against_breaker)): an error the store answered with proves it reachable. The
-///   Redis store sends such a call once more on a new connection when the connection proves
-///   nothing was sent, and readiness reports them as "the store is unreachable" (any other
-///   error of its probe write as "the store refuses writes").
+/// - *Transient* ([`is_transient`](Self::is_transient)): the store was not reached, its
+///   answer never came, or a Cluster said it cannot serve the key for now, so the same call may
+///   succeed later without anyone changing anything. Those that say the store could not be
+///   reached count against the circuit breaker ([`counts_against_breaker`](
+///   Self::counts_against_breaker)): an error the store answered with proves it reachable, and
+///   a Cluster's refusal during a failover is the cluster's state, not its master's, so a
+///   breaker opened on it would keep a healthy master's keys in fail mode after the cluster
+///   answers again. The Redis store sends a transient call once more on a new connection when
+///   the connection proves nothing was sent. Readiness reports `Unreachable` and
+///   `OutcomeUnknown` as "the store is unreachable", `ClusterRefused` as a degraded but ready
+///   store (every instance sees the same cluster: taking them out of rotation would help no
+///   one), and any other error of its probe write as "the store refuses writes".
 /// - *Fail mode* ([`answered_by_fail_mode`](Self::answered_by_fail_mode)): every failed acquire
 ///   is answered by its policy's fail mode: `open` allows, `local` decides with the in-process
-///   store (and allows when that is full), `closed` answers the error. A decision refused that
-///   way need not be read back, so `closed` reports an unknown outcome as `Unavailable`.
+///   store (and allows when that is full), `closed` answers the error as what it is: a
+///   decision whose call may have been counted by Redis is `outcome-unknown`, one that
+///   provably was not is `store-unavailable`.
 /// - *Cached policies* ([`may_serve_cached`](Self::may_serve_cached)): a policy read or list
 ///   that meets a transient error is answered from this instance's cache, once it has loaded
 ///   the policies; any other error is answered as an error. Writes never fall back.
@@ -97,6 +108,9 @@ pub enum ErrorClass {
     Unreachable,
     /// The call was sent and no answer came: it may or may not have taken effect.
     OutcomeUnknown,
+    /// A Redis Cluster refused the call unrun, for now: a failover or a slot migration is
+    /// under way. The node that said so is reachable.
+    ClusterRefused,
     /// The store was reached and said no: an error it answered with (a script error, out of
     /// memory, a wrong type, a command it refuses), or the embedded store full.
     Refused,
@@ -108,12 +122,15 @@ impl ErrorClass {
     /// Whether the store was not reached or did not answer, so that the same call may succeed
     /// later without anyone changing anything.
     pub const fn is_transient(self) -> bool {
-        matches!(self, ErrorClass::Unreachable | ErrorClass::OutcomeUnknown)
+        matches!(
+            self,
+            ErrorClass::Unreachable | ErrorClass::OutcomeUnknown | ErrorClass::ClusterRefused
+        )
     }
 
     /// Whether the circuit breaker counts the error as a failure to reach the store.
     pub const fn counts_against_breaker(self) -> bool {
-        self.is_transient()
+        matches!(self, ErrorClass::Unreachable | ErrorClass::OutcomeUnknown)
     }
 
     /// Whether a failed acquire is answered by its policy's fail mode (rather than always as an
@@ -134,6 +151,7 @@ impl StoreError {
         match self {
             StoreError::Unavailable(_) => ErrorClass::Unreachable,
             StoreError::OutcomeUnknown(_) => ErrorClass::OutcomeUnknown,
+            StoreError::ClusterRefused(_) => ErrorClass::ClusterRefused,
             StoreError::Server(_) | StoreError::Full(_) => ErrorClass::Refused,
             StoreError::Corrupt(_) => ErrorClass::Corrupt,
         }
@@ -158,6 +176,10 @@ impl StoreError {
 
     pub fn server(cause: impl Into<Cause>) -> Self {
         StoreError::Server(cause.into())
+    }
+
+    pub fn cluster_refused(cause: impl Into<Cause>) -> Self {
+        StoreError::ClusterRefused(cause.into())
     }
 
     pub fn corrupt(cause: impl Into<Cause>) -> Self {
@@ -193,6 +215,7 @@ impl StoreError {
             StoreError::Unavailable(c) => StoreError::Unavailable(copy(c)),
             StoreError::OutcomeUnknown(c) => StoreError::OutcomeUnknown(copy(c)),
             StoreError::Server(c) => StoreError::Server(copy(c)),
+            StoreError::ClusterRefused(c) => StoreError::ClusterRefused(copy(c)),
             StoreError::Corrupt(c) => StoreError::Corrupt(copy(c)),
             StoreError::Full(max) => StoreError::Full(*max),
         }
@@ -203,6 +226,7 @@ impl StoreError {
             StoreError::Unavailable(c)
             | StoreError::OutcomeUnknown(c)
             | StoreError::Server(c)
+            | StoreError::ClusterRefused(c)
             | StoreError::Corrupt(c) => Some(c),
             StoreError::Full(_) => None,
         }
@@ -213,6 +237,7 @@ impl StoreError {
             StoreError::Unavailable(c)
             | StoreError::OutcomeUnknown(c)
             | StoreError::Server(c)
+            | StoreError::ClusterRefused(c)
             | StoreError::Corrupt(c) => Some(c),
             StoreError::Full(_) => None,
         }
@@ -225,6 +250,9 @@ impl fmt::Display for StoreError {
             StoreError::Unavailable(c) => write!(f, "store unavailable: {c}"),
             StoreError::OutcomeUnknown(c) => write!(f, "no answer from the store: {c}"),
             StoreError::Server(c) => write!(f, "store error: {c}"),
+            StoreError::ClusterRefused(c) => {
+                write!(f, "the Redis Cluster cannot serve the key for now: {c}")
+            }
             StoreError::Corrupt(c) => write!(f, "stored data is corrupt: {c}"),
             StoreError::Full(max) => write!(
                 f,
@@ -665,6 +693,15 @@ impl AnyStore {
         }
     }
 
+    /// Each Redis Cluster master and how it answered a write that changes nothing (see
+    /// [`RedisStore::probe_masters`]); empty for any other store.
+    pub async fn probe_masters(&self) -> Vec<(String, Result<(), StoreError>)> {
+        match self {
+            AnyStore::Redis(r) if r.is_cluster() => r.probe_masters().await,
+            _ => Vec::new(),
+        }
+    }
+
     pub fn status(&self) -> StoreStatus {
         match self {
             AnyStore::Memory(_) => StoreStatus {
@@ -763,38 +800,41 @@ mod tests {
     #[test]
     fn every_error_is_read_as_its_class_says() {
         use ErrorClass::*;
-        // The rows of `ErrorClass`'s table: error, class, transient (the breaker counts it),
+        // The rows of `ErrorClass`'s table: error, class, transient, the breaker counts it,
         // answered by fail mode, cached policies served instead.
         let table = [
             (
                 StoreError::unavailable("refused"),
                 Unreachable,
-                true,
-                true,
-                true,
+                [true, true, true, true],
             ),
             (
                 StoreError::outcome_unknown("no answer"),
                 OutcomeUnknown,
-                true,
-                true,
-                true,
+                [true, true, true, true],
             ),
-            (StoreError::server("OOM"), Refused, false, true, false),
-            (StoreError::Full(2), Refused, false, true, false),
+            (
+                StoreError::cluster_refused("CLUSTERDOWN"),
+                ClusterRefused,
+                [true, false, true, true],
+            ),
+            (
+                StoreError::server("OOM"),
+                Refused,
+                [false, false, true, false],
+            ),
+            (StoreError::Full(2), Refused, [false, false, true, false]),
             (
                 StoreError::corrupt("policy hash"),
                 Corrupt,
-                false,
-                true,
-                false,
+                [false, false, true, false],
             ),
         ];
-        for (error, class, transient, fail_mode, cached) in table {
+        for (error, class, [transient, breaker, fail_mode, cached]) in table {
             assert_eq!(error.class(), class, "{error}");
             assert_eq!(error.is_transient(), transient, "{error}");
             assert_eq!(class.is_transient(), transient, "{error}");
-            assert_eq!(class.counts_against_breaker(), transient, "{error}");
+            assert_eq!(class.counts_against_breaker(), breaker, "{error}");
             assert_eq!(class.answered_by_fail_mode(), fail_mode, "{error}");
             assert_eq!(class.may_serve_cached(), cached, "{error}");
         }
@@ -831,6 +871,37 @@ mod tests {
                 )),
                 ErrorClass::Refused,
                 "store error: ",
+            ),
+            (
+                RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::ClusterDown),
+                    "The cluster is down",
+                )),
+                ErrorClass::ClusterRefused,
+                "the Redis Cluster cannot serve the key for now: ",
+            ),
+            (
+                RedisError::from((ErrorKind::Server(ServerErrorKind::Moved), "MOVED")),
+                ErrorClass::ClusterRefused,
+                "the Redis Cluster cannot serve the key for now: ",
+            ),
+            (
+                RedisError::from((
+                    ErrorKind::Client,
+                    connection::CLUSTER_REFUSED,
+                    "TRYAGAIN".to_owned(),
+                )),
+                ErrorClass::ClusterRefused,
+                "the Redis Cluster cannot serve the key for now: ",
+            ),
+            (
+                RedisError::from((
+                    ErrorKind::Client,
+                    connection::SENT_THEN_FAILED,
+                    "broken pipe".to_owned(),
+                )),
+                ErrorClass::OutcomeUnknown,
+                "no answer from the store: connection failed: ",
             ),
         ];
         for (redis_error, class, text) in cases {

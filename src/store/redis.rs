@@ -13,7 +13,7 @@ use serde_json::{Map, Number, Value as Json};
 use super::batch::{Batches, Decide, Job, DEFAULT_BATCH_MAX};
 use super::breaker::{Breaker, BreakerState};
 use super::calls::Calls;
-use super::connection::{Conn, ConnectionMode, Connections};
+use super::connection::{self, is_cluster_refusal, Conn, ConnectionMode, Connections};
 use super::key::PolicyKeys;
 use super::scripts::Scripts;
 use super::topology::{parse_slots, Topology};
@@ -76,12 +76,22 @@ impl From<RedisError> for StoreError {
     /// (refused, wrong password, Redis still loading) are `Unavailable`; a connection that broke
     /// or a reply that did not parse may have come after Redis ran the command, so those are
     /// `OutcomeUnknown` (the store's `call` turns them into `Unavailable` when the connection
-    /// proves nothing was sent); an error Redis answered the command with is `Server`. The
+    /// proves nothing was sent); a Cluster's refusal of an unrun call for now (`CLUSTERDOWN`,
+    /// `TRYAGAIN`, `MASTERDOWN`, or a `MOVED`/`ASK` the client stopped following) is
+    /// `ClusterRefused`; any other error Redis answered the command with is `Server`. The
     /// redis-rs error is kept as the source.
     fn from(e: RedisError) -> Self {
         use redis::{ErrorKind, ServerErrorKind};
         let kind = e.kind();
-        let error = if kind == ErrorKind::AuthenticationFailed
+        let ours = |what: &str| kind == ErrorKind::Client && e.to_string().starts_with(what);
+        let error = if ours(connection::CLUSTER_REFUSED)
+            || is_cluster_refusal(e.code())
+            || matches!(e.code(), Some("MOVED" | "ASK"))
+        {
+            StoreError::cluster_refused(e.to_string())
+        } else if ours(connection::SENT_THEN_FAILED) {
+            StoreError::outcome_unknown(format!("connection failed: {e}"))
+        } else if kind == ErrorKind::AuthenticationFailed
             || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         {
             StoreError::unavailable(format!("authentication failed: {e}"))
@@ -226,6 +236,59 @@ impl RedisStore {
         }
     }
 
+    /// Proves that each Cluster master takes writes, with a flagged script that may write and
+    /// writes nothing (Redis refuses it while out of memory, as it would every decision),
+    /// sent to each master by address: `(master, what it answered)`; empty on one Redis. A
+    /// master whose breaker is open is not asked (its breaker's last failure is reported).
+    /// Not through a breaker: this is how readiness sees each master as it is.
+    pub async fn probe_masters(&self) -> Vec<(String, Result<(), StoreError>)> {
+        let masters = self.master_breakers();
+        let probes = masters.into_iter().map(|(master, state)| async move {
+            if state == BreakerState::Open {
+                let cause = self
+                    .calls
+                    .topology
+                    .as_ref()
+                    .and_then(|t| t.breaker_of(&master))
+                    .and_then(|b| b.cause())
+                    .unwrap_or_default();
+                return (
+                    master,
+                    Err(StoreError::unavailable(format!(
+                        "circuit breaker open; last failure: {cause}"
+                    ))),
+                );
+            }
+            let answer = self.probe_master(&master).await;
+            (master, answer)
+        });
+        futures_util::future::join_all(probes).await
+    }
+
+    async fn probe_master(&self, master: &str) -> Result<(), StoreError> {
+        let Some((host, port)) = master
+            .rsplit_once(':')
+            .and_then(|(h, p)| Some((h.to_owned(), p.parse::<u16>().ok()?)))
+        else {
+            return Err(StoreError::corrupt(format!("master address {master:?}")));
+        };
+        let probe = async {
+            let mut conn = self.calls.conns.get().await?;
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(PROBE_SCRIPT).arg(0);
+            conn.query_by_address(cmd, host, port).await?;
+            Ok::<_, StoreError>(())
+        };
+        tokio::time::timeout(self.calls.timeout, probe)
+            .await
+            .unwrap_or_else(|_| {
+                Err(StoreError::outcome_unknown(format!(
+                    "no answer within {} ms",
+                    self.calls.timeout.as_millis()
+                )))
+            })
+    }
+
     /// Each Cluster master's address and breaker state; empty on one Redis.
     pub fn master_breakers(&self) -> Vec<(String, BreakerState)> {
         self.calls
@@ -368,6 +431,10 @@ impl RedisStore {
         self.calls.with_conn_on(key, f).await
     }
 }
+
+/// A flagged script that declares no `no-writes`: Redis checks memory before running it, as
+/// it does for the decision scripts, and it changes nothing.
+const PROBE_SCRIPT: &str = "#!lua\nreturn 1";
 
 /// The oldest Redis that runs the decision scripts: they are flagged scripts (see
 /// [`super::scripts`]), which Redis before 7.0 reads as a syntax error.

@@ -61,6 +61,15 @@ impl Topology {
             .map(|(_, breaker)| breaker.clone())
     }
 
+    /// The breaker of the master at `address`, if the map has it.
+    pub fn breaker_of(&self, address: &str) -> Option<Arc<Breaker>> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        map.masters
+            .iter()
+            .find(|(a, _)| a == address)
+            .map(|(_, breaker)| breaker.clone())
+    }
+
     /// The index of the master that owns `key`'s slot, if the map knows it: the same for every
     /// key of that master until the map changes.
     pub fn master_index(&self, key: &str) -> Option<usize> {

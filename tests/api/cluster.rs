@@ -74,7 +74,7 @@ async fn subjects_spread_over_every_master_each_on_its_own_slot() {
 }
 
 /// The index of the master node serving `key`'s slot.
-fn master_of(cluster: &TestCluster, key: &str) -> usize {
+pub(crate) fn master_of(cluster: &TestCluster, key: &str) -> usize {
     let mut conn = cluster.nodes()[0].conn();
     let slot: i64 = redis::cmd("CLUSTER")
         .arg("KEYSLOT")

@@ -172,6 +172,11 @@ pub struct TestCluster {
 
 impl TestCluster {
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a cluster whose nodes all get extra `redis-server` arguments.
+    pub fn start_with(extra: &[&str]) -> Self {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let dir = std::env::temp_dir().join(format!(
             "ratelimiter-cluster-{}-{}",
@@ -185,7 +190,7 @@ impl TestCluster {
             .map(|i| {
                 let bus = free_port().to_string();
                 let conf = format!("nodes-{i}.conf");
-                TestRedis::start_with(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-port",
@@ -196,7 +201,9 @@ impl TestCluster {
                     "1000",
                     "--dir",
                     &dir_arg,
-                ])
+                ];
+                args.extend_from_slice(extra);
+                TestRedis::start_with(&args)
             })
             .collect();
         let addresses: Vec<String> = nodes
