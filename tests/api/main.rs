@@ -16,6 +16,7 @@ mod errors;
 mod faults;
 mod gcra;
 mod grpc;
+mod grpc_hardening;
 mod incarnation;
 mod instances;
 mod lease_scripts;
