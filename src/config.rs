@@ -246,7 +246,7 @@ impl Default for GrpcSettings {
             max_connections: 1_024,
             handshake_timeout_ms: 5_000,
             call_timeout_ms: 1_000,
-            max_concurrent_streams: 100,
+            max_concurrent_streams: 200,
             max_pending_resets: 20,
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
@@ -820,7 +820,7 @@ mod tests {
     fn grpc_connection_and_stream_bounds_have_defaults_and_are_checked() {
         let s = Settings::load_from(None, env(&[])).expect("valid");
         assert_eq!(s.grpc.max_connections, 1_024);
-        assert_eq!(s.grpc.max_concurrent_streams, 100);
+        assert_eq!(s.grpc.max_concurrent_streams, 200);
         assert_eq!(s.grpc.call_timeout(), Duration::from_secs(1));
         let s = Settings::load_from(
             None,

@@ -406,9 +406,11 @@ mod tests {
         assert_eq!(fit_grpc_connections(1_024, 8_192, 1_048_576), 1_024);
         // Under 1,024 files, 2 workers of 4,096 and 1,024 gRPC: 768 to share, 85 for gRPC; the
         // HTTP workers get (768 - 86) / 2 = 341 each, so that every descriptor is accounted for.
-        assert_eq!(fit_grpc_connections(1_024, 8_192, 1_024), 85);
-        assert_eq!(fit_connections(4_096, 2, 1_024 - 86), 341);
-        assert!(2 * 341 + 86 + RESERVED_FILES <= 1_024);
+        let grpc = fit_grpc_connections(1_024, 8_192, 1_024);
+        assert_eq!(grpc, 85);
+        let http = fit_connections(4_096, 2, 1_024 - (grpc as u64 + 1));
+        assert_eq!(http, 341);
+        assert!((2 * http + grpc + 1) as u64 + RESERVED_FILES <= 1_024);
         // A tiny limit still serves one.
         assert_eq!(fit_grpc_connections(1_024, 8_192, 100), 1);
     }
