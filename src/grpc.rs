@@ -43,6 +43,12 @@ use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
 
 mod incoming;
 
+/// Streams one connection may have the server reset (refused beyond
+/// `max_concurrent_streams`, or malformed) before it is closed with `ENHANCE_YOUR_CALM`.
+/// hyper's default: tonic, left alone, passes no limit at all, and a client refused again and
+/// again would queue resets without end (RUSTSEC-2024-0003).
+pub const MAX_REFUSED_STREAMS: usize = 1_024;
+
 /// Most descriptors in one call.
 pub const MAX_DESCRIPTORS: usize = 64;
 
@@ -52,8 +58,9 @@ pub const MAX_DESCRIPTORS: usize = 64;
 ///
 /// What bounds a client: at most `max_connections` connections (`incoming`), each closed unless
 /// its HTTP/2 handshake arrives within `handshake_timeout_ms`; at most `max_concurrent_streams`
-/// calls open per connection (advertised in SETTINGS; a stream beyond it is refused) and
-/// `max_pending_resets` streams reset before being served; each call answered or cancelled
+/// calls open per connection (advertised in SETTINGS; a stream beyond it is refused, and
+/// [`MAX_REFUSED_STREAMS`] refusals close the connection) and `max_pending_resets` streams
+/// reset by the client before being served; each call answered or cancelled
 /// within `call_timeout_ms`, its body included; an idle connection pinged every
 /// `keepalive_interval_ms` and closed when a ping goes unanswered for `keepalive_timeout_ms`;
 /// and the bearer token checked on the call's headers, before its body is read.
@@ -88,6 +95,7 @@ pub async fn serve(
         .timeout(settings.call_timeout())
         .max_concurrent_streams(settings.max_concurrent_streams)
         .http2_max_pending_accept_reset_streams(Some(settings.max_pending_resets))
+        .http2_max_local_error_reset_streams(Some(MAX_REFUSED_STREAMS))
         .http2_keepalive_interval(Some(settings.keepalive_interval()))
         .http2_keepalive_timeout(Some(settings.keepalive_timeout()))
         .add_service(service)

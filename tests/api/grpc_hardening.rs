@@ -31,11 +31,13 @@ const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const PING: u8 = 0x6;
+const GOAWAY: u8 = 0x7;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
 const REFUSED_STREAM: u32 = 0x7;
+const ENHANCE_YOUR_CALM: u32 = 0xb;
 
 fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = payload.len() as u32;
@@ -529,6 +531,45 @@ async fn streams_beyond_the_advertised_maximum_are_refused_and_open_calls_end_at
         ended.len()
     );
     assert_eq!((refused, answered), (OPENED - MAX, MAX));
+
+    // A client refused again and again is not kept: after 1,024 resets of its streams the
+    // server closes the connection with ENHANCE_YOUR_CALM, rather than queue resets for good.
+    const AGAIN: u32 = 1_500;
+    let mut burst = Vec::new();
+    for i in OPENED..OPENED + AGAIN {
+        burst.extend(frame(HEADERS, END_HEADERS, 2 * i + 1, &call_headers(None)));
+    }
+    // The server may close the connection before it has read the whole burst.
+    let _ = s.write_all(&burst).await;
+    let mut refused_again = 0;
+    let mut goaway = None;
+    let read = async {
+        while let Ok(f) = read_frame(&mut s).await {
+            match f.kind {
+                RST_STREAM if f.payload.get(3) == Some(&(REFUSED_STREAM as u8)) => {
+                    refused_again += 1
+                }
+                GOAWAY => {
+                    goaway = f
+                        .payload
+                        .get(4..8)
+                        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+                    break;
+                }
+                _ => {}
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(30), read).await;
+    assert_eq!(
+        goaway,
+        Some(ENHANCE_YOUR_CALM),
+        "after {refused_again} refused streams"
+    );
+    assert!(
+        refused + refused_again <= 1_024,
+        "{refused} + {refused_again} streams refused on one connection"
+    );
 }
 
 /// Item 2 of issue 22: `authorization` was checked only once the whole message had arrived.
