@@ -212,12 +212,88 @@ pub struct ServerSettings {
 }
 
 /// Envoy's rate-limit service over gRPC (see `grpc`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct GrpcSettings {
     /// Address to serve `envoy.service.ratelimit.v3.RateLimitService` on (plaintext HTTP/2);
     /// not served when unset.
     pub bind: Option<SocketAddr>,
+    /// Most gRPC connections open at once; lowered at start-up to fit the open-file limit
+    /// beside the HTTP connections. At the cap, the oldest connection that has not finished its
+    /// HTTP/2 handshake is closed to make room; without one, new connections wait in the
+    /// listen queue.
+    pub max_connections: usize,
+    /// Time a new connection has to send the HTTP/2 preface and its first SETTINGS frame.
+    pub handshake_timeout_ms: u64,
+    /// Deadline of one call, from its headers to its answer, its request's body included
+    /// (a shorter `grpc-timeout` from the client wins).
+    pub call_timeout_ms: u64,
+    /// Streams (calls) one connection may have open at once (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    pub max_concurrent_streams: u32,
+    /// Streams a client may open and reset before they are served, per connection, before the
+    /// connection is closed.
+    pub max_pending_resets: usize,
+    /// A connection that sent nothing for this long is pinged (HTTP/2 PING).
+    pub keepalive_interval_ms: u64,
+    /// A ping not answered within this is the end of its connection.
+    pub keepalive_timeout_ms: u64,
+}
+
+impl Default for GrpcSettings {
+    fn default() -> Self {
+        Self {
+            bind: None,
+            max_connections: 1_024,
+            handshake_timeout_ms: 5_000,
+            call_timeout_ms: 1_000,
+            max_concurrent_streams: 200,
+            max_pending_resets: 20,
+            keepalive_interval_ms: 30_000,
+            keepalive_timeout_ms: 10_000,
+        }
+    }
+}
+
+impl GrpcSettings {
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_millis(self.call_timeout_ms)
+    }
+
+    pub fn keepalive_interval(&self) -> Duration {
+        Duration::from_millis(self.keepalive_interval_ms)
+    }
+
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_millis(self.keepalive_timeout_ms)
+    }
+
+    /// The first setting that is out of its bounds, and why.
+    fn invalid(&self) -> Option<(&'static str, &'static str)> {
+        const DAY_MS: u64 = 86_400_000;
+        let durations = [
+            ("grpc.handshake_timeout_ms", self.handshake_timeout_ms),
+            ("grpc.call_timeout_ms", self.call_timeout_ms),
+            ("grpc.keepalive_interval_ms", self.keepalive_interval_ms),
+            ("grpc.keepalive_timeout_ms", self.keepalive_timeout_ms),
+        ];
+        if let Some((key, _)) = durations.iter().find(|(_, ms)| !(1..=DAY_MS).contains(ms)) {
+            return Some((key, "must be from 1 to 86400000 (one day)"));
+        }
+        if self.max_connections == 0 {
+            return Some(("grpc.max_connections", "must be at least 1"));
+        }
+        if !(1..=10_000).contains(&self.max_concurrent_streams) {
+            return Some(("grpc.max_concurrent_streams", "must be from 1 to 10000"));
+        }
+        if !(1..=10_000).contains(&self.max_pending_resets) {
+            return Some(("grpc.max_pending_resets", "must be from 1 to 10000"));
+        }
+        None
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -557,6 +633,9 @@ impl RawSettings {
             }
             policies.push(policy);
         }
+        if let Some((key, reason)) = self.grpc.invalid() {
+            return Err(invalid(key, reason));
+        }
         if let Some(grpc) = self.grpc.bind {
             if grpc == self.server.bind && grpc.port() != 0 {
                 return Err(invalid(
@@ -758,6 +837,40 @@ mod tests {
         )
         .expect_err("one port for both");
         assert!(e.to_string().contains("grpc.bind"), "{e}");
+    }
+
+    #[test]
+    fn grpc_connection_and_stream_bounds_have_defaults_and_are_checked() {
+        let s = Settings::load_from(None, env(&[])).expect("valid");
+        assert_eq!(s.grpc.max_connections, 1_024);
+        assert_eq!(s.grpc.max_concurrent_streams, 200);
+        assert_eq!(s.grpc.call_timeout(), Duration::from_secs(1));
+        let s = Settings::load_from(
+            None,
+            env(&[
+                ("RATELIMITER__GRPC__MAX_CONCURRENT_STREAMS", "7"),
+                ("RATELIMITER__GRPC__HANDSHAKE_TIMEOUT_MS", "250"),
+            ]),
+        )
+        .expect("valid");
+        assert_eq!(s.grpc.max_concurrent_streams, 7);
+        assert_eq!(s.grpc.handshake_timeout(), Duration::from_millis(250));
+        for (key, value) in [
+            ("MAX_CONNECTIONS", "0"),
+            ("HANDSHAKE_TIMEOUT_MS", "0"),
+            ("CALL_TIMEOUT_MS", "0"),
+            ("MAX_CONCURRENT_STREAMS", "0"),
+            ("MAX_CONCURRENT_STREAMS", "10001"),
+            ("MAX_PENDING_RESETS", "0"),
+            ("KEEPALIVE_INTERVAL_MS", "0"),
+            ("KEEPALIVE_TIMEOUT_MS", "86400001"),
+        ] {
+            let var = format!("RATELIMITER__GRPC__{key}");
+            let e = Settings::load_from(None, env(&[(var.as_str(), value)]))
+                .expect_err("out of bounds");
+            let named = format!("grpc.{}", key.to_lowercase());
+            assert!(e.to_string().contains(&named), "{key}={value}: {e}");
+        }
     }
 
     #[test]

@@ -35,34 +35,90 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::api::auth::Tokens;
+use crate::config::GrpcSettings;
 use crate::limiter::{Op, MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
 
+mod incoming;
+
+/// Streams one connection may have the server reset (refused beyond
+/// `max_concurrent_streams`, or malformed) before it is closed with `ENHANCE_YOUR_CALM`.
+/// hyper's default: tonic, left alone, passes no limit at all, and a client refused again and
+/// again would queue resets without end (RUSTSEC-2024-0003).
+pub const MAX_REFUSED_STREAMS: usize = 1_024;
+
 /// Most descriptors in one call.
 pub const MAX_DESCRIPTORS: usize = 64;
 
 /// Serves the rate-limit service on `listener` until `shutdown` completes, then lets calls in
-/// flight finish.
+/// flight finish. `max_connections` is `settings.max_connections` lowered to fit the open-file
+/// limit (`startup`).
+///
+/// What bounds a client: at most `max_connections` connections (`incoming`), each closed unless
+/// its HTTP/2 handshake arrives within `handshake_timeout_ms`; at most `max_concurrent_streams`
+/// calls open per connection (advertised in SETTINGS; a stream beyond it is refused, and
+/// [`MAX_REFUSED_STREAMS`] refusals close the connection) and `max_pending_resets` streams
+/// reset by the client before being served; each call answered or cancelled
+/// within `call_timeout_ms`, its body included; an idle connection pinged every
+/// `keepalive_interval_ms` and closed when a ping goes unanswered for `keepalive_timeout_ms`;
+/// and the bearer token checked on the call's headers, before its body is read.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<RateLimiter>,
     tokens: Tokens,
+    settings: &GrpcSettings,
+    max_connections: usize,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    let service = RateLimitServiceServer::new(Grpc::new(limiter, tokens));
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let grpc = Grpc::new(limiter);
+    let unauthenticated = metrics::counter!(m::GRPC_REQUESTS, "code" => "unauthenticated");
+    // On the headers alone: a call with a bad token is refused before its body is read.
+    let authorize = move |mut request: Request<()>| {
+        let values = || {
+            request
+                .metadata()
+                .get_all("authorization")
+                .into_iter()
+                .map(|v| v.as_bytes())
+        };
+        match tokens.check_client(values()) {
+            Ok(()) => {
+                // Negative hits are settlements: whether this call's token may settle rides
+                // with the call to [`Grpc::answer`].
+                let settle = tokens.check_settle(values()).map_err(|e| e.to_owned());
+                request.extensions_mut().insert(MaySettle(settle));
+                Ok(request)
+            }
+            Err(reason) => {
+                unauthenticated.increment(1);
+                Err(Status::unauthenticated(reason))
+            }
+        }
+    };
+    let service = RateLimitServiceServer::with_interceptor(grpc, authorize);
+    let incoming = incoming::bounded(listener, max_connections, settings.handshake_timeout());
     tonic::transport::Server::builder()
+        .timeout(settings.call_timeout())
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .http2_max_pending_accept_reset_streams(Some(settings.max_pending_resets))
+        .http2_max_local_error_reset_streams(Some(MAX_REFUSED_STREAMS))
+        .http2_keepalive_interval(Some(settings.keepalive_interval()))
+        .http2_keepalive_timeout(Some(settings.keepalive_timeout()))
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 
+/// Whether a call's token may settle (`auth.settle_tokens`), or why not: found by the interceptor
+/// on the call's headers, read by [`Grpc::answer`] for negative hits.
+#[derive(Debug, Clone)]
+struct MaySettle(Result<(), String>);
+
 /// The `RateLimitService` implementation.
 pub struct Grpc {
     limiter: Arc<RateLimiter>,
-    tokens: Tokens,
     ok: Counter,
     over_limit: Counter,
     unmatched: Counter,
@@ -70,11 +126,10 @@ pub struct Grpc {
 }
 
 impl Grpc {
-    pub fn new(limiter: Arc<RateLimiter>, tokens: Tokens) -> Self {
+    pub fn new(limiter: Arc<RateLimiter>) -> Self {
         let _ = m::handle();
         Self {
             limiter,
-            tokens,
             ok: metrics::counter!(m::GRPC_REQUESTS, "code" => "ok"),
             over_limit: metrics::counter!(m::GRPC_REQUESTS, "code" => "over_limit"),
             unmatched: metrics::counter!(m::GRPC_UNMATCHED),
@@ -87,14 +142,7 @@ impl Grpc {
         &self,
         request: &Request<RateLimitRequest>,
     ) -> Result<RateLimitResponse, Status> {
-        let values = request
-            .metadata()
-            .get_all("authorization")
-            .into_iter()
-            .map(|v| v.as_bytes());
-        self.tokens
-            .check_client(values)
-            .map_err(Status::unauthenticated)?;
+        // The token was checked on the call's headers, before its body was read (`serve`).
         let req = request.get_ref();
         if req.domain.is_empty() {
             return Err(Status::invalid_argument("`domain` must not be empty"));
@@ -153,12 +201,11 @@ impl Grpc {
             }
             // And they are settlements: with `auth.settle_tokens` set, a client token may not.
             if d.is_negative_hits && cost > 0 {
-                let values = request
-                    .metadata()
-                    .get_all("authorization")
-                    .into_iter()
-                    .map(|v| v.as_bytes());
-                self.tokens.check_settle(values).map_err(|e| {
+                let settle = match request.extensions().get::<MaySettle>() {
+                    Some(MaySettle(settle)) => settle.as_ref().map_err(String::as_str),
+                    None => Err("the call was not authorized"),
+                };
+                settle.map_err(|e| {
                     Status::permission_denied(format!(
                         "`descriptors[{i}]`: is_negative_hits needs a settle token: {e}"
                     ))

@@ -61,6 +61,10 @@ pub const GRPC_REQUESTS: &str = "ratelimiter_grpc_requests_total";
 pub const GRPC_DESCRIPTORS: &str = "ratelimiter_grpc_descriptors_total";
 /// Descriptors of those calls that no policy serves, answered `OK` without a decision.
 pub const GRPC_UNMATCHED: &str = "ratelimiter_grpc_unmatched_descriptors_total";
+/// gRPC connections the service closed before their HTTP/2 handshake arrived, labelled `reason`:
+/// `handshake_timeout` (`grpc.handshake_timeout_ms`) or `evicted` (closed to make room at
+/// `grpc.max_connections`).
+pub const GRPC_CONNECTIONS_CLOSED: &str = "ratelimiter_grpc_connections_closed_total";
 /// Time to answer a gRPC `ShouldRateLimit` call, from decoded request to answer, in seconds.
 pub const GRPC_SECONDS: &str = "ratelimiter_grpc_request_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.

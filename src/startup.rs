@@ -12,7 +12,7 @@ use anyhow::Context;
 use crate::api;
 use crate::api::auth::Tokens;
 use crate::api::span::TrustedProxies;
-use crate::config::{ServerSettings, Settings};
+use crate::config::{GrpcSettings, ServerSettings, Settings};
 use crate::grpc;
 use crate::service::RateLimiter;
 use crate::store::breaker::Breaker;
@@ -141,19 +141,36 @@ impl Application {
             (true, ConnectionMode::Pool) => u64::from(settings.redis.pool_size),
             (true, ConnectionMode::Multiplexed) => workers as u64,
         };
+        // gRPC connections come out of the same descriptors, before the HTTP workers' share:
+        // its cap, and the one connection its listener may hold while finding it a slot.
+        let grpc_connections = settings.grpc.bind.map(|_| {
+            grpc_connections_that_fit(
+                settings.grpc.max_connections,
+                server_settings.max_connections.saturating_mul(workers),
+                redis_files,
+            )
+        });
+        let grpc_files = grpc_connections.map_or(0, |n| n as u64 + 1);
         let server = http_server(
             move || api::app(data.clone(), edge.clone()),
             listener,
             server_settings,
             workers,
-            redis_files,
+            redis_files + grpc_files,
         )?;
         tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
-        let grpc = match settings.grpc.bind {
-            Some(bind) => Some(
-                serve_grpc(bind, limiter.clone(), Tokens::from_settings(&settings.auth)).await?,
+        let grpc = match (settings.grpc.bind, grpc_connections) {
+            (Some(bind), Some(max_connections)) => Some(
+                serve_grpc(
+                    bind,
+                    limiter.clone(),
+                    Tokens::from_settings(&settings.auth),
+                    settings.grpc.clone(),
+                    max_connections,
+                )
+                .await?,
             ),
-            None => None,
+            _ => None,
         };
         Ok(Self {
             port: address.port(),
@@ -199,6 +216,8 @@ async fn serve_grpc(
     bind: SocketAddr,
     limiter: Arc<RateLimiter>,
     tokens: Tokens,
+    settings: GrpcSettings,
+    max_connections: usize,
 ) -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(bind)
         .await
@@ -218,11 +237,19 @@ async fn serve_grpc(
         }
     };
     let task = tokio::spawn(async move {
-        if let Err(e) = grpc::serve(listener, limiter, tokens, shutdown).await {
+        let served = grpc::serve(
+            listener,
+            limiter,
+            tokens,
+            &settings,
+            max_connections,
+            shutdown,
+        );
+        if let Err(e) = served.await {
             tracing::error!(error = %e, "the gRPC server failed");
         }
     });
-    tracing::info!(%address, "serving Envoy's rate-limit service (gRPC)");
+    tracing::info!(%address, max_connections, "serving Envoy's rate-limit service (gRPC)");
     Ok((address.port(), task))
 }
 
@@ -296,14 +323,7 @@ const RESERVED_FILES: u64 = 256;
 /// of descriptors answers nothing, `/healthz` included, while one at its connection cap leaves
 /// the excess waiting in the listen queue.
 fn connections_that_fit(wanted: usize, workers: usize, redis_files: u64) -> usize {
-    let soft = match rlimit::increase_nofile_limit(u64::MAX) {
-        Ok(soft) => soft,
-        Err(error) => {
-            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
-            tracing::warn!(%error, soft, "could not raise the open-file limit");
-            soft
-        }
-    };
+    let soft = open_file_limit();
     let fit = fit_connections(wanted, workers, soft.saturating_sub(redis_files));
     if fit < wanted {
         tracing::warn!(
@@ -316,6 +336,51 @@ fn connections_that_fit(wanted: usize, workers: usize, redis_files: u64) -> usiz
         );
     }
     fit
+}
+
+/// The soft limit on open files, raised to the hard one first.
+fn open_file_limit() -> u64 {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => soft,
+        Err(error) => {
+            let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+            tracing::warn!(%error, soft, "could not raise the open-file limit");
+            soft
+        }
+    }
+}
+
+/// `grpc.max_connections` lowered, when it and the HTTP workers' `http_wanted` connections do
+/// not both fit under the open-file limit beside `redis_files` and [`RESERVED_FILES`], to its
+/// proportional share of what does.
+fn grpc_connections_that_fit(wanted: usize, http_wanted: usize, redis_files: u64) -> usize {
+    let soft = open_file_limit();
+    let fit = fit_grpc_connections(wanted, http_wanted, soft.saturating_sub(redis_files));
+    if fit < wanted {
+        tracing::warn!(
+            max_connections = wanted,
+            lowered_to = fit,
+            open_file_limit = soft,
+            "grpc.max_connections lowered so that gRPC and HTTP connections fit in the \
+             open-file limit; raise the limit (ulimit -n, LimitNOFILE) to accept more"
+        );
+    }
+    fit
+}
+
+/// gRPC connections that fit under `limit` open files beside [`RESERVED_FILES`]: all `wanted`
+/// when the HTTP side's `http_wanted` fit too, else a share in proportion (at least 1). The
+/// HTTP side then fits its workers into what is left ([`fit_connections`]).
+fn fit_grpc_connections(wanted: usize, http_wanted: usize, limit: u64) -> usize {
+    let share = limit.saturating_sub(RESERVED_FILES);
+    let total = wanted as u128 + http_wanted as u128;
+    if total <= u128::from(share) {
+        return wanted;
+    }
+    let part = u128::from(share) * wanted as u128 / total.max(1);
+    usize::try_from(part)
+        .unwrap_or(usize::MAX)
+        .clamp(1, wanted.max(1))
 }
 
 /// Connections per worker that fit under `limit` open files with [`RESERVED_FILES`] aside (at
@@ -337,5 +402,20 @@ mod tests {
         assert_eq!(fit_connections(100, 2, 1_024), 100);
         assert_eq!(fit_connections(4_096, 4, 1_048_576), 4_096);
         assert_eq!(fit_connections(4_096, 2, 100), 1);
+    }
+
+    #[test]
+    fn grpc_connections_take_their_share_of_the_file_limit() {
+        // Both fit: nothing lowered.
+        assert_eq!(fit_grpc_connections(1_024, 8_192, 1_048_576), 1_024);
+        // Under 1,024 files, 2 workers of 4,096 and 1,024 gRPC: 768 to share, 85 for gRPC; the
+        // HTTP workers get (768 - 86) / 2 = 341 each, so that every descriptor is accounted for.
+        let grpc = fit_grpc_connections(1_024, 8_192, 1_024);
+        assert_eq!(grpc, 85);
+        let http = fit_connections(4_096, 2, 1_024 - (grpc as u64 + 1));
+        assert_eq!(http, 341);
+        assert!((2 * http + grpc + 1) as u64 + RESERVED_FILES <= 1_024);
+        // A tiny limit still serves one.
+        assert_eq!(fit_grpc_connections(1_024, 8_192, 100), 1);
     }
 }

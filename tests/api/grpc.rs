@@ -522,6 +522,60 @@ async fn client_tokens_guard_grpc_calls_too() {
     assert_eq!(r.into_inner().overall_code, Code::Ok as i32);
 }
 
+/// With `auth.settle_tokens` set, negative hits (refunds without a ticket) need a settle token:
+/// a front end's client token may decide but not give units back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_hits_need_a_settle_token_when_settle_tokens_are_set() {
+    let app = app_with(
+        Backend::Embedded,
+        &[
+            ("RATELIMITER__AUTH__CLIENT_TOKENS", "front"),
+            ("RATELIMITER__AUTH__SETTLE_TOKENS", "back"),
+            ("RATELIMITER__LIMITS__TICKETLESS_REFUNDS", "true"),
+        ],
+    )
+    .await;
+    app.create_policy(per_address(5)).await;
+    let mut client = client(&app).await;
+    let with = |token: &str, negative: bool| {
+        let mut body = by_address("n");
+        body.descriptors[0].is_negative_hits = negative;
+        let mut req = tonic::Request::new(body);
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ascii"),
+        );
+        req
+    };
+    let taken = client.should_rate_limit(with("front", false)).await;
+    assert_eq!(
+        taken.expect("decided").into_inner().overall_code,
+        Code::Ok as i32
+    );
+    let status = client
+        .should_rate_limit(with("front", true))
+        .await
+        .expect_err("a client token may not settle");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    let before: Value = app
+        .client
+        .post(app.url("/v1/peek"))
+        .bearer_auth("front")
+        .json(&json!({"policy": "per-address", "key": "n"}))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(before["remaining"], 4, "nothing was given back: {before}");
+    let given = client.should_rate_limit(with("back", true)).await;
+    assert_eq!(
+        given.expect("settled").into_inner().overall_code,
+        Code::Ok as i32
+    );
+}
+
 /// With Redis stopped: `closed` is `UNAVAILABLE`, `open` is `OK` marked `fail_open`, `local`
 /// decides in this instance, marked `fail_local`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,7 @@ mod errors;
 mod faults;
 mod gcra;
 mod grpc;
+mod grpc_hardening;
 mod incarnation;
 mod instances;
 mod lease_hardening;
