@@ -2,8 +2,6 @@
 //! file limit, Authorization headers, `/metrics` behind a token, repeated JSON keys, and what
 //! the logs show of a request.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
@@ -11,7 +9,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{free_port, spawn_app_with, TestApp, TestRedis};
+use crate::helpers::{spawn_app_with, Binary, TestApp, TestRedis};
 
 /// Connects to `address` (`http://127.0.0.1:port`) and writes `request` as is.
 async fn send_raw(address: &str, request: &[u8]) -> TcpStream {
@@ -278,79 +276,6 @@ async fn a_key_repeated_in_a_body_is_refused_at_any_depth() {
     )
     .await;
     assert_eq!(p["field"], "key", "{p}");
-}
-
-/// The real binary, with its standard error in a file; killed on drop.
-struct Binary {
-    child: Child,
-    pub address: String,
-    log: PathBuf,
-}
-
-impl Binary {
-    /// Starts the service through `sh -c '<shell_prefix>; exec …'` (for `ulimit`), with `env`,
-    /// and waits until `/healthz` answers.
-    async fn start(shell_prefix: &str, env: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!(
-            "ratelimiter-edge-{}-{port}.log",
-            std::process::id()
-        ));
-        let stderr = std::fs::File::create(&log).expect("log file");
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("{shell_prefix}\nexec \"$0\""))
-            .arg(env!("CARGO_BIN_EXE_ratelimiter"))
-            .env("RATELIMITER__SERVER__BIND", format!("127.0.0.1:{port}"))
-            .env("RATELIMITER__SERVER__WORKERS", "2")
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start the service");
-        let binary = Self {
-            child,
-            address: format!("http://127.0.0.1:{port}"),
-            log,
-        };
-        let client = reqwest::Client::new();
-        let start = Instant::now();
-        while client
-            .get(format!("{}/healthz", binary.address))
-            .send()
-            .await
-            .map(|r| r.status() != 200)
-            .unwrap_or(true)
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "the service did not start: {}",
-                binary.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        binary
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Open file descriptors of the process right now.
-    fn open_files(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
 }
 
 /// One fresh client's `/healthz` and acquire, each within `within`.

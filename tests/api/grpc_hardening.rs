@@ -7,9 +7,7 @@
 //! Deadlines in these tests are short (0.5 to 2 s) and every wait for them is at least ten
 //! times longer, so that a loaded machine is slow without failing; what is asserted is counts.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -21,7 +19,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{free_port, spawn_app_with, TestApp};
+use crate::helpers::{free_port, spawn_app_with, Binary, TestApp};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -223,78 +221,6 @@ async fn fresh_http_client(address: &str, within: Duration) -> Result<(), String
         return Err(format!("acquire answered {}", acquire.status()));
     }
     Ok(())
-}
-
-/// The real binary, with its standard error in a file; killed on drop.
-struct Binary {
-    child: Child,
-    address: String,
-    log: PathBuf,
-}
-
-impl Binary {
-    /// Starts the service through `sh -c '<shell_prefix>; exec …'` (for `ulimit`), with `env`,
-    /// and waits until `/healthz` answers.
-    async fn start(shell_prefix: &str, env: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let log = std::env::temp_dir().join(format!(
-            "ratelimiter-grpc-hardening-{}-{port}.log",
-            std::process::id()
-        ));
-        let stderr = std::fs::File::create(&log).expect("log file");
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("{shell_prefix}\nexec \"$0\""))
-            .arg(env!("CARGO_BIN_EXE_ratelimiter"))
-            .env("RATELIMITER__SERVER__BIND", format!("127.0.0.1:{port}"))
-            .env("RATELIMITER__SERVER__WORKERS", "2")
-            .env("RUST_LOG", "info")
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start the service");
-        let binary = Self {
-            child,
-            address: format!("http://127.0.0.1:{port}"),
-            log,
-        };
-        let client = reqwest::Client::new();
-        let start = Instant::now();
-        while client
-            .get(format!("{}/healthz", binary.address))
-            .send()
-            .await
-            .map(|r| r.status() != 200)
-            .unwrap_or(true)
-        {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "the service did not start: {}",
-                binary.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        binary
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn open_files(&self) -> usize {
-        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
-            .map(|d| d.count())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
 }
 
 /// Item 1 of issue 22: under a 1,024 file limit, 1,100 connections to the gRPC port that send

@@ -546,3 +546,76 @@ pub fn claim(marks: &[u64], units: u64) -> Option<ratelimiter::store::Claim<'_>>
             .unwrap_or(0),
     })
 }
+
+/// The real binary, with its standard error in a file; killed on drop.
+pub struct Binary {
+    pub child: Child,
+    pub address: String,
+    log: std::path::PathBuf,
+}
+
+impl Binary {
+    /// Starts the service through `sh -c '<shell_prefix>; exec …'` (for `ulimit`), with `env`,
+    /// and waits until `/healthz` answers.
+    pub async fn start(shell_prefix: &str, env: &[(&str, &str)]) -> Self {
+        let port = free_port();
+        let log = std::env::temp_dir().join(format!(
+            "ratelimiter-binary-{}-{port}.log",
+            std::process::id()
+        ));
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{shell_prefix}\nexec \"$0\""))
+            .arg(env!("CARGO_BIN_EXE_ratelimiter"))
+            .env("RATELIMITER__SERVER__BIND", format!("127.0.0.1:{port}"))
+            .env("RATELIMITER__SERVER__WORKERS", "2")
+            .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the service");
+        let binary = Self {
+            child,
+            address: format!("http://127.0.0.1:{port}"),
+            log,
+        };
+        let client = reqwest::Client::new();
+        let start = Instant::now();
+        while client
+            .get(format!("{}/healthz", binary.address))
+            .send()
+            .await
+            .map(|r| r.status() != 200)
+            .unwrap_or(true)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "the service did not start: {}",
+                binary.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        binary
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Open file descriptors of the process right now.
+    pub fn open_files(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
