@@ -602,9 +602,7 @@ impl Conn {
             }
         }
     }
-}
 
-impl Conn {
     /// Runs `cmd` on the Cluster node at `host:port`; on one Redis, on it.
     pub async fn query_by_address(
         &mut self,
