@@ -129,10 +129,33 @@ pub struct Keyring {
     keys: RwLock<Ring>,
 }
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default)]
 struct Ring {
-    current: Option<Key>,
-    previous: Option<Key>,
+    current: Option<Signer>,
+    previous: Option<Signer>,
+}
+
+/// A key with its HMAC keyed once, so that signing a ticket (on every allowed acquire) hashes
+/// the ticket alone.
+#[derive(Clone)]
+struct Signer {
+    key: Key,
+    mac: HmacSha256,
+}
+
+impl Signer {
+    fn new(key: Key) -> Self {
+        Self {
+            mac: key.mac(),
+            key,
+        }
+    }
+}
+
+impl fmt::Debug for Signer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.key.fmt(f)
+    }
 }
 
 impl Keyring {
@@ -144,11 +167,16 @@ impl Keyring {
     }
 
     fn set(&self, current: Option<Key>, previous: Option<Key>) {
-        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, previous };
+        let ring = Ring {
+            current: current.map(Signer::new),
+            previous: previous.map(Signer::new),
+        };
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = ring;
     }
 
-    fn ring(&self) -> Ring {
-        *self.keys.read().unwrap_or_else(|e| e.into_inner())
+    /// `f` of the ring, read under its lock.
+    fn with_ring<R>(&self, f: impl FnOnce(&Ring) -> R) -> R {
+        f(&self.keys.read().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Replaces the ring with the store's text of it, or says it is not one (the ring is then
@@ -172,25 +200,28 @@ impl Keyring {
 
     /// Whether a key signs: none before the ring is first loaded.
     pub fn is_loaded(&self) -> bool {
-        self.ring().current.is_some()
+        self.with_ring(|r| r.current.is_some())
     }
 
     /// The store's text of the current key alone (the embedded store's rotation starts from it).
     pub fn current_text(&self) -> Option<String> {
-        self.ring().current.map(|k| k.text())
+        self.with_ring(|r| r.current.as_ref().map(|s| s.key.text()))
     }
 
     /// The current key's id, for logs.
     pub fn current_id(&self) -> Option<u32> {
-        self.ring().current.map(|k| k.id)
+        self.with_ring(|r| r.current.as_ref().map(|s| s.key.id))
     }
 
-    fn find(&self, id: u32) -> Option<Key> {
-        let ring = self.ring();
-        [ring.current, ring.previous]
-            .into_iter()
-            .flatten()
-            .find(|k| k.id == id)
+    /// The keyed HMAC of the key `id`, if the ring holds it.
+    fn find(&self, id: u32) -> Option<HmacSha256> {
+        self.with_ring(|r| {
+            [&r.current, &r.previous]
+                .into_iter()
+                .flatten()
+                .find(|s| s.key.id == id)
+                .map(|s| s.mac.clone())
+        })
     }
 
     /// Whether the ring holds the key `id`.
@@ -208,7 +239,8 @@ impl Keyring {
         verdict: &Verdict,
         id: u64,
     ) -> Option<Ticket> {
-        let signer = self.ring().current?;
+        let (key_id, mac) =
+            self.with_ring(|r| r.current.as_ref().map(|s| (s.key.id, s.mac.clone())))?;
         let mut marks = [0; MAX_LIMITS];
         let mut len = 0;
         for (slot, mark) in marks.iter_mut().zip(verdict.marks()) {
@@ -217,13 +249,13 @@ impl Keyring {
         }
         let mut t = Ticket {
             units,
-            key_id: signer.id,
+            key_id,
             id,
             marks,
             len,
             tag: [0; TAG_BYTES],
         };
-        t.tag = t.compute_tag(&signer, policy, key);
+        t.tag = t.compute_tag(mac, policy, key);
         Some(t)
     }
 
@@ -235,8 +267,8 @@ impl Keyring {
         key: &LimitKey,
     ) -> Result<Ticket, &'static str> {
         let t = Ticket::parse(text)?;
-        let signer = self.find(t.key_id).ok_or(UNKNOWN_KEY)?;
-        let expected = t.compute_tag(&signer, policy, key);
+        let mac = self.find(t.key_id).ok_or(UNKNOWN_KEY)?;
+        let expected = t.compute_tag(mac, policy, key);
         if bool::from(expected.ct_eq(&t.tag)) {
             Ok(t)
         } else {
@@ -260,19 +292,43 @@ pub fn rotated(text: Option<&str>, fresh: [u8; KEY_BYTES]) -> String {
 }
 
 impl Ticket {
-    /// The text that is signed: everything before the tag.
-    fn body(&self) -> String {
-        let mut s = format!("{VERSION}.{}.{:016x}.{}", self.key_id, self.id, self.units);
+    /// Writes the text that is signed: everything before the tag (without allocating: it is
+    /// written, and hashed, on every allowed acquire).
+    fn write_body(&self, w: &mut impl fmt::Write) -> fmt::Result {
+        let mut n = itoa::Buffer::new();
+        let mut id = [0; 16];
+        w.write_str(VERSION)?;
+        w.write_char('.')?;
+        w.write_str(n.format(self.key_id))?;
+        w.write_char('.')?;
+        w.write_str(hex(&self.id.to_be_bytes(), &mut id))?;
+        w.write_char('.')?;
+        w.write_str(n.format(self.units))?;
         for mark in &self.marks[..self.len] {
-            s.push_str(&format!(".{mark}"));
+            w.write_char('.')?;
+            w.write_str(n.format(*mark))?;
         }
-        s
+        Ok(())
     }
 
-    fn compute_tag(&self, key: &Key, policy: &Policy, subject: &LimitKey) -> [u8; TAG_BYTES] {
-        let mut mac = key.mac();
+    /// The tag under `mac`, the signing key's keyed HMAC.
+    fn compute_tag(
+        &self,
+        mut mac: HmacSha256,
+        policy: &Policy,
+        subject: &LimitKey,
+    ) -> [u8; TAG_BYTES] {
+        /// Hashes what is written to it.
+        struct Hashed<'a>(&'a mut HmacSha256);
+        impl fmt::Write for Hashed<'_> {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                self.0.update(s.as_bytes());
+                Ok(())
+            }
+        }
+        // Writing to a hash cannot fail.
+        let _ = self.write_body(&mut Hashed(&mut mac));
         // The body has no NUL, nor has a policy's name: the key is what follows the second.
-        mac.update(self.body().as_bytes());
         mac.update(&[0]);
         mac.update(policy.name.as_str().as_bytes());
         mac.update(&[0]);
@@ -365,14 +421,22 @@ impl Ticket {
     }
 }
 
+/// `bytes` in lower-case hex, written into `out` (twice as long).
+fn hex<'a>(bytes: &[u8], out: &'a mut [u8]) -> &'a str {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 0xf)];
+    }
+    std::str::from_utf8(&out[..2 * bytes.len()]).unwrap_or_default()
+}
+
 impl fmt::Display for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.body())?;
+        let mut tag = [0; 2 * TAG_BYTES];
+        self.write_body(f)?;
         f.write_str(".")?;
-        for b in self.tag {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        f.write_str(hex(&self.tag, &mut tag))
     }
 }
 
@@ -423,6 +487,13 @@ mod tests {
             text.starts_with("2.7.0000000000000abc.2.1000250."),
             "{text}"
         );
+        // The tag is HMAC-SHA256 of the body, the policy and the key, cut to 128 bits.
+        let (body, tag) = text.rsplit_once('.').expect("a tag");
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&[9; KEY_BYTES]).expect("any length");
+        mac.update(format!("{body}\0p\0k").as_bytes());
+        let mut expected = [0; 2 * TAG_BYTES];
+        let full = mac.finalize().into_bytes();
+        assert_eq!(tag, hex(&full[..TAG_BYTES], &mut expected));
         let back = r.verify(&text, &p, &key("k")).expect("verifies");
         assert_eq!(back, t);
         assert_eq!(back.marks_for(&p), (t.marks, 1));
