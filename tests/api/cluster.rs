@@ -74,6 +74,30 @@ async fn subjects_spread_over_every_master_each_on_its_own_slot() {
 }
 
 /// The index of the master node serving `key`'s slot.
+/// A `fixed_window` subject key of `policy` on each of the three masters: the one on a master
+/// that does not hold the policies (the victim of a fault test), and the others.
+pub(crate) fn key_per_master(
+    cluster: &TestCluster,
+    policy: &str,
+) -> ((usize, String), Vec<(usize, String)>) {
+    let policies = master_of(cluster, "rl:{policies}:meta");
+    let mut by_master: Vec<(usize, String)> = Vec::new();
+    for i in 0..10_000 {
+        let key = format!("k{i}");
+        let m = master_of(cluster, &format!("rl:{{{policy}:{key}}}:fixed_window"));
+        if by_master.iter().all(|(seen, _)| *seen != m) {
+            by_master.push((m, key));
+        }
+    }
+    assert_eq!(by_master.len(), 3, "three masters");
+    let at = by_master
+        .iter()
+        .position(|(m, _)| *m != policies)
+        .expect("a master without the policies");
+    let victim = by_master.remove(at);
+    (victim, by_master)
+}
+
 pub(crate) fn master_of(cluster: &TestCluster, key: &str) -> usize {
     let mut conn = cluster.nodes()[0].conn();
     let slot: i64 = redis::cmd("CLUSTER")
@@ -221,21 +245,7 @@ async fn a_hung_master_answers_by_fail_mode_only_for_the_keys_it_owns() {
     app.create_policy(json!({"name": "pm", "algorithm": "fixed_window", "limit": 1_000_000, "window_ms": 3_600_000, "fail_mode": "open"}))
         .await;
     // One key per master; the victim is a master that does not hold the policies.
-    let policies = master_of(&cluster, "rl:{policies}:meta");
-    let mut by_master: Vec<(usize, String)> = Vec::new();
-    for i in 0..1_000 {
-        let key = format!("k{i}");
-        let m = master_of(&cluster, &format!("rl:{{pm:{key}}}:fixed_window"));
-        if by_master.iter().all(|(seen, _)| *seen != m) {
-            by_master.push((m, key));
-        }
-    }
-    assert_eq!(by_master.len(), 3, "three masters");
-    let at = by_master
-        .iter()
-        .position(|(m, _)| *m != policies)
-        .expect("a master without the policies");
-    let (victim, victim_key) = by_master.remove(at);
+    let ((victim, victim_key), by_master) = key_per_master(&cluster, "pm");
     let acquire = |key: String| {
         let app = &app;
         async move {

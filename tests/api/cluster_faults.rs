@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use crate::cluster::master_of;
+use crate::cluster::{key_per_master, master_of};
 use crate::helpers::{clear_of_window_edges, spawn_app_on_cluster, TestApp, TestCluster};
 
 /// What one acquire was answered.
@@ -264,22 +264,7 @@ async fn failover_under_load(node_args: &[&str]) -> Failover {
     .await;
     app.create_policy(json!({"name": "fo", "algorithm": "fixed_window", "limit": 1_000_000_000u64, "window_ms": 3_600_000, "fail_mode": "open"}))
         .await;
-    let policies = master_of(&cluster, "rl:{policies}:meta");
-    let mut by_master: Vec<(usize, String)> = Vec::new();
-    for i in 0..10_000 {
-        let key = format!("k{i}");
-        let m = master_of(&cluster, &format!("rl:{{fo:{key}}}:fixed_window"));
-        if by_master.iter().all(|(seen, _)| *seen != m) {
-            by_master.push((m, key));
-        }
-    }
-    assert_eq!(by_master.len(), 3, "three masters");
-    let at = by_master
-        .iter()
-        .position(|(m, _)| *m != policies)
-        .expect("a master without the policies");
-    let (victim, victim_key) = by_master.remove(at);
-    let healthy: Vec<(usize, String)> = by_master;
+    let ((victim, victim_key), healthy) = key_per_master(&cluster, "fo");
     let start = Instant::now();
     let done = AtomicBool::new(false);
 

@@ -9,7 +9,10 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{spawn_app_with, Binary, TestApp, TestRedis};
+use crate::helpers::{fresh_client_is_served, spawn_app_with, Binary, TestApp, TestRedis};
+
+/// The flood test's client token and policy, for the fresh clients served beside it.
+const EDGE: (&str, &str) = ("edge-token", "edge-flood");
 
 /// Connects to `address` (`http://127.0.0.1:port`) and writes `request` as is.
 async fn send_raw(address: &str, request: &[u8]) -> TcpStream {
@@ -278,34 +281,6 @@ async fn a_key_repeated_in_a_body_is_refused_at_any_depth() {
     assert_eq!(p["field"], "key", "{p}");
 }
 
-/// One fresh client's `/healthz` and acquire, each within `within`.
-async fn fresh_client_is_served(address: &str, within: Duration) -> Result<(), String> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .timeout(within)
-        .build()
-        .expect("client");
-    let health = client
-        .get(format!("{address}/healthz"))
-        .send()
-        .await
-        .map_err(|e| format!("/healthz: {e}"))?;
-    if health.status() != 200 {
-        return Err(format!("/healthz answered {}", health.status()));
-    }
-    let acquire = client
-        .post(format!("{address}/v1/acquire"))
-        .bearer_auth("edge-token")
-        .json(&json!({"policy": "edge-flood", "key": "fresh"}))
-        .send()
-        .await
-        .map_err(|e| format!("acquire: {e}"))?;
-    if acquire.status() != 200 {
-        return Err(format!("acquire answered {}", acquire.status()));
-    }
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousands_of_unfinished_bodies_do_not_starve_other_clients() {
     // The flood needs more descriptors than the service starts with (soft limit 1,024), and
@@ -391,7 +366,8 @@ async fn thousands_of_unfinished_bodies_do_not_starve_other_clients() {
 
     // While they are open, fresh clients are served, again and again.
     for round in 0..3 {
-        if let Err(e) = fresh_client_is_served(&service.address, Duration::from_secs(6)).await {
+        if let Err(e) = fresh_client_is_served(&service.address, EDGE, Duration::from_secs(6)).await
+        {
             panic!(
                 "round {round}: a fresh client was not served with {} hostile connections open: \
                  {e}; the service holds {} descriptors",
@@ -426,7 +402,7 @@ async fn thousands_of_unfinished_bodies_do_not_starve_other_clients() {
     );
     let log = service.log_text();
     assert!(!log.contains("Too many open files"), "{log}");
-    fresh_client_is_served(&service.address, Duration::from_secs(5))
+    fresh_client_is_served(&service.address, EDGE, Duration::from_secs(5))
         .await
         .expect("served after the flood");
 }

@@ -19,7 +19,7 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::helpers::{free_port, spawn_app_with, Binary, TestApp};
+use crate::helpers::{free_port, fresh_client_is_served, spawn_app_with, Binary, TestApp};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -195,34 +195,6 @@ async fn fresh_grpc_call(port: u16, within: Duration) -> Result<(), String> {
         .unwrap_or_else(|_| Err(format!("no answer within {within:?}")))
 }
 
-/// A fresh HTTP client's `/healthz` and acquire, within `within` each.
-async fn fresh_http_client(address: &str, within: Duration) -> Result<(), String> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(0)
-        .timeout(within)
-        .build()
-        .map_err(|e| e.to_string())?;
-    let health = client
-        .get(format!("{address}/healthz"))
-        .send()
-        .await
-        .map_err(|e| format!("/healthz: {e}"))?;
-    if health.status() != 200 {
-        return Err(format!("/healthz answered {}", health.status()));
-    }
-    let acquire = client
-        .post(format!("{address}/v1/acquire"))
-        .bearer_auth("hard-token")
-        .json(&json!({"policy": HARD_POLICY, "key": "fresh"}))
-        .send()
-        .await
-        .map_err(|e| format!("acquire: {e}"))?;
-    if acquire.status() != 200 {
-        return Err(format!("acquire answered {}", acquire.status()));
-    }
-    Ok(())
-}
-
 /// Item 1 of issue 22: under a 1,024 file limit, 1,100 connections to the gRPC port that send
 /// nothing took every descriptor, and `/healthz`, acquires and gRPC calls went unanswered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,7 +247,8 @@ async fn thousands_of_silent_grpc_connections_leave_http_and_grpc_answering() {
 
     for round in 0..5 {
         let within = Duration::from_secs(10);
-        let http = fresh_http_client(&service.address, within).await;
+        let http =
+            fresh_client_is_served(&service.address, ("hard-token", HARD_POLICY), within).await;
         let grpc = fresh_grpc_call(grpc_port, within).await;
         if let Err(e) = http.and(grpc) {
             panic!(

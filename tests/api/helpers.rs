@@ -619,3 +619,36 @@ impl Drop for Binary {
         let _ = std::fs::remove_file(&self.log);
     }
 }
+
+/// One fresh HTTP client's `/healthz`, then an acquire of `policy` with the bearer `token`
+/// (`(token, policy)`), each within `within`: what the flood tests require while a flood is open.
+pub async fn fresh_client_is_served(
+    address: &str,
+    (token, policy): (&str, &str),
+    within: Duration,
+) -> Result<(), String> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .timeout(within)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let health = client
+        .get(format!("{address}/healthz"))
+        .send()
+        .await
+        .map_err(|e| format!("/healthz: {e}"))?;
+    if health.status() != 200 {
+        return Err(format!("/healthz answered {}", health.status()));
+    }
+    let acquire = client
+        .post(format!("{address}/v1/acquire"))
+        .bearer_auth(token)
+        .json(&json!({"policy": policy, "key": "fresh"}))
+        .send()
+        .await
+        .map_err(|e| format!("acquire: {e}"))?;
+    if acquire.status() != 200 {
+        return Err(format!("acquire answered {}", acquire.status()));
+    }
+    Ok(())
+}
