@@ -36,10 +36,10 @@ use tracing::Instrument;
 
 use crate::api::auth::Tokens;
 use crate::config::GrpcSettings;
-use crate::limiter::{Op, MAX_UNITS, MAX_WAIT_US};
+use crate::limiter::{MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
-use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
+use crate::service::{Acquired, Ask, DecidedBy, Hit, RateLimiter, ServiceError};
 
 mod incoming;
 
@@ -155,7 +155,7 @@ impl Grpc {
         // Envoy leaves the request's `hits_addend` 0 to mean 1.
         let default_cost = u64::from(req.hits_addend.max(1));
         let cache = self.limiter.cache();
-        let mut asks: Vec<Ask> = Vec::with_capacity(req.descriptors.len());
+        let mut asks: Vec<Hit> = Vec::with_capacity(req.descriptors.len());
         // For each descriptor, its ask's index (`None`: no policy serves it), and whether its
         // hits are to be given back rather than taken.
         let mut slots: Vec<Option<usize>> = Vec::with_capacity(req.descriptors.len());
@@ -213,7 +213,7 @@ impl Grpc {
             }
             negative.push(d.is_negative_hits);
             slots.push(Some(asks.len()));
-            asks.push(Ask {
+            asks.push(Hit {
                 policy,
                 etag,
                 key,
@@ -231,9 +231,10 @@ impl Grpc {
             }
             let name = ask.policy.name.as_str();
             let cost = ask.cost.min(MAX_UNITS);
+            let refund = Ask::Refund { cost, ticket: None };
             let given = self
                 .limiter
-                .decide(Op::Refund, name, &ask.key, cost, None, None)
+                .decide(name, &ask.key, refund)
                 .await
                 .map_err(status)?;
             answers[i] = Some(given);
@@ -241,7 +242,7 @@ impl Grpc {
         let decided = if together.len() == asks.len() {
             self.limiter.acquire_together(&asks).await
         } else {
-            let picked: Vec<Ask> = together.iter().map(|&i| asks[i].clone()).collect();
+            let picked: Vec<Hit> = together.iter().map(|&i| asks[i].clone()).collect();
             self.limiter.acquire_together(&picked).await
         }
         .map_err(status)?;

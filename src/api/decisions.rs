@@ -16,7 +16,7 @@ use super::schema;
 use crate::limiter::{Op, MAX_UNITS};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
-use crate::service::{Acquired, DecidedBy, RateLimiter, Ticket};
+use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, Ticket};
 
 /// Ask for `cost` units of `policy` for the subject `key`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -300,7 +300,7 @@ pub async fn acquire(
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
     let (key, cost) = subject_and_cost(&req)?;
-    let acquired = limiter.acquire(&req.policy, &key, cost, None).await?;
+    let acquired = limiter.acquire(&req.policy, &key, cost).await?;
     Ok(respond(acquired, key))
 }
 
@@ -332,7 +332,7 @@ pub async fn peek(
     let JsonBody(req) = body;
     let (key, cost) = subject_and_cost(&req)?;
     let peeked = limiter
-        .decide(Op::Peek, &req.policy, &key, cost, None, None)
+        .decide(&req.policy, &key, Ask::Peek { cost })
         .await?;
     Ok(respond(peeked, key))
 }
@@ -370,7 +370,7 @@ pub async fn report(
     let key = subject(&req.policy, req.key)?;
     let cost = units(&req.cost)?;
     let reported = limiter
-        .decide(Op::Report, &req.policy, &key, cost, None, None)
+        .decide(&req.policy, &key, Ask::Report { cost })
         .await?;
     Ok(respond(reported, key))
 }
@@ -420,12 +420,12 @@ pub async fn refund(
     }
     let refunded = limiter
         .decide(
-            Op::Refund,
             &req.policy,
             &key,
-            cost,
-            req.ticket.as_deref(),
-            None,
+            Ask::Refund {
+                cost,
+                ticket: req.ticket.as_deref(),
+            },
         )
         .await?;
     Ok(respond(refunded, key))

@@ -200,9 +200,7 @@ pub async fn take(
         None => 1,
     };
     let lease_ms = req.lease_ms.as_ref().map(parse_lease_ms).transpose()?;
-    let leased = limiter
-        .take_lease(&req.policy, key, cost, lease_ms, None)
-        .await?;
+    let leased = limiter.take_lease(&req.policy, key, cost, lease_ms).await?;
     let mut response = if leased.granted() {
         HttpResponse::Created()
     } else {
@@ -273,7 +271,7 @@ pub async fn renew(
     // The id first: a malformed one is a 404 whatever the body says.
     let id = lease_id(&path.id)?;
     let lease_ms = req.lease_ms.as_ref().map(parse_lease_ms).transpose()?;
-    let leased = limiter.renew_lease(id, lease_ms, None).await?;
+    let leased = limiter.renew_lease(id, lease_ms).await?;
     let mut response = HttpResponse::Ok();
     let reply = headers(&mut response, &leased);
     Ok(reply.json(
@@ -321,7 +319,7 @@ pub async fn release(
     path: web::Path<LeasePath>,
 ) -> Result<HttpResponse, ApiError> {
     let id = lease_id(&path.id)?;
-    let released = limiter.release_lease(id, None).await?;
+    let released = limiter.release_lease(id).await?;
     let mut response = HttpResponse::NoContent();
     if let Some(by) = released.decided_by {
         fixed_header(&mut response, DECIDED_BY, by.as_str());

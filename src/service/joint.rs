@@ -22,13 +22,12 @@ use std::time::Instant;
 
 use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
 use crate::limiter::{Decision, Op, Verdict};
-use crate::policy::{FailMode, LimitKey, Mode, Policy};
-use crate::store::memory::system_now_us;
-use crate::store::{joint_limits, Etag, JointPart, Store, StoreError, MAX_JOINT_LIMITS};
+use crate::policy::{LimitKey, Mode, Policy};
+use crate::store::{joint_limits, Ask, Etag, Plan, Store, MAX_JOINT_LIMITS};
 
-/// One descriptor's subject, as matched to its policy.
+/// One descriptor's subject, as matched to its policy, and the units it asks for.
 #[derive(Debug, Clone)]
-pub struct Ask {
+pub struct Hit {
     pub policy: Arc<Policy>,
     pub etag: Etag,
     pub key: LimitKey,
@@ -55,15 +54,15 @@ enum Kind {
 }
 
 impl RateLimiter {
-    /// Decides `asks` together, all or nothing (see the module documentation), and answers one
-    /// [`Acquired`] per ask, in order. Fails as a lone acquire would (`fail_mode: closed` and an
+    /// Decides `hits` together, all or nothing (see the module documentation), and answers one
+    /// [`Acquired`] per hit, in order. Fails as a lone acquire would (`fail_mode: closed` and an
     /// unreachable store): the request as a whole gets no answer.
-    pub async fn acquire_together(&self, asks: &[Ask]) -> Result<Vec<Acquired>, ServiceError> {
+    pub async fn acquire_together(&self, hits: &[Hit]) -> Result<Vec<Acquired>, ServiceError> {
         let started = Instant::now();
-        // One subject per (policy, key): asks naming the same one add up their costs.
-        let mut subjects: Vec<Subject> = Vec::with_capacity(asks.len());
-        let mut of_ask = Vec::with_capacity(asks.len());
-        for ask in asks {
+        // One subject per (policy, key): hits naming the same one add up their costs.
+        let mut subjects: Vec<Subject> = Vec::with_capacity(hits.len());
+        let mut of_ask = Vec::with_capacity(hits.len());
+        for ask in hits {
             let same = subjects
                 .iter()
                 .position(|s| s.policy.name == ask.policy.name && s.key == ask.key);
@@ -143,10 +142,12 @@ impl RateLimiter {
                     let cost = s
                         .cost
                         .min(s.policy.tightest().map_or(1, |l| l.params.quota()));
-                    answers[i] = Some(
-                        self.decide(op, s.policy.name.as_str(), &s.key, cost.max(1), None, None)
-                            .await?,
-                    );
+                    let cost = cost.max(1);
+                    let ask = match op {
+                        Op::Acquire => Ask::Acquire { cost },
+                        _ => Ask::Peek { cost },
+                    };
+                    answers[i] = Some(self.decide_subject(s, ask).await?);
                 }
                 Kind::Peek => answers[i] = Some(self.look(s).await?),
             }
@@ -162,8 +163,16 @@ impl RateLimiter {
 
     /// What an acquire of 1 unit would answer for the subject, taking nothing.
     async fn look(&self, s: &Subject) -> Result<Acquired, ServiceError> {
-        self.decide(Op::Peek, s.policy.name.as_str(), &s.key, 1, None, None)
-            .await
+        self.decide_subject(s, Ask::Peek { cost: 1 }).await
+    }
+
+    /// Decides `ask` for the subject alone, with the policy its descriptor matched.
+    async fn decide_subject(&self, s: &Subject, ask: Ask<&str>) -> Result<Acquired, ServiceError> {
+        let started = Instant::now();
+        let resolved = self
+            .resolve_with(s.policy.clone(), s.etag.clone(), &s.key, ask)
+            .await?;
+        self.decide_resolved(resolved, &s.key, started).await
     }
 
     /// Decides the enforced subjects `which`, all or nothing; answers whether they were allowed.
@@ -178,14 +187,7 @@ impl RateLimiter {
             [one] => {
                 let s = &subjects[*one];
                 let a = self
-                    .decide(
-                        Op::Acquire,
-                        s.policy.name.as_str(),
-                        &s.key,
-                        s.cost,
-                        None,
-                        None,
-                    )
+                    .decide_subject(s, Ask::Acquire { cost: s.cost })
                     .await?;
                 let allowed = a.verdict.allowed;
                 answers[*one] = Some(a);
@@ -193,23 +195,33 @@ impl RateLimiter {
             }
             _ => {}
         }
-        let parts: Vec<JointPart<'_>> = which
+        let mut resolved = Vec::with_capacity(which.len());
+        for &i in which {
+            let s = &subjects[i];
+            let ask = Ask::Acquire { cost: s.cost };
+            let r = self
+                .resolve_with(s.policy.clone(), s.etag.clone(), &s.key, ask)
+                .await?;
+            resolved.push(r);
+        }
+        let at_us = self.clock.at_us();
+        let plans: Vec<Plan<'_>> = which
             .iter()
-            .map(|&i| JointPart {
-                policy: &subjects[i].policy,
-                key: &subjects[i].key,
-                cost: subjects[i].cost,
-            })
+            .zip(&resolved)
+            .map(|(&i, r)| r.plan(&subjects[i].key, at_us))
             .collect();
-        if !self.store.decides_jointly() || joint_limits(&parts) > MAX_JOINT_LIMITS {
+        if !self.store.decides_jointly() || joint_limits(&plans) > MAX_JOINT_LIMITS {
             return self.decide_in_turn(subjects, which, answers).await;
         }
-        let (verdicts, decided_by) = match self.store.acquire_joint(&parts, None).await {
-            Ok(v) => (v, self.store_decider()),
-            Err(e) => self.joint_by_fail_mode(&parts, e)?,
+        let decided: Vec<(Verdict, DecidedBy)> = match self.store.acquire_joint(&plans).await {
+            Ok(verdicts) => {
+                let by = self.store_decider();
+                verdicts.into_iter().map(|v| (v, by)).collect()
+            }
+            Err(e) => self.fail_modes.joint(&plans, e, self.clock.now_us())?,
         };
-        let allowed = verdicts.iter().all(|v| v.allowed);
-        for (&i, verdict) in which.iter().zip(verdicts) {
+        let allowed = decided.iter().all(|(v, _)| v.allowed);
+        for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
             let s = &subjects[i];
             let counters = self.counters(&s.policy);
             match (decided_by.is_degraded(), verdict.allowed) {
@@ -243,10 +255,8 @@ impl RateLimiter {
         let mut taken: Vec<usize> = Vec::new();
         for &i in which {
             let s = &subjects[i];
-            let name = s.policy.name.as_str();
             let decided = if allowed {
-                self.decide(Op::Acquire, name, &s.key, s.cost, None, None)
-                    .await
+                self.decide_subject(s, Ask::Acquire { cost: s.cost }).await
             } else {
                 self.look(s).await
             };
@@ -285,11 +295,11 @@ impl RateLimiter {
                 continue;
             };
             let text = ticket.to_string();
-            let name = s.policy.name.as_str();
-            match self
-                .decide(Op::Refund, name, &s.key, s.cost, Some(&text), None)
-                .await
-            {
+            let ask = Ask::Refund {
+                cost: s.cost,
+                ticket: Some(text.as_str()),
+            };
+            match self.decide_subject(s, ask).await {
                 Ok(refunded) => answers[i] = Some(refunded),
                 Err(e) => {
                     tracing::warn!(policy = %s.policy.name, error = %e, "could not give back what a descriptor took when another denied; its units return when their window passes");
@@ -297,55 +307,4 @@ impl RateLimiter {
             }
         }
     }
-
-    /// The answer to a joint acquire whose store failed, by its policies' fail modes: any
-    /// `closed` fails the whole request; when every one is `local`, this instance's in-process
-    /// store decides them together; otherwise (some `open`, or that store full) every one is
-    /// allowed, counting nothing, as `open` answers.
-    fn joint_by_fail_mode(
-        &self,
-        parts: &[JointPart<'_>],
-        error: StoreError,
-    ) -> Result<(Vec<Verdict>, DecidedBy), ServiceError> {
-        if parts.iter().any(|p| p.policy.fail_mode == FailMode::Closed) {
-            // As what it is, like one subject's decision (`by_fail_mode`).
-            return Err(error.into());
-        }
-        static DEGRADED: crate::telemetry::Summarized = crate::telemetry::Summarized::per_second();
-        if let Some(count) = DEGRADED.hit() {
-            tracing::warn!(%error, count, "store failed on a joint acquire; answering by fail modes");
-        }
-        let now = system_now_us();
-        let all_local = parts.iter().all(|p| p.policy.fail_mode == FailMode::Local);
-        if let (true, Some(local)) = (all_local, &self.local) {
-            if let Ok(verdicts) = local.acquire_joint_at(parts, now) {
-                return Ok((verdicts, DecidedBy::FailLocal));
-            }
-        }
-        // Mixed `open` and `local`, or a full local store: allowed, as `open` answers.
-        let verdicts = parts
-            .iter()
-            .map(|p| fail_open_verdict(p.policy, Op::Acquire, p.cost, now))
-            .collect();
-        Ok((verdicts, DecidedBy::FailOpen))
-    }
-}
-
-/// A fail-open answer: allowed, each limit with its quota less `cost` left (an acquire or a
-/// peek) or its whole quota (a report or a refund, which recorded nothing).
-pub(super) fn fail_open_verdict(policy: &Policy, op: Op, cost: u64, now: u64) -> Verdict {
-    let mut verdict = Verdict::at(now);
-    for p in policy.params() {
-        let remaining = match op {
-            Op::Acquire | Op::Peek => p.quota().saturating_sub(cost),
-            Op::Report | Op::Refund => p.quota(),
-        };
-        verdict.push(Decision {
-            allowed: true,
-            remaining,
-            reset_after_us: 0,
-            retry_after_us: 0,
-        });
-    }
-    verdict
 }

@@ -41,10 +41,9 @@ use super::undo::Undo;
 use super::{DecidedBy, LeaseId, RateLimiter, ServiceError};
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp, Params};
 use crate::metrics as m;
-use crate::policy::{FailMode, LimitKey, Policy};
+use crate::policy::{LimitKey, Policy};
 use crate::store::memory::system_now_us;
-use crate::store::{ErrorClass, Etag, LeasedLedger, Store, StoreError};
-use crate::telemetry::Summarized;
+use crate::store::{ErrorClass, Etag, LeasePlan, LeasedLedger, Store, StoreError};
 
 /// One answered take or renewal.
 #[derive(Debug, Clone)]
@@ -187,20 +186,17 @@ impl RateLimiter {
     /// 1 to [`crate::limiter::concurrency::MAX_LEASE_MS`], and refused above the policy's
     /// `max_lease_ms`; the policy's `lease_ms` when `None`)
     /// on the subject `key` of the concurrency policy named `name` (already checked with
-    /// [`crate::policy::PolicyName::check`]). A denial is an answer, not an error. `now_us`
-    /// drives time explicitly (tests only).
+    /// [`crate::policy::PolicyName::check`]). A denial is an answer, not an error.
     pub async fn take_lease(
         &self,
         name: &str,
         key: LimitKey,
         cost: u64,
         lease_ms: Option<u64>,
-        now_us: Option<u64>,
     ) -> Result<Leased, ServiceError> {
-        let (policy, etag) = self.policy(name).await?;
-        let params = policy
-            .concurrency()
-            .ok_or_else(|| ServiceError::RatePolicy(name.to_owned()))?;
+        let (policy, etag, params) = self
+            .resolve_lease(name, || ServiceError::RatePolicy(name.to_owned()))
+            .await?;
         if cost > params.limit {
             return Err(ServiceError::CostAboveQuota {
                 cost,
@@ -219,9 +215,9 @@ impl RateLimiter {
             cost,
             lease_us,
             limit: params.limit,
-            deadline_us: self.store.lease_deadline(now_us),
+            deadline_us: self.store.lease_deadline(self.clock.at_us()),
         };
-        let (answer, decided_by) = self.lease_call(&policy, &key, call, now_us).await?;
+        let (answer, decided_by) = self.lease_call(&policy, &key, call).await?;
         Ok(Leased {
             lease: answer.ok.then_some(id),
             policy,
@@ -241,12 +237,10 @@ impl RateLimiter {
         &self,
         id: LeaseId,
         lease_ms: Option<u64>,
-        now_us: Option<u64>,
     ) -> Result<Leased, ServiceError> {
-        let (policy, etag) = self.policy(id.policy().as_str()).await?;
-        let params = policy
-            .concurrency()
-            .ok_or(ServiceError::UnknownLease(GONE))?;
+        let (policy, etag, params) = self
+            .resolve_lease(id.policy().as_str(), || ServiceError::UnknownLease(GONE))
+            .await?;
         let call = LeaseCall {
             op: LeaseOp::Renew,
             member: id.member(),
@@ -255,7 +249,7 @@ impl RateLimiter {
             limit: params.limit,
             deadline_us: None,
         };
-        let (answer, decided_by) = self.lease_call(&policy, id.key(), call, now_us).await?;
+        let (answer, decided_by) = self.lease_call(&policy, id.key(), call).await?;
         if !answer.ok {
             return Err(ServiceError::UnknownLease(GONE));
         }
@@ -272,18 +266,14 @@ impl RateLimiter {
 
     /// Ends the lease `id`, live or not: idempotent. A lease whose policy is gone, or is no
     /// longer a concurrency policy, is unknown, and its release does nothing.
-    pub async fn release_lease(
-        &self,
-        id: LeaseId,
-        now_us: Option<u64>,
-    ) -> Result<Released, ServiceError> {
-        let (policy, _) = match self.policy(id.policy().as_str()).await {
+    pub async fn release_lease(&self, id: LeaseId) -> Result<Released, ServiceError> {
+        let unknown = || ServiceError::UnknownLease(GONE);
+        let (policy, _, params) = match self.resolve_lease(id.policy().as_str(), unknown).await {
             Ok(found) => found,
-            Err(ServiceError::UnknownPolicy(_)) => return Ok(Released::UNKNOWN),
+            Err(ServiceError::UnknownPolicy(_) | ServiceError::UnknownLease(_)) => {
+                return Ok(Released::UNKNOWN)
+            }
             Err(e) => return Err(e),
-        };
-        let Some(params) = policy.concurrency() else {
-            return Ok(Released::UNKNOWN);
         };
         let call = LeaseCall {
             op: LeaseOp::Release,
@@ -293,7 +283,7 @@ impl RateLimiter {
             limit: params.limit,
             deadline_us: None,
         };
-        let (answer, decided_by) = self.lease_call(&policy, id.key(), call, now_us).await?;
+        let (answer, decided_by) = self.lease_call(&policy, id.key(), call).await?;
         Ok(Released {
             was_live: answer.ok,
             decided_by: Some(decided_by),
@@ -319,10 +309,16 @@ impl RateLimiter {
             limit: params.limit,
             deadline_us: None,
         };
-        if let Some(local) = &self.local {
-            let _ = local.lease_at(policy, key, call, system_now_us());
+        let plan = LeasePlan {
+            policy,
+            key,
+            call,
+            at_us: self.clock.at_us(),
+        };
+        if let Some(local) = self.fail_modes.local() {
+            let _ = local.lease_at(&plan, self.clock.now_us());
         }
-        let answer = self.store.lease(policy, key, call, None).await?;
+        let answer = self.store.lease(&plan).await?;
         self.leases
             .of(policy.name.as_str())
             .count(LeaseOp::Reset, &answer, self.store_decider());
@@ -407,14 +403,16 @@ impl RateLimiter {
         policy: &Arc<Policy>,
         key: &LimitKey,
         call: LeaseCall<'_>,
-        now_us: Option<u64>,
     ) -> Result<(LeaseAnswer, DecidedBy), ServiceError> {
-        let (answer, decided_by) = match self.store.lease(policy, key, call, now_us).await {
+        let plan = LeasePlan {
+            policy,
+            key,
+            call,
+            at_us: self.clock.at_us(),
+        };
+        let (answer, decided_by) = match self.store.lease(&plan).await {
             Ok(answer) => (answer, self.store_decider()),
-            Err(e) => {
-                self.lease_by_fail_mode(policy, key, call, now_us, e)
-                    .await?
-            }
+            Err(e) => self.lease_by_fail_mode(&plan, policy, e)?,
         };
         self.leases
             .of(policy.name.as_str())
@@ -422,74 +420,34 @@ impl RateLimiter {
         Ok((answer, decided_by))
     }
 
-    /// The answer when the store failed: the answer and who gave it, or the error, by fail mode.
-    async fn lease_by_fail_mode(
+    /// The answer when the store failed, by fail mode ([`super::fail_mode`]), and what to undo
+    /// on the store once it answers again.
+    fn lease_by_fail_mode(
         &self,
+        plan: &LeasePlan<'_>,
         policy: &Arc<Policy>,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now_us: Option<u64>,
         error: StoreError,
     ) -> Result<(LeaseAnswer, DecidedBy), ServiceError> {
-        if !error.class().answered_by_fail_mode() {
-            return Err(error.into());
-        }
-        static DEGRADED: Summarized = Summarized::per_second();
-        if let Some(count) = DEGRADED.hit() {
-            tracing::warn!(policy = %policy.name, %error, op = call.op.as_str(), fail_mode = policy.fail_mode.as_str(), count, "store failed on a lease call; answering by fail mode (count: calls since the last such line)");
-        }
-        let now = now_us.unwrap_or_else(system_now_us);
+        let (key, call) = (plan.key, plan.call);
         // A take that got no answer may yet be run by the store, granting a lease to nobody
         // that would keep its units for the whole lease: it is undone once the store answers
         // again, whatever the fail mode answers (see `undo`). So is a release the fail mode
         // answers as done, below, so that the holder's slot is freed on the store too.
         let unknown_take = call.op == LeaseOp::Take && error.class() == ErrorClass::OutcomeUnknown;
-        if unknown_take {
+        if unknown_take && error.class().answered_by_fail_mode() {
             let lease = Duration::from_micros(call.lease_us);
             self.undos
                 .push(Undo::new(policy.clone(), key.clone(), &call, lease));
         }
-        if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
-            // A full local store (`StoreError::Full`) answers as `open` does, below. So does a
-            // renewal or a release the local store does not know: the lease was most likely
-            // taken on the shared store before it failed, and a 404 would tell a holder whose
-            // lease is still live there to stop its work. The local store has no deadline: it
-            // always answers.
-            let local_call = LeaseCall {
-                deadline_us: None,
-                ..call
-            };
-            if let Ok(answer) = local.lease_at(policy, key, local_call, now) {
-                if answer.ok || matches!(call.op, LeaseOp::Take | LeaseOp::Look) {
-                    return Ok((answer, DecidedBy::FailLocal));
-                }
-            }
+        let (answer, decided_by) = self.fail_modes.lease(plan, error, self.clock.now_us())?;
+        if decided_by == DecidedBy::FailOpen && call.op == LeaseOp::Release {
+            // The lease may live as long as the policy allows any to.
+            let longest = policy.concurrency().map_or(0, |p| p.max_lease_us);
+            let lease = Duration::from_micros(longest);
+            self.undos
+                .push(Undo::new(policy.clone(), key.clone(), &call, lease));
         }
-        match policy.fail_mode {
-            // A renewal or a release is retried by its holder, and the lease expires anyway.
-            FailMode::Closed => Err(error.outcome_known().into()),
-            FailMode::Open | FailMode::Local => {
-                // A take is granted and a renewal succeeds; a release is done, but whether the
-                // lease was live is not known.
-                if call.op == LeaseOp::Release {
-                    // The lease may live as long as the policy allows any to.
-                    let longest = policy.concurrency().map_or(0, |p| p.max_lease_us);
-                    let lease = Duration::from_micros(longest);
-                    self.undos
-                        .push(Undo::new(policy.clone(), key.clone(), &call, lease));
-                }
-                let holds = matches!(call.op, LeaseOp::Take | LeaseOp::Renew);
-                Ok((
-                    LeaseAnswer {
-                        ok: holds,
-                        in_use: if holds { call.cost } else { 0 },
-                        expires_in_us: if holds { call.lease_us } else { 0 },
-                        ..LeaseAnswer::at(now)
-                    },
-                    DecidedBy::FailOpen,
-                ))
-            }
-        }
+        Ok((answer, decided_by))
     }
 }
 

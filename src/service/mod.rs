@@ -13,12 +13,15 @@
 //! [`joint`].
 
 pub mod cache;
+pub mod clock;
 pub mod denials;
+pub mod fail_mode;
 pub mod joint;
 pub mod lease_id;
 pub mod leases;
 pub mod policies;
 pub mod readiness;
+pub mod resolve;
 pub mod ticket;
 pub mod undo;
 
@@ -30,20 +33,23 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Histogram};
 
 use crate::config::LimitsSettings;
-use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
+use crate::limiter::{Decision, Op, Verdict};
 use crate::metrics as m;
-use crate::policy::{FailMode, LimitKey, Mode, Policy};
+use crate::policy::{LimitKey, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
-use crate::store::{AnyStore, Claim, Etag, MemoryStore, Store, StoreError};
+use crate::store::{AnyStore, Etag, MemoryStore, Plan, Store, StoreError};
 use crate::telemetry::Summarized;
 
+pub use crate::store::Ask;
 pub use cache::PolicyCache;
+pub use clock::Clock;
 use denials::Lookup;
-pub use joint::Ask;
+pub use joint::Hit;
 pub use lease_id::LeaseId;
 pub use leases::{Leased, Released};
 pub use policies::PolicySync;
+use resolve::Resolved;
 pub use ticket::Ticket;
 
 /// Why a service call did not produce its answer.
@@ -197,6 +203,34 @@ struct DecisionCounters {
 }
 
 impl DecisionCounters {
+    /// Counts one answered operation of `cost` units.
+    fn count(&self, op: Op, cost: u64, verdict: &Verdict, degraded: bool, shadow: bool) {
+        match op {
+            Op::Acquire => match (degraded, verdict.allowed) {
+                (true, _) => self.degraded.increment(1),
+                (false, true) => self.allowed.increment(1),
+                (false, false) if shadow => {
+                    // Answered as allowed: counted as such, and as a would-be denial.
+                    self.allowed.increment(1);
+                    self.shadow_denied.increment(1);
+                    self.shadow_denied_units.increment(cost);
+                }
+                (false, false) => self.denied.increment(1),
+            },
+            Op::Peek => self.peeks.increment(1),
+            Op::Report => {
+                self.reports.increment(1);
+                self.reported_units
+                    .increment(verdict.units().iter().copied().max().unwrap_or(0));
+            }
+            Op::Refund => {
+                self.refunds.increment(1);
+                self.refunded_units
+                    .increment(verdict.units().iter().copied().min().unwrap_or(0));
+            }
+        }
+    }
+
     fn new(policy: &str) -> Self {
         let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
         let op = |op: &'static str| metrics::counter!(m::OPERATIONS, "policy" => policy.to_owned(), "operation" => op);
@@ -222,8 +256,11 @@ pub struct RateLimiter {
     store: AnyStore,
     cache: PolicyCache,
     sync: PolicySync,
-    /// Decides for `fail_mode: local` policies while a shared store is unreachable.
-    local: Option<MemoryStore>,
+    /// What each fail mode answers when the store fails, and the in-process store that `local`
+    /// decides with while a shared store is unreachable.
+    fail_modes: fail_mode::FailModes,
+    /// The time decisions are made at: the store's, or one set by hand in tests.
+    clock: Clock,
     counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
     leases: leases::LeaseMetrics,
     /// Lease calls to undo on the shared store once it answers (see [`undo`]).
@@ -296,7 +333,8 @@ impl RateLimiter {
             store,
             cache: PolicyCache::default(),
             sync: PolicySync::new(configured, limits.max_policies, stale_after),
-            local,
+            fail_modes: fail_mode::FailModes::new(local),
+            clock: Clock::store(),
             counters: RwLock::default(),
             leases: leases::LeaseMetrics::default(),
             undos: Arc::new(undo::UndoQueue::new(limits.lease_undo_queue)),
@@ -359,39 +397,6 @@ impl RateLimiter {
         Ok(self.tickets.current_id().unwrap_or(0))
     }
 
-    /// The ticket `text` for `policy`'s subject `key`, verified; a ticket signed with a key this
-    /// instance does not hold makes it read the ring again first (at most once a second), for a
-    /// rotation another instance made.
-    async fn verify_ticket(
-        &self,
-        text: &str,
-        policy: &Policy,
-        key: &LimitKey,
-    ) -> Result<Ticket, ServiceError> {
-        match self.tickets.verify(text, policy, key) {
-            Err(ticket::UNKNOWN_KEY) if self.store.is_shared() => {
-                let due = {
-                    let mut read = self
-                        .ticket_keys_read
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
-                    let due = read.is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
-                    if due {
-                        *read = Some(Instant::now());
-                    }
-                    due
-                };
-                if due {
-                    self.load_ticket_keys().await?;
-                }
-                self.tickets
-                    .verify(text, policy, key)
-                    .map_err(ServiceError::BadTicket)
-            }
-            other => other.map_err(ServiceError::BadTicket),
-        }
-    }
-
     pub fn store(&self) -> &AnyStore {
         &self.store
     }
@@ -404,114 +409,58 @@ impl RateLimiter {
         &self.sync
     }
 
-    /// Decides one acquire for the policy named `name` (already checked with
-    /// [`crate::policy::PolicyName::check`]). `now_us` drives time explicitly (tests only).
+    /// The service's clock: tests that drive time set it.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
+    }
+
+    /// Decides one acquire of `cost` units for the policy named `name` (already checked with
+    /// [`crate::policy::PolicyName::check`]).
     pub async fn acquire(
         &self,
         name: &str,
         key: &LimitKey,
         cost: u64,
-        now_us: Option<u64>,
     ) -> Result<Acquired, ServiceError> {
-        self.decide(Op::Acquire, name, key, cost, None, now_us)
-            .await
+        self.decide(name, key, Ask::Acquire { cost }).await
     }
 
     /// Decides one operation for the policy named `name` (already checked with
-    /// [`crate::policy::PolicyName::check`]): an acquire or a peek of `cost` units (at most the
-    /// quota of every limit), a report of `cost` units, or a refund of `cost` units (at most the
-    /// ticket's units, within its windows, when `ticket` is given). `now_us` drives time
-    /// explicitly (tests only).
+    /// [`crate::policy::PolicyName::check`]): an acquire or a peek of at most the quota of every
+    /// limit, a report, or a refund (of at most its ticket's units, within its windows, when it
+    /// names one). See [`RateLimiter::resolve`].
     pub async fn decide(
         &self,
-        op: Op,
         name: &str,
         key: &LimitKey,
-        cost: u64,
-        ticket: Option<&str>,
-        now_us: Option<u64>,
+        ask: Ask<&str>,
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let (policy, etag) = self.policy(name).await?;
-        if policy.concurrency().is_some() {
-            return Err(ServiceError::ConcurrencyPolicy(name.to_owned()));
-        }
-        let mut cost = cost;
-        if let (Op::Acquire | Op::Peek, Some(tightest)) = (op, policy.tightest()) {
-            let quota = tightest.params.quota();
-            if cost > quota {
-                return Err(ServiceError::CostAboveQuota {
-                    cost,
-                    quota,
-                    field: tightest.algorithm().quota_field(),
-                    limit: policy.is_composite().then(|| tightest.name.to_string()),
-                });
-            }
-        }
-        let mut marks = ([0; MAX_LIMITS], 0);
-        let mut spend = None;
-        match (op, ticket) {
-            (Op::Refund, Some(text)) => {
-                let ticket = self.verify_ticket(text, &policy, key).await?;
-                cost = cost.min(ticket.units);
-                marks = ticket.marks_for(&policy);
-                spend = Some((ticket.id, ticket.units, ticket.ends_at()));
-            }
-            (Op::Refund, None) if !self.ticketless_refunds => {
-                return Err(ServiceError::TicketRequired)
-            }
-            _ => {}
-        }
-        let marks = &marks.0[..marks.1];
-        let claim = spend.map(|(id, units, ends_at_us)| Claim {
-            marks,
-            id,
-            units,
-            ends_at_us,
-        });
-        let claim = claim.as_ref();
-        let shadow =
-            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
-        // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
-        // `denials`: a larger cost's retry time is its own).
-        let denials = match &self.denials {
-            Some(d) if op == Op::Acquire && cost == 1 && !shadow && policy.limits.len() == 1 => {
-                Some(d)
-            }
-            _ => None,
-        };
-        let name = policy.name.as_str();
-        let lookup = denials.map(|d| d.check(name, etag.version, key.as_str(), started));
-        let result = if let Some(Lookup::Hit(denied)) = lookup {
-            Ok((cached_denial(denied, now_us), DecidedBy::LocalCache))
-        } else {
-            match self
-                .store
-                .decide(&policy, key, op, cost, claim, now_us)
-                .await
-            {
-                Ok(verdict) => {
-                    if let (Some(d), Some(Lookup::Miss(Some(ticket)))) = (denials, lookup) {
-                        if let Some(denied) = denial_of(&verdict) {
-                            d.insert(
-                                name,
-                                etag.version,
-                                key.as_str(),
-                                ticket,
-                                denied,
-                                Instant::now(),
-                            );
-                        }
-                    }
-                    Ok((verdict, self.store_decider()))
-                }
-                Err(e) => self.by_fail_mode(&policy, key, op, cost, claim, now_us, e),
-            }
-        };
+        let resolved = self.resolve(name, key, ask).await?;
+        self.decide_resolved(resolved, key, started).await
+    }
+
+    /// Decides a resolved request: by the local denial cache, the store, or, when the store
+    /// fails, the fail mode; then counts it and issues its ticket.
+    pub(super) async fn decide_resolved(
+        &self,
+        resolved: Resolved,
+        key: &LimitKey,
+        started: Instant,
+    ) -> Result<Acquired, ServiceError> {
+        let plan = resolved.plan(key, self.clock.at_us());
+        let result = self.ask_store(&plan, &resolved, started).await;
+        let (op, cost) = (plan.op(), plan.cost());
         if op == Op::Acquire {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
         }
         let (verdict, decided_by) = result?;
+        let Resolved {
+            policy,
+            etag,
+            shadow,
+            ..
+        } = resolved;
         let degraded = decided_by.is_degraded();
         let counters = self.counters(&policy);
         if decided_by == DecidedBy::LocalCache {
@@ -525,34 +474,7 @@ impl RateLimiter {
         {
             self.invalidate_denials(&policy, key).await;
         }
-        match op {
-            Op::Acquire => {
-                match (degraded, verdict.allowed) {
-                    (true, _) => counters.degraded.increment(1),
-                    (false, true) => counters.allowed.increment(1),
-                    (false, false) if shadow => {
-                        // Answered as allowed: counted as such, and as a would-be denial.
-                        counters.allowed.increment(1);
-                        counters.shadow_denied.increment(1);
-                        counters.shadow_denied_units.increment(cost);
-                    }
-                    (false, false) => counters.denied.increment(1),
-                }
-            }
-            Op::Peek => counters.peeks.increment(1),
-            Op::Report => {
-                counters.reports.increment(1);
-                counters
-                    .reported_units
-                    .increment(verdict.units().iter().copied().max().unwrap_or(0));
-            }
-            Op::Refund => {
-                counters.refunds.increment(1);
-                counters
-                    .refunded_units
-                    .increment(verdict.units().iter().copied().min().unwrap_or(0));
-            }
-        }
+        counters.count(op, cost, &verdict, degraded, shadow);
         // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.
         // A fail-open answer took nothing.
         let taken = match op {
@@ -578,6 +500,52 @@ impl RateLimiter {
         })
     }
 
+    /// The verdict for `plan` and who gave it: a cached denial, the store's, or the fail mode's
+    /// when the store fails.
+    async fn ask_store(
+        &self,
+        plan: &Plan<'_>,
+        resolved: &Resolved,
+        started: Instant,
+    ) -> Result<(Verdict, DecidedBy), ServiceError> {
+        // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
+        // `denials`: a larger cost's retry time is its own).
+        let denials = match &self.denials {
+            Some(d)
+                if plan.op() == Op::Acquire
+                    && plan.cost() == 1
+                    && !resolved.shadow
+                    && plan.params.len() == 1 =>
+            {
+                Some(d)
+            }
+            _ => None,
+        };
+        let (name, version, key) = (
+            plan.policy.name.as_str(),
+            resolved.etag.version,
+            plan.key.as_str(),
+        );
+        let lookup = denials.map(|d| d.check(name, version, key, started));
+        if let Some(Lookup::Hit(denied)) = lookup {
+            return Ok((
+                cached_denial(denied, self.clock.now_us()),
+                DecidedBy::LocalCache,
+            ));
+        }
+        match self.store.decide(plan).await {
+            Ok(verdict) => {
+                if let (Some(d), Some(Lookup::Miss(Some(ticket)))) = (denials, lookup) {
+                    if let Some(denied) = denial_of(&verdict) {
+                        d.insert(name, version, key, ticket, denied, Instant::now());
+                    }
+                }
+                Ok((verdict, self.store_decider()))
+            }
+            Err(e) => Ok(self.fail_modes.decision(plan, e, self.clock.now_us())?),
+        }
+    }
+
     /// Deletes the subject `key`'s state for every limit of the policy named `name`, or, of a
     /// concurrency policy, ends every lease of the subject (their ids are unknown from then on:
     /// a support tool for a stuck holder). Not a decision: a failing store is an error whatever
@@ -590,7 +558,7 @@ impl RateLimiter {
             self.counters(&policy).resets.increment(1);
             return Ok(());
         }
-        if let Some(local) = &self.local {
+        if let Some(local) = self.fail_modes.local() {
             local.clear(&policy, key);
         }
         self.store.reset(&policy, key).await?;
@@ -615,47 +583,6 @@ impl RateLimiter {
             if let Some(count) = UNSENT.hit() {
                 tracing::warn!(policy = %policy.name, error = %e, count, "could not publish a denial cache invalidation; other instances' cached denials of the subject end by limits.denial_cache_ms");
             }
-        }
-    }
-
-    /// The answer when the store failed: the verdict and who gave it, or the error, by fail mode.
-    #[allow(clippy::too_many_arguments)]
-    fn by_fail_mode(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now_us: Option<u64>,
-        error: StoreError,
-    ) -> Result<(Verdict, DecidedBy), ServiceError> {
-        if !error.class().answered_by_fail_mode() {
-            return Err(error.into());
-        }
-        // An outage fails every decision: one line a second, with how many there were.
-        static DEGRADED: Summarized = Summarized::per_second();
-        if let Some(count) = DEGRADED.hit() {
-            tracing::warn!(policy = %policy.name, %error, fail_mode = policy.fail_mode.as_str(), count, "store failed; answering by fail mode (count: decisions since the last such line)");
-        }
-        if let (FailMode::Local, Some(local)) = (policy.fail_mode, &self.local) {
-            let now = now_us.unwrap_or_else(system_now_us);
-            // A full local store (`StoreError::Full`) allows, as `open` does, below.
-            if let Ok(verdict) = local.decide_at(policy, key, op, cost, ticket, now) {
-                return Ok((verdict, DecidedBy::FailLocal));
-            }
-        }
-        match policy.fail_mode {
-            // Answered as what it is: a decision that may have been counted by Redis (its
-            // units spent until their window passes) is `outcome-unknown`, one that provably
-            // was not is `store-unavailable`.
-            FailMode::Closed => Err(error.into()),
-            // `local` on the embedded store (full, the only way it fails) allows, as `open`. A
-            // report recorded nothing and a refund gave nothing back (units 0).
-            FailMode::Open | FailMode::Local => Ok((
-                joint::fail_open_verdict(policy, op, cost, now_us.unwrap_or_else(system_now_us)),
-                DecidedBy::FailOpen,
-            )),
         }
     }
 
@@ -688,7 +615,7 @@ impl RateLimiter {
 
     /// The in-process store: the main one, or the one `local` fail mode decides with.
     fn memory(&self) -> Option<&MemoryStore> {
-        self.store.embedded().or(self.local.as_ref())
+        self.store.embedded().or(self.fail_modes.local())
     }
 
     /// The Prometheus text exposition, with the state gauges brought up to date.
@@ -814,9 +741,9 @@ async fn listen_for_invalidations(limiter: std::sync::Weak<RateLimiter>) {
 
 /// A denial from the cache as the verdict of a one-limit policy: nothing left, and the times as
 /// the cache counts them down.
-fn cached_denial(denied: denials::Denied, now_us: Option<u64>) -> Verdict {
+fn cached_denial(denied: denials::Denied, now_us: u64) -> Verdict {
     let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    let mut verdict = Verdict::at(now_us.unwrap_or_else(system_now_us));
+    let mut verdict = Verdict::at(now_us);
     verdict.push(Decision {
         allowed: false,
         remaining: 0,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::LimitsSettings;
-use crate::policy::{Algorithm, PolicyName};
+use crate::policy::{Algorithm, FailMode, PolicyName};
 use crate::store::{Precondition, WriteKind, WriteStatus, Written};
 
 fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
@@ -43,6 +43,16 @@ fn policy(name: &str, limit: u64, fail_mode: FailMode) -> Policy {
     )
 }
 
+impl RateLimiter {
+    /// The same service, its clock set to `at_us` when that names a time.
+    fn at(&self, at_us: Option<u64>) -> &Self {
+        if let Some(t) = at_us {
+            self.clock().set(t);
+        }
+        self
+    }
+}
+
 fn key(k: &str) -> LimitKey {
     LimitKey::parse(k.into()).expect("valid key")
 }
@@ -61,17 +71,17 @@ async fn acquires_decide_with_the_policy_this_instance_just_wrote() {
     let written = create(&s, policy("p", 2, FailMode::Open)).await;
     let now = Some(1_000_000);
     for expected in [true, true, false] {
-        let a = s.acquire("p", &key("k"), 1, now).await.expect("decided");
+        let a = s.at(now).acquire("p", &key("k"), 1).await.expect("decided");
         assert_eq!(a.verdict.allowed, expected);
         assert!(!a.degraded);
         assert_eq!(a.etag, written.etag, "decided with the version written");
     }
     assert!(matches!(
-        s.acquire("p", &key("k"), 3, now).await,
+        s.at(now).acquire("p", &key("k"), 3).await,
         Err(ServiceError::CostAboveQuota { quota: 2, .. })
     ));
     assert!(matches!(
-        s.acquire("nope", &key("k"), 1, now).await,
+        s.at(now).acquire("nope", &key("k"), 1).await,
         Err(ServiceError::UnknownPolicy(_))
     ));
 }
@@ -108,22 +118,28 @@ async fn a_full_embedded_store_answers_new_subjects_by_fail_mode() {
     create(&s, policy("closed", 5, FailMode::Closed)).await;
     let now = Some(1_000_000);
     assert!(
-        !s.acquire("open", &key("a"), 1, now)
+        !s.at(now)
+            .acquire("open", &key("a"), 1)
             .await
             .expect("decided")
             .degraded
     );
-    let decided = s.acquire("open", &key("a"), 1, now).await.expect("decided");
+    let decided = s
+        .at(now)
+        .acquire("open", &key("a"), 1)
+        .await
+        .expect("decided");
     assert_eq!(decided.decided_by, DecidedBy::Embedded);
     let open = s
-        .acquire("open", &key("b"), 1, now)
+        .at(now)
+        .acquire("open", &key("b"), 1)
         .await
         .expect("answered");
     assert!(open.degraded && open.verdict.allowed, "{open:?}");
     // Allowed without counting: never to be mistaken for the store's own allow.
     assert_eq!(open.decided_by, DecidedBy::FailOpen);
     assert!(matches!(
-        s.acquire("closed", &key("c"), 1, now).await,
+        s.at(now).acquire("closed", &key("c"), 1).await,
         Err(ServiceError::Store(StoreError::Full(_)))
     ));
 }
@@ -173,7 +189,7 @@ async fn writes_follow_their_preconditions_and_the_cap() {
         .await
         .expect("deleted");
     assert!(matches!(
-        s.acquire("p", &key("k"), 1, Some(1)).await,
+        s.at(Some(1)).acquire("p", &key("k"), 1).await,
         Err(ServiceError::UnknownPolicy(_))
     ));
 }
@@ -206,7 +222,7 @@ async fn the_list_comes_in_pages_sorted_by_name_with_a_cursor() {
 async fn configured_policies_are_seeded_once_and_a_deletion_sticks() {
     let s = service(&limits(100, 100), vec![policy("seeded", 3, FailMode::Open)]);
     s.refresh().await.expect("loads and seeds");
-    assert!(s.acquire("seeded", &key("k"), 1, Some(1)).await.is_ok());
+    assert!(s.at(Some(1)).acquire("seeded", &key("k"), 1).await.is_ok());
     let name = PolicyName::parse("seeded").expect("valid");
     s.change_policy(WriteKind::Delete, &name, None, &Precondition::None)
         .await
@@ -226,7 +242,7 @@ async fn configured_policies_are_seeded_once_and_a_deletion_sticks() {
     assert_eq!(again.status, WriteStatus::Exists);
     s.refresh().await.expect("refreshes");
     assert!(matches!(
-        s.acquire("seeded", &key("k"), 1, Some(1)).await,
+        s.at(Some(1)).acquire("seeded", &key("k"), 1).await,
         Err(ServiceError::UnknownPolicy(_))
     ));
     assert_eq!(s.unready().await, None, "the deleted one is not missing");
@@ -254,7 +270,8 @@ async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends
     s.refresh().await.expect("loads");
     create(&s, concurrency("c", 2, 1_000, FailMode::Open)).await;
     let a = s
-        .take_lease("c", key("k"), 1, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("c", key("k"), 1, None)
         .await
         .expect("answered");
     assert!(a.granted(), "{a:?}");
@@ -263,13 +280,15 @@ async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends
     assert_eq!(a.answer.expires_in_us, 1_000_000, "the policy's lease_ms");
     let a = a.lease.expect("an id");
     let b = s
-        .take_lease("c", key("k"), 1, Some(5_000), Some(T0))
+        .at(Some(T0))
+        .take_lease("c", key("k"), 1, Some(5_000))
         .await
         .expect("answered");
     assert_eq!(b.answer.expires_in_us, 5_000_000, "the call's lease_ms");
     let b = b.lease.expect("an id");
     let denied = s
-        .take_lease("c", key("k"), 1, None, Some(T0 + 100_000))
+        .at(Some(T0 + 100_000))
+        .take_lease("c", key("k"), 1, None)
         .await
         .expect("answered");
     assert!(!denied.granted() && denied.lease.is_none(), "{denied:?}");
@@ -277,30 +296,36 @@ async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends
     assert_eq!(denied.remaining(), 0);
     // Other subjects are independent.
     assert!(s
-        .take_lease("c", key("other"), 2, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("c", key("other"), 2, None)
         .await
         .expect("answered")
         .granted());
 
     let renewed = s
-        .renew_lease(a.clone(), Some(2_000), Some(T0 + 500_000))
+        .at(Some(T0 + 500_000))
+        .renew_lease(a.clone(), Some(2_000))
         .await
         .expect("live");
     assert_eq!(renewed.answer.expires_in_us, 2_000_000);
     assert_eq!(renewed.lease.as_ref(), Some(&a));
     // Past its first expiry, `a` is still held.
     assert!(!s
-        .take_lease("c", key("k"), 1, None, Some(T0 + 1_500_000))
+        .at(Some(T0 + 1_500_000))
+        .take_lease("c", key("k"), 1, None)
         .await
         .expect("answered")
         .granted());
     // Past its renewed expiry, it is gone: not renewable, and its slot is free.
     assert!(matches!(
-        s.renew_lease(a.clone(), None, Some(T0 + 2_500_000)).await,
+        s.at(Some(T0 + 2_500_000))
+            .renew_lease(a.clone(), None)
+            .await,
         Err(ServiceError::UnknownLease(_))
     ));
     let c = s
-        .take_lease("c", key("k"), 1, None, Some(T0 + 2_500_000))
+        .at(Some(T0 + 2_500_000))
+        .take_lease("c", key("k"), 1, None)
         .await
         .expect("answered");
     assert!(c.granted(), "{c:?}");
@@ -308,7 +333,8 @@ async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends
 
     // Release is idempotent, and only a live lease counts as released.
     let released = s
-        .release_lease(b.clone(), Some(T0 + 2_600_000))
+        .at(Some(T0 + 2_600_000))
+        .release_lease(b.clone())
         .await
         .expect("answered");
     assert_eq!(
@@ -319,12 +345,13 @@ async fn a_lease_holds_its_units_until_released_or_expired_and_a_renewal_extends
         }
     );
     let again = s
-        .release_lease(b.clone(), Some(T0 + 2_600_000))
+        .at(Some(T0 + 2_600_000))
+        .release_lease(b.clone())
         .await
         .expect("answered");
     assert!(!again.was_live);
     assert!(matches!(
-        s.renew_lease(b, None, Some(T0 + 2_700_000)).await,
+        s.at(Some(T0 + 2_700_000)).renew_lease(b, None).await,
         Err(ServiceError::UnknownLease(_))
     ));
 }
@@ -335,7 +362,8 @@ async fn a_lease_id_names_one_subject_and_one_lease() {
     s.refresh().await.expect("loads");
     create(&s, concurrency("c", 5, 60_000, FailMode::Open)).await;
     let a = s
-        .take_lease("c", key("k"), 2, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("c", key("k"), 2, None)
         .await
         .expect("answered")
         .lease
@@ -351,18 +379,19 @@ async fn a_lease_id_names_one_subject_and_one_lease() {
     for forged in [other_cost, other_key] {
         let id = LeaseId::parse(&forged).expect("well-formed");
         assert!(matches!(
-            s.renew_lease(id.clone(), None, Some(T0 + 1)).await,
+            s.at(Some(T0 + 1)).renew_lease(id.clone(), None).await,
             Err(ServiceError::UnknownLease(_))
         ));
         assert!(
-            !s.release_lease(id, Some(T0 + 1))
+            !s.at(Some(T0 + 1))
+                .release_lease(id)
                 .await
                 .expect("answered")
                 .was_live
         );
     }
     // Untouched by either.
-    assert!(s.renew_lease(a, None, Some(T0 + 2)).await.is_ok());
+    assert!(s.at(Some(T0 + 2)).renew_lease(a, None).await.is_ok());
 }
 
 #[tokio::test]
@@ -373,7 +402,8 @@ async fn a_lowered_limit_keeps_leases_and_refuses_new_ones_until_enough_end() {
     let mut held = Vec::new();
     for _ in 0..3 {
         let l = s
-            .take_lease("c", key("k"), 1, None, Some(T0))
+            .at(Some(T0))
+            .take_lease("c", key("k"), 1, None)
             .await
             .expect("answered");
         held.push(l.lease.expect("granted"));
@@ -387,19 +417,24 @@ async fn a_lowered_limit_keeps_leases_and_refuses_new_ones_until_enough_end() {
     )
     .await
     .expect("replaced");
-    let take = || s.take_lease("c", key("k"), 1, None, Some(T0 + 1));
+    let take = || s.at(Some(T0 + 1)).take_lease("c", key("k"), 1, None);
     let denied = take().await.expect("answered");
     assert!(!denied.granted());
     assert_eq!((denied.answer.in_use, denied.remaining()), (3, 0));
     assert!(s
-        .renew_lease(held[0].clone(), None, Some(T0 + 1))
+        .at(Some(T0 + 1))
+        .renew_lease(held[0].clone(), None)
         .await
         .is_ok());
     for id in held.drain(..2) {
-        s.release_lease(id, Some(T0 + 1)).await.expect("released");
+        s.at(Some(T0 + 1))
+            .release_lease(id)
+            .await
+            .expect("released");
     }
     assert!(!take().await.expect("answered").granted(), "1 held of 1");
-    s.release_lease(held.remove(0), Some(T0 + 1))
+    s.at(Some(T0 + 1))
+        .release_lease(held.remove(0))
         .await
         .expect("released");
     assert!(take().await.expect("answered").granted());
@@ -411,7 +446,8 @@ async fn deleting_a_concurrency_policy_makes_its_leases_unknown() {
     s.refresh().await.expect("loads");
     create(&s, concurrency("c", 3, 60_000, FailMode::Open)).await;
     let a = s
-        .take_lease("c", key("k"), 1, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("c", key("k"), 1, None)
         .await
         .expect("answered")
         .lease
@@ -421,11 +457,12 @@ async fn deleting_a_concurrency_policy_makes_its_leases_unknown() {
         .await
         .expect("deleted");
     assert!(matches!(
-        s.renew_lease(a.clone(), None, Some(T0 + 1)).await,
+        s.at(Some(T0 + 1)).renew_lease(a.clone(), None).await,
         Err(ServiceError::UnknownPolicy(_))
     ));
     assert_eq!(
-        s.release_lease(a.clone(), Some(T0 + 1))
+        s.at(Some(T0 + 1))
+            .release_lease(a.clone())
             .await
             .expect("answered"),
         Released {
@@ -436,11 +473,12 @@ async fn deleting_a_concurrency_policy_makes_its_leases_unknown() {
     // A rate policy of the same name does not know it either.
     create(&s, policy("c", 3, FailMode::Open)).await;
     assert!(matches!(
-        s.renew_lease(a.clone(), None, Some(T0 + 1)).await,
+        s.at(Some(T0 + 1)).renew_lease(a.clone(), None).await,
         Err(ServiceError::UnknownLease(_))
     ));
     assert!(
-        !s.release_lease(a, Some(T0 + 1))
+        !s.at(Some(T0 + 1))
+            .release_lease(a)
             .await
             .expect("answered")
             .was_live
@@ -468,7 +506,8 @@ async fn a_lease_longer_than_the_policy_s_max_lease_ms_is_refused_naming_lease_m
     params.max_lease_us = 5_000_000;
     create(&s, bounded("longer", params)).await;
     let too_long = s
-        .take_lease("short", key("k"), 1, Some(1_001), Some(T0))
+        .at(Some(T0))
+        .take_lease("short", key("k"), 1, Some(1_001))
         .await;
     assert!(
         matches!(
@@ -481,17 +520,18 @@ async fn a_lease_longer_than_the_policy_s_max_lease_ms_is_refused_naming_lease_m
         "{too_long:?}"
     );
     let a = s
-        .take_lease("longer", key("k"), 1, Some(5_000), Some(T0))
+        .at(Some(T0))
+        .take_lease("longer", key("k"), 1, Some(5_000))
         .await
         .expect("answered")
         .lease
         .expect("granted");
     assert!(matches!(
-        s.renew_lease(a.clone(), Some(5_001), Some(T0)).await,
+        s.at(Some(T0)).renew_lease(a.clone(), Some(5_001)).await,
         Err(ServiceError::LeaseTooLong { max: 5_000, .. })
     ));
     // The refused calls took nothing: one unit is held, one free.
-    let r = s.renew_lease(a, None, Some(T0)).await.expect("live");
+    let r = s.at(Some(T0)).renew_lease(a, None).await.expect("live");
     assert_eq!(r.answer.in_use, 1);
 }
 
@@ -501,34 +541,46 @@ async fn rate_and_concurrency_policies_refuse_each_others_operations() {
     s.refresh().await.expect("loads");
     create(&s, concurrency("c", 3, 60_000, FailMode::Open)).await;
     create(&s, policy("r", 3, FailMode::Open)).await;
-    for op in [Op::Acquire, Op::Peek, Op::Report, Op::Refund] {
+    let asks = [
+        Ask::Acquire { cost: 1 },
+        Ask::Peek { cost: 1 },
+        Ask::Report { cost: 1 },
+        Ask::Refund {
+            cost: 1,
+            ticket: None,
+        },
+    ];
+    for ask in asks {
         assert!(matches!(
-            s.decide(op, "c", &key("k"), 1, None, Some(T0)).await,
+            s.at(Some(T0)).decide("c", &key("k"), ask).await,
             Err(ServiceError::ConcurrencyPolicy(_))
         ));
     }
     // A reset of a concurrency policy's subject ends its leases instead.
     let held = s
-        .take_lease("c", key("k"), 3, None, None)
+        .at(None)
+        .take_lease("c", key("k"), 3, None)
         .await
         .expect("answered");
     s.reset("c", &key("k")).await.expect("reset");
     assert!(matches!(
-        s.renew_lease(held.lease.expect("granted"), None, None)
+        s.at(None)
+            .renew_lease(held.lease.expect("granted"), None)
             .await,
         Err(ServiceError::UnknownLease(_))
     ));
     assert!(s
-        .take_lease("c", key("k"), 3, None, None)
+        .at(None)
+        .take_lease("c", key("k"), 3, None)
         .await
         .expect("answered")
         .granted());
     assert!(matches!(
-        s.take_lease("r", key("k"), 1, None, Some(T0)).await,
+        s.at(Some(T0)).take_lease("r", key("k"), 1, None).await,
         Err(ServiceError::RatePolicy(_))
     ));
     assert!(matches!(
-        s.take_lease("c", key("k"), 4, None, Some(T0)).await,
+        s.at(Some(T0)).take_lease("c", key("k"), 4, None).await,
         Err(ServiceError::CostAboveQuota {
             quota: 3,
             field: "limit",
@@ -545,13 +597,15 @@ async fn a_full_embedded_store_answers_leases_by_fail_mode() {
     create(&s, concurrency("closed", 5, 60_000, FailMode::Closed)).await;
     create(&s, concurrency("local", 5, 60_000, FailMode::Local)).await;
     let held = s
-        .take_lease("open", key("a"), 1, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("open", key("a"), 1, None)
         .await
         .expect("answered");
     assert_eq!(held.decided_by, DecidedBy::Embedded);
     // The one subject the store may hold is taken: a new subject is answered by fail mode.
     let open = s
-        .take_lease("open", key("b"), 2, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("open", key("b"), 2, None)
         .await
         .expect("answered");
     assert!(open.granted(), "{open:?}");
@@ -561,22 +615,24 @@ async fn a_full_embedded_store_answers_leases_by_fail_mode() {
     // Stored nowhere: the store, asked, does not know it; releasing it never fails.
     let id = open.lease.expect("an id");
     assert!(matches!(
-        s.renew_lease(id.clone(), None, Some(T0 + 1)).await,
+        s.at(Some(T0 + 1)).renew_lease(id.clone(), None).await,
         Err(ServiceError::UnknownLease(_))
     ));
     assert!(
-        !s.release_lease(id, Some(T0 + 1))
+        !s.at(Some(T0 + 1))
+            .release_lease(id)
             .await
             .expect("answered")
             .was_live
     );
     assert!(matches!(
-        s.take_lease("closed", key("c"), 1, None, Some(T0)).await,
+        s.at(Some(T0)).take_lease("closed", key("c"), 1, None).await,
         Err(ServiceError::Store(StoreError::Full(_)))
     ));
     // `local` on the embedded store has no other store to decide with: it answers as `open`.
     let local = s
-        .take_lease("local", key("d"), 1, None, Some(T0))
+        .at(Some(T0))
+        .take_lease("local", key("d"), 1, None)
         .await
         .expect("answered");
     assert_eq!(local.decided_by, DecidedBy::FailOpen);
@@ -597,7 +653,8 @@ async fn lease_metrics_count_each_event_and_the_leases_in_use() {
     s.refresh().await.expect("loads");
     create(&s, concurrency("metered-leases", 2, 1_000, FailMode::Open)).await;
     let take = |at: u64, lease_ms: u64| {
-        s.take_lease("metered-leases", key("k"), 1, Some(lease_ms), Some(at))
+        s.at(Some(at))
+            .take_lease("metered-leases", key("k"), 1, Some(lease_ms))
     };
     let _a = take(T0, 1_000)
         .await
@@ -610,7 +667,8 @@ async fn lease_metrics_count_each_event_and_the_leases_in_use() {
         .lease
         .expect("granted");
     assert!(take(T0, 1_000).await.expect("answered").lease.is_none());
-    s.renew_lease(b.clone(), Some(5_000), Some(T0 + 1))
+    s.at(Some(T0 + 1))
+        .renew_lease(b.clone(), Some(5_000))
         .await
         .expect("renewed");
     // `a` expires while `b` keeps the subject's state: the next take finds it expired and takes
@@ -621,7 +679,8 @@ async fn lease_metrics_count_each_event_and_the_leases_in_use() {
         .lease
         .expect("granted");
     for id in [b.clone(), b, c] {
-        s.release_lease(id, Some(T0 + 2_000_001))
+        s.at(Some(T0 + 2_000_001))
+            .release_lease(id)
             .await
             .expect("released");
     }

@@ -32,7 +32,7 @@ use super::RateLimiter;
 use crate::limiter::concurrency::{LeaseCall, LeaseOp};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
-use crate::store::Store;
+use crate::store::{LeasePlan, Store};
 use crate::telemetry::Summarized;
 
 /// Most entries tried in one pass; the rest wait for the next.
@@ -203,7 +203,13 @@ impl RateLimiter {
             limit: undo.policy.concurrency().map_or(0, |p| p.limit),
             deadline_us: None,
         };
-        match self.store.lease(&undo.policy, &undo.key, call, None).await {
+        let plan = LeasePlan {
+            policy: &undo.policy,
+            key: &undo.key,
+            call,
+            at_us: None,
+        };
+        match self.store.lease(&plan).await {
             Ok(answer) if answer.ok => {
                 tracing::debug!(policy = %undo.policy.name, "released a lease granted to nobody");
                 c.undone.increment(1);

@@ -36,10 +36,10 @@ use super::key;
 use super::redis::{script_argv, verdict};
 use super::scripts::{batch_code, Scripts, BATCHED_OPS};
 use super::topology::key_slot;
-use super::StoreError;
+use super::{Plan, StoreError};
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
-use crate::policy::{Algorithm, LimitKey, Policy};
+use crate::policy::Algorithm;
 
 /// `redis.batch_max`'s default: large enough that a queue of 2 workers' requests at a few
 /// hundred connections goes in one or two calls, small enough that one call stays well under a
@@ -60,16 +60,16 @@ pub struct Job {
 impl Job {
     /// The decision as a batch takes it; `None` for what goes alone: a peek (read-only, with
     /// `EVALSHA_RO`) and a policy of several limits (its script is composed for them).
-    pub fn new(prefix: &str, decision: Decide<'_>) -> Option<Self> {
-        let Decide {
+    pub fn new(prefix: &str, plan: &Plan<'_>) -> Option<Self> {
+        let Plan {
             policy,
             key,
-            op,
-            cost,
-            marks,
-            now_us,
-        } = decision;
-        let [params] = policy.params() else {
+            ask,
+            params,
+            at_us: now_us,
+        } = *plan;
+        let (op, cost, marks) = (ask.op(), ask.cost(), plan.marks());
+        let [params] = params else {
             return None;
         };
         if !BATCHED_OPS.contains(&op) {
@@ -91,17 +91,6 @@ impl Job {
             args: script_argv(std::slice::from_ref(params), op, cost, marks, now_us).collect(),
         })
     }
-}
-
-/// A decision's arguments, as [`super::Store::decide`] takes them.
-#[derive(Debug, Clone, Copy)]
-pub struct Decide<'a> {
-    pub policy: &'a Policy,
-    pub key: &'a LimitKey,
-    pub op: Op,
-    pub cost: u64,
-    pub marks: &'a [u64],
-    pub now_us: Option<u64>,
 }
 
 /// One call of the batch script for these decisions, in order (the script must be loaded:

@@ -27,9 +27,9 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::policy_set::PolicySet;
-use super::{key, ChangePage, Claim, Etag, JointPart, PolicyWrite, Store, StoreError, Written};
-use crate::limiter::concurrency::{self, LeaseAnswer, LeaseCall, LeaseOp};
-use crate::limiter::{decide_joint, decide_op, Op, State, Verdict, MAX_LIMITS};
+use super::{key, ChangePage, Etag, LeasePlan, Plan, PolicyWrite, Store, StoreError, Written};
+use crate::limiter::concurrency::{self, LeaseAnswer, LeaseOp};
+use crate::limiter::{decide_joint, decide_op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
@@ -115,25 +115,23 @@ impl MemoryStore {
         cost: u64,
         now: u64,
     ) -> Result<Verdict, StoreError> {
-        self.decide_at(policy, key, Op::Acquire, cost, None, now)
+        self.decide_at(&Plan::acquire(policy, key, cost), now)
     }
 
-    /// Decides one operation over all of the policy's limits at an explicit time, under one
-    /// lock ([`decide_op`]; `ticket` is a refund's, read and recorded under the same lock).
+    /// Decides one plan over all of its limits at an explicit time (the plan's own is not read),
+    /// under one lock ([`decide_op`]; a refund's ticket record is read and written under the
+    /// same lock).
     /// Only an acquire, a report or a refund's first use of a ticket may need new entries, and
     /// fail with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
-    pub fn decide_at(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now: u64,
-    ) -> Result<Verdict, StoreError> {
-        let marks = ticket.map_or(&[][..], |t| t.marks);
-        let ticket = ticket.filter(|_| op == Op::Refund);
-        let params = policy.params();
+    pub fn decide_at(&self, plan: &Plan<'_>, now: u64) -> Result<Verdict, StoreError> {
+        let Plan {
+            policy,
+            key,
+            ask,
+            params,
+            at_us: _,
+        } = *plan;
+        let (op, cost, marks, ticket) = (ask.op(), ask.cost(), plan.marks(), plan.claim());
         let (mut names, n) = key::state_keys(&self.prefix, policy, key);
         let names = &mut names[..n];
         // All of a subject's limits are in one shard, decided under its one lock.
@@ -231,7 +229,7 @@ impl MemoryStore {
     /// never each hold a lock the other waits for. Fails with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
     pub fn acquire_joint_at(
         &self,
-        parts: &[JointPart<'_>],
+        plans: &[Plan<'_>],
         now: u64,
     ) -> Result<Vec<Verdict>, StoreError> {
         let mut names: Vec<String> = Vec::new();
@@ -239,13 +237,13 @@ impl MemoryStore {
         let mut costs = Vec::new();
         // Each limit's shard, as an index into `shards`.
         let mut homes = Vec::new();
-        for part in parts {
-            let (keys, n) = key::state_keys(&self.prefix, part.policy, part.key);
-            let home = self.shard_index(part.policy.name.as_str(), part.key.as_str());
-            for (name, p) in keys.into_iter().zip(part.policy.params()).take(n) {
+        for plan in plans {
+            let (keys, n) = key::state_keys(&self.prefix, plan.policy, plan.key);
+            let home = self.shard_index(plan.policy.name.as_str(), plan.key.as_str());
+            for (name, p) in keys.into_iter().zip(plan.params).take(n) {
                 names.push(name);
                 params.push(*p);
-                costs.push(part.cost);
+                costs.push(plan.cost());
                 homes.push(home);
             }
         }
@@ -297,11 +295,11 @@ impl MemoryStore {
         self.subjects
             .fetch_sub(taken_out + reserved - kept, Ordering::Relaxed);
         let mut decisions = decisions.into_iter();
-        Ok(parts
+        Ok(plans
             .iter()
-            .map(|part| {
+            .map(|plan| {
                 let mut verdict = Verdict::at(now);
-                for d in decisions.by_ref().take(part.policy.params().len()) {
+                for d in decisions.by_ref().take(plan.params.len()) {
                     verdict.push(d);
                 }
                 verdict.allowed = allowed;
@@ -315,13 +313,13 @@ impl MemoryStore {
     /// its own clock). The subject's leases are one entry, which expires with its last lease;
     /// only a take creates one, and fails with [`StoreError::Full`] as
     /// [`MemoryStore::acquire_at`] does.
-    pub fn lease_at(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now: u64,
-    ) -> Result<LeaseAnswer, StoreError> {
+    pub fn lease_at(&self, plan: &LeasePlan<'_>, now: u64) -> Result<LeaseAnswer, StoreError> {
+        let LeasePlan {
+            policy,
+            key,
+            call,
+            at_us: _,
+        } = *plan;
         if let Some(problem) = call.problem() {
             return Err(StoreError::server(format!("refused lease call: {problem}")));
         }
@@ -565,36 +563,17 @@ fn put_back(
 }
 
 impl Store for MemoryStore {
-    async fn decide(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now_us: Option<u64>,
-    ) -> Result<Verdict, StoreError> {
-        let now = now_us.unwrap_or_else(system_now_us);
-        self.decide_at(policy, key, op, cost, ticket, now)
+    async fn decide(&self, plan: &Plan<'_>) -> Result<Verdict, StoreError> {
+        self.decide_at(plan, plan.at_us.unwrap_or_else(system_now_us))
     }
 
-    async fn acquire_joint(
-        &self,
-        parts: &[JointPart<'_>],
-        now_us: Option<u64>,
-    ) -> Result<Vec<Verdict>, StoreError> {
-        self.acquire_joint_at(parts, now_us.unwrap_or_else(system_now_us))
+    async fn acquire_joint(&self, plans: &[Plan<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let now = plans.first().and_then(|p| p.at_us);
+        self.acquire_joint_at(plans, now.unwrap_or_else(system_now_us))
     }
 
-    async fn lease(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now_us: Option<u64>,
-    ) -> Result<LeaseAnswer, StoreError> {
-        let now = now_us.unwrap_or_else(system_now_us);
-        self.lease_at(policy, key, call, now)
+    async fn lease(&self, plan: &LeasePlan<'_>) -> Result<LeaseAnswer, StoreError> {
+        self.lease_at(plan, plan.at_us.unwrap_or_else(system_now_us))
     }
 
     async fn sweep_leases(
@@ -650,7 +629,26 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::limiter::concurrency::LeaseCall;
     use crate::policy::{Algorithm, FailMode};
+
+    impl MemoryStore {
+        fn lease_on(
+            &self,
+            policy: &Policy,
+            key: &LimitKey,
+            call: LeaseCall<'_>,
+            now: u64,
+        ) -> Result<LeaseAnswer, StoreError> {
+            let plan = LeasePlan {
+                policy,
+                key,
+                call,
+                at_us: None,
+            };
+            self.lease_at(&plan, now)
+        }
+    }
 
     fn policy(algorithm: Algorithm, values: &[u64]) -> Policy {
         Policy::single(
@@ -790,7 +788,7 @@ mod tests {
         let store = MemoryStore::new("rl", 100);
         let (k, a) = (key("k"), member(1));
         let took = store
-            .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+            .lease_on(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
             .expect("room");
         assert_eq!((took.ok, took.leases), (true, 1));
         // The subject's entry goes with its lease; the ledger still counts the expiry, once.
@@ -801,7 +799,7 @@ mod tests {
         assert_eq!(store.sweep_leases_at(&c(), 2_000_000).expired, 0);
         // A ledger no sweep reaches goes a grace after its last lease.
         let took = store
-            .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+            .lease_on(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
             .expect("room");
         assert_eq!(took.leases, 1);
         let grace = concurrency::LEDGER_GRACE_MS * 1_000;
@@ -817,18 +815,18 @@ mod tests {
         let (k, a) = (key("k"), member(1));
         let full = |p: &Policy| {
             store
-                .lease_at(p, &k, lease(LeaseOp::Take, &member(2), 1), 0)
+                .lease_on(p, &k, lease(LeaseOp::Take, &member(2), 1), 0)
                 .expect("room")
         };
         assert!(
             store
-                .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+                .lease_on(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
                 .expect("room")
                 .ok
         );
         let again = c().with_incarnation(2);
         let renewed = store
-            .lease_at(&again, &k, lease(LeaseOp::Renew, &a, 1), 10)
+            .lease_on(&again, &k, lease(LeaseOp::Renew, &a, 1), 10)
             .expect("decided");
         assert_eq!((renewed.ok, renewed.leases), (false, 0));
         assert_eq!(full(&again).in_use, 1);
@@ -840,7 +838,7 @@ mod tests {
         let store = MemoryStore::new("rl", 100);
         let k = key("k");
         let (a, b) = (member(1), member(2));
-        let take = |m: &str, now| store.lease_at(&c(), &k, lease(LeaseOp::Take, m, 1), now);
+        let take = |m: &str, now| store.lease_on(&c(), &k, lease(LeaseOp::Take, m, 1), now);
         assert!(take(&a, 0).expect("room").ok);
         assert!(take(&b, 500_000).expect("room").ok);
         assert!(!take(&member(3), 600_000).expect("decided").ok);
@@ -848,7 +846,7 @@ mod tests {
         // a's lease ends at 1 s, b's at 1.5 s: the entry lives until b's.
         assert_eq!(store.evict_expired(1_499_999), 0);
         let look = store
-            .lease_at(&c(), &k, lease(LeaseOp::Look, "", 2), 1_200_000)
+            .lease_on(&c(), &k, lease(LeaseOp::Look, "", 2), 1_200_000)
             .expect("decided");
         assert_eq!(
             (look.ok, look.in_use, look.retry_after_us),
@@ -863,36 +861,36 @@ mod tests {
         let store = MemoryStore::new("rl", 1);
         let (k, a) = (key("k"), member(1));
         let look = store
-            .lease_at(&c(), &k, lease(LeaseOp::Look, "", 1), 0)
+            .lease_on(&c(), &k, lease(LeaseOp::Look, "", 1), 0)
             .expect("decided");
         assert!(look.ok);
         assert!(store.is_empty());
         assert!(
             store
-                .lease_at(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
+                .lease_on(&c(), &k, lease(LeaseOp::Take, &a, 1), 0)
                 .expect("room")
                 .ok
         );
         // Full: another subject's take is refused, its look and release still answered.
         let other = key("other");
         assert!(matches!(
-            store.lease_at(&c(), &other, lease(LeaseOp::Take, &a, 1), 0),
+            store.lease_on(&c(), &other, lease(LeaseOp::Take, &a, 1), 0),
             Err(StoreError::Full(1))
         ));
         assert!(
             !store
-                .lease_at(&c(), &other, lease(LeaseOp::Release, &a, 1), 0)
+                .lease_on(&c(), &other, lease(LeaseOp::Release, &a, 1), 0)
                 .expect("decided")
                 .ok
         );
         let released = store
-            .lease_at(&c(), &k, lease(LeaseOp::Release, &a, 1), 10)
+            .lease_on(&c(), &k, lease(LeaseOp::Release, &a, 1), 10)
             .expect("decided");
         assert!(released.ok);
         assert!(store.is_empty());
         assert!(
             store
-                .lease_at(&c(), &other, lease(LeaseOp::Take, &a, 1), 20)
+                .lease_on(&c(), &other, lease(LeaseOp::Take, &a, 1), 20)
                 .expect("room")
                 .ok
         );
@@ -902,7 +900,7 @@ mod tests {
     fn a_lease_call_the_script_could_not_read_back_is_refused() {
         let store = MemoryStore::new("rl", 10);
         let wrong_cost = lease(LeaseOp::Take, "0123456789abcdef0123456789abcdef:2", 1);
-        assert!(store.lease_at(&c(), &key("k"), wrong_cost, 0).is_err());
+        assert!(store.lease_on(&c(), &key("k"), wrong_cost, 0).is_err());
         assert!(store.is_empty());
     }
 

@@ -18,6 +18,7 @@ pub mod calls;
 pub mod connection;
 pub mod key;
 pub mod memory;
+mod plan;
 mod policy_set;
 pub mod redis;
 pub mod scripts;
@@ -27,11 +28,12 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
-use crate::limiter::{Op, Verdict};
+use crate::limiter::concurrency::LeaseAnswer;
+use crate::limiter::Verdict;
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 pub use self::memory::MemoryStore;
+pub use self::plan::{Ask, Claim, LeasePlan, Plan};
 pub use self::redis::RedisStore;
 
 /// Why a store call failed.
@@ -477,91 +479,42 @@ pub fn new_generation() -> String {
     format!("{:016x}", h.finish())
 }
 
-/// One subject's share of a joint acquire ([`Store::acquire_joint`]): the limits of its policy,
-/// for its key, with its cost.
-#[derive(Debug, Clone, Copy)]
-pub struct JointPart<'a> {
-    pub policy: &'a Policy,
-    pub key: &'a LimitKey,
-    pub cost: u64,
-}
-
-/// The most limits, over all parts, that one joint acquire decides atomically (one script's
+/// The most limits, over all plans, that one joint acquire decides atomically (one script's
 /// worth of nested parts; see `lua/common.lua`).
 pub const MAX_JOINT_LIMITS: usize = crate::limiter::MAX_LIMITS;
 
-/// The limits of a joint acquire's parts, in order.
-pub fn joint_limits(parts: &[JointPart<'_>]) -> usize {
-    parts.iter().map(|p| p.policy.params().len()).sum()
-}
-
-/// A refund's ticket as a store applies it: its take's marks (one per limit), and its record of
-/// the units given back with it, `id` on the subject (on Redis, a key on the subject's hash
-/// tag), which the refund reads and adds to in the same atomic step: it gives back at most
-/// `units` less what the record holds, and the record lives until `ends_at_us`, after which the
-/// ticket gives nothing back anyway.
-#[derive(Debug, Clone, Copy)]
-pub struct Claim<'a> {
-    pub marks: &'a [u64],
-    pub id: u64,
-    pub units: u64,
-    pub ends_at_us: u64,
+/// The limits of a joint acquire's plans, in order.
+pub fn joint_limits(plans: &[Plan<'_>]) -> usize {
+    plans.iter().map(|p| p.params.len()).sum()
 }
 
 /// The operations every store provides.
 pub trait Store: Send + Sync {
-    /// Decides one acquire over all of the policy's limits atomically: allowed only if every
-    /// limit admits `cost`, and then every limit takes it; otherwise none changes. `now_us` is
-    /// for tests that drive time explicitly; `None` uses the store's clock (Redis `TIME`, or the
-    /// system clock for the embedded store).
-    fn acquire(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        cost: u64,
-        now_us: Option<u64>,
-    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send {
-        self.decide(policy, key, Op::Acquire, cost, None, now_us)
-    }
-
-    /// Decides one operation over all of the policy's limits atomically, as
-    /// [`crate::limiter::decide_op`] does: an acquire, a peek (which writes nothing, on Redis
-    /// with a read-only script call), a report or a refund (`ticket`: its ticket's marks and
-    /// record, or `None` for a refund without one).
-    fn decide(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now_us: Option<u64>,
-    ) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
+    /// Decides one plan over all of its limits atomically, as [`crate::limiter::decide_op`]
+    /// does: an acquire (allowed only if every limit admits its cost, and then every limit takes
+    /// it; otherwise none changes), a peek (which writes nothing, on Redis with a read-only
+    /// script call), a report or a refund (with its ticket's marks and record, or without one).
+    fn decide(&self, plan: &Plan<'_>) -> impl Future<Output = Result<Verdict, StoreError>> + Send;
 
     /// Decides one acquire over the limits of several subjects atomically (the Envoy
     /// descriptors of one request), as [`crate::limiter::decide_joint`] does: allowed only if
     /// every limit of every part admits its part's cost, and then each takes it; otherwise none
-    /// changes. `parts` name distinct subjects, of rate policies, with at most
-    /// [`MAX_JOINT_LIMITS`] limits in all; on a Cluster, all of their keys in one slot. Answers
-    /// one verdict per part, each `allowed` as the whole was (its limits' decisions say which
-    /// admitted).
+    /// changes. `plans` are acquires of distinct subjects, of rate policies, at the time of the
+    /// first, with at most [`MAX_JOINT_LIMITS`] limits in all; on a Cluster, all of their keys in
+    /// one slot. Answers one verdict per plan, each `allowed` as the whole was (its limits'
+    /// decisions say which admitted).
     fn acquire_joint(
         &self,
-        parts: &[JointPart<'_>],
-        now_us: Option<u64>,
+        plans: &[Plan<'_>],
     ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
 
-    /// Decides one lease call on the subject's leases under the concurrency policy `policy`,
-    /// with its ledger, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look`
-    /// writes nothing, on Redis with a read-only script call; a `Sweep` is refused: it is
-    /// [`Store::sweep_leases`]). `now_us` is for tests that drive time explicitly; `None` uses
-    /// the store's clock (Redis `TIME`, or the system clock for the embedded store).
+    /// Decides one lease call on the subject's leases under the plan's concurrency policy, with
+    /// its ledger, atomically, as [`crate::limiter::concurrency::decide`] does (a `Look` writes
+    /// nothing, on Redis with a read-only script call; a `Sweep` is refused: it is
+    /// [`Store::sweep_leases`]).
     fn lease(
         &self,
-        policy: &Policy,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now_us: Option<u64>,
+        plan: &LeasePlan<'_>,
     ) -> impl Future<Output = Result<LeaseAnswer, StoreError>> + Send;
 
     /// Drops the concurrency policy's expired leases from its ledger and counts them, as
@@ -717,34 +670,16 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn decide(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now_us: Option<u64>,
-    ) -> Result<Verdict, StoreError> {
-        dispatch!(self, s => s.decide(policy, key, op, cost, ticket, now_us))
+    async fn decide(&self, plan: &Plan<'_>) -> Result<Verdict, StoreError> {
+        dispatch!(self, s => s.decide(plan))
     }
 
-    async fn acquire_joint(
-        &self,
-        parts: &[JointPart<'_>],
-        now_us: Option<u64>,
-    ) -> Result<Vec<Verdict>, StoreError> {
-        dispatch!(self, s => s.acquire_joint(parts, now_us))
+    async fn acquire_joint(&self, plans: &[Plan<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        dispatch!(self, s => s.acquire_joint(plans))
     }
 
-    async fn lease(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now_us: Option<u64>,
-    ) -> Result<LeaseAnswer, StoreError> {
-        dispatch!(self, s => s.lease(policy, key, call, now_us))
+    async fn lease(&self, plan: &LeasePlan<'_>) -> Result<LeaseAnswer, StoreError> {
+        dispatch!(self, s => s.lease(plan))
     }
 
     async fn sweep_leases(

@@ -10,7 +10,7 @@ use std::time::Duration;
 use redis::{RedisError, Value};
 use serde_json::{Map, Number, Value as Json};
 
-use super::batch::{Batches, Decide, Job, DEFAULT_BATCH_MAX};
+use super::batch::{Batches, Job, DEFAULT_BATCH_MAX};
 use super::breaker::{Breaker, BreakerState};
 use super::calls::Calls;
 use super::connection::{self, is_cluster_refusal, Conn, ConnectionMode, Connections};
@@ -18,7 +18,7 @@ use super::key::PolicyKeys;
 use super::scripts::Scripts;
 use super::topology::{parse_slots, Topology};
 use super::{
-    key, memory, new_generation, Change, ChangePage, Claim, ErrorClass, Etag, JointPart,
+    key, memory, new_generation, Change, ChangePage, ErrorClass, Etag, LeasePlan, Plan,
     PolicyWrite, Precondition, Store, StoreError, WriteStatus, Written, MAX_JOINT_LIMITS,
 };
 use super::{LeasedLedger, MAX_INDEX_READ};
@@ -904,32 +904,21 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn decide(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        op: Op,
-        cost: u64,
-        ticket: Option<&Claim<'_>>,
-        now_us: Option<u64>,
-    ) -> Result<Verdict, StoreError> {
-        let ticket = ticket.filter(|_| op == Op::Refund);
-        let marks = ticket.map_or(&[][..], |t| t.marks);
+    async fn decide(&self, plan: &Plan<'_>) -> Result<Verdict, StoreError> {
+        let Plan {
+            policy,
+            key,
+            ask,
+            params,
+            at_us: now_us,
+        } = *plan;
+        let (op, cost, marks, ticket) = (ask.op(), ask.cost(), plan.marks(), plan.claim());
         // A refund with a ticket goes alone: its script also keeps the ticket's record.
         if let (Some(batches), None) = (&self.batches, ticket) {
-            let decision = Decide {
-                policy,
-                key,
-                op,
-                cost,
-                marks,
-                now_us,
-            };
-            if let Some(job) = Job::new(&self.prefix, decision) {
+            if let Some(job) = Job::new(&self.prefix, plan) {
                 return batches.decide(&self.calls, &self.scripts, job).await;
             }
         }
-        let params = policy.params();
         let (names, n) = key::state_keys(&self.prefix, policy, key);
         // A ticket's record is one more key, on the subject's hash tag, and its units and end
         // two more arguments, after the marks (see `lua/common.lua`).
@@ -973,22 +962,19 @@ impl Store for RedisStore {
         verdict(&reply, n, op)
     }
 
-    async fn acquire_joint(
-        &self,
-        parts: &[JointPart<'_>],
-        now_us: Option<u64>,
-    ) -> Result<Vec<Verdict>, StoreError> {
+    async fn acquire_joint(&self, plans: &[Plan<'_>]) -> Result<Vec<Verdict>, StoreError> {
+        let now_us = plans.first().and_then(|p| p.at_us);
         let mut names: Vec<String> = Vec::with_capacity(MAX_JOINT_LIMITS);
         let mut params: Vec<Params> = Vec::with_capacity(MAX_JOINT_LIMITS);
         // ARGV as `lua/common.lua` lays out a joint acquire: 0, the time, then each limit's cost
         // and parameters.
         let mut argv: Vec<Option<u64>> = vec![Some(0), now_us];
-        for part in parts {
-            let (keys, n) = key::state_keys(&self.prefix, part.policy, part.key);
-            for (name, p) in keys.into_iter().zip(part.policy.params()).take(n) {
+        for plan in plans {
+            let (keys, n) = key::state_keys(&self.prefix, plan.policy, plan.key);
+            for (name, p) in keys.into_iter().zip(plan.params).take(n) {
                 names.push(name);
                 params.push(*p);
-                argv.push(Some(part.cost));
+                argv.push(Some(plan.cost()));
                 argv.extend(p.script_args().as_slice().iter().copied().map(Some));
             }
         }
@@ -1016,11 +1002,11 @@ impl Store for RedisStore {
             .await?;
         let whole = verdict(&reply, names.len(), Op::Acquire)?;
         let mut decisions = whole.limits().iter();
-        Ok(parts
+        Ok(plans
             .iter()
-            .map(|part| {
+            .map(|plan| {
                 let mut v = Verdict::at(whole.at_us);
-                for d in decisions.by_ref().take(part.policy.params().len()) {
+                for d in decisions.by_ref().take(plan.params.len()) {
                     v.push(*d);
                 }
                 v.allowed = whole.allowed;
@@ -1029,14 +1015,9 @@ impl Store for RedisStore {
             .collect())
     }
 
-    async fn lease(
-        &self,
-        policy: &Policy,
-        key: &LimitKey,
-        call: LeaseCall<'_>,
-        now_us: Option<u64>,
-    ) -> Result<LeaseAnswer, StoreError> {
-        self.lease_script(policy, Some(key), call, now_us).await
+    async fn lease(&self, plan: &LeasePlan<'_>) -> Result<LeaseAnswer, StoreError> {
+        self.lease_script(plan.policy, Some(plan.key), plan.call, plan.at_us)
+            .await
     }
 
     async fn sweep_leases(

@@ -15,11 +15,11 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::{decide_op, Op, State, Verdict};
 use ratelimiter::policy::{FailMode, LimitKey, Params, Policy, PolicyName};
-use ratelimiter::store::batch::{answers, command, Decide, Job};
+use ratelimiter::store::batch::{answers, command, Job};
 use ratelimiter::store::connection::ConnectionMode;
-use ratelimiter::store::{scripts, ErrorClass, RedisStore, Store};
+use ratelimiter::store::{scripts, ErrorClass, Plan, RedisStore, Store};
 
-use crate::helpers::{TestCluster, TestRedis};
+use crate::helpers::{ask, claim, TestCluster, TestRedis};
 use crate::scripts::{limits, Spec};
 
 /// A plausible current time in µs, as in `scripts.rs`.
@@ -104,15 +104,8 @@ fn acquires<'a>(
 ) -> Vec<Job> {
     keys.into_iter()
         .map(|key| {
-            let decision = Decide {
-                policy,
-                key,
-                op: Op::Acquire,
-                cost,
-                marks: &[],
-                now_us,
-            };
-            Job::new("rl", decision).expect("a one-limit acquire goes in a batch")
+            let plan = Plan::acquire(policy, key, cost).at(now_us);
+            Job::new("rl", &plan).expect("a one-limit acquire goes in a batch")
         })
         .collect()
 }
@@ -194,18 +187,10 @@ fn batches_of_mixed_policies_operations_and_costs_decide_exactly_as_one_after_th
                     } else {
                         &[]
                     };
-                    Job::new(
-                        "rl",
-                        Decide {
-                            policy: &policies[p.policy],
-                            key: &keys[i],
-                            op: p.op,
-                            cost: costs[i],
-                            marks,
-                            now_us: Some(now),
-                        },
-                    )
-                    .expect("a one-limit decision goes in a batch")
+                    let claim = claim(marks, costs[i]);
+                    let ask = ask(p.op, costs[i], claim.as_ref());
+                    let plan = Plan::new(&policies[p.policy], &keys[i], ask).at(now);
+                    Job::new("rl", &plan).expect("a one-limit decision goes in a batch")
                 })
                 .collect();
             let state_keys: Vec<String> = picks
@@ -305,9 +290,10 @@ fn concurrent_decisions_of_one_thread_go_in_batches_and_stay_exact() {
             .arg("RESETSTAT")
             .query(&mut conn)
             .expect("RESETSTAT");
-        let verdicts = rt.block_on(join_all(
-            (0..300).map(|_| store.acquire(&policy, &key, 1, None)),
-        ));
+        let verdicts =
+            rt.block_on(join_all((0..300).map(|_| async {
+                store.decide(&Plan::acquire(&policy, &key, 1)).await
+            })));
         let allowed = verdicts
             .iter()
             .map(|v| v.as_ref().expect("decided by Redis"))
@@ -343,7 +329,7 @@ fn a_sliding_log_refund_is_never_batched_so_no_batch_waits_for_one() {
     rt.block_on(store.load_scripts()).expect("scripts load");
     for now in 0..50 {
         let v = rt
-            .block_on(store.acquire(&log, &key, 1, Some(T0 + now)))
+            .block_on(store.decide(&Plan::acquire(&log, &key, 1).at(Some(T0 + now))))
             .expect("decided");
         assert!(v.allowed);
     }
@@ -353,10 +339,10 @@ fn a_sliding_log_refund_is_never_batched_so_no_batch_waits_for_one() {
         .expect("RESETSTAT");
     // 50 refunds at once from one thread: each its own call (the costliest decision, up to
     // hundreds of members rewritten, never holds up a batch), and exact.
-    let verdicts =
-        rt.block_on(join_all((0..50).map(|_| {
-            store.decide(&log, &key, Op::Refund, 1, None, Some(T0 + 100))
-        })));
+    let verdicts = rt.block_on(join_all((0..50).map(|_| async {
+        let plan = Plan::new(&log, &key, ask(Op::Refund, 1, None)).at(T0 + 100);
+        store.decide(&plan).await
+    })));
     let given: u64 = verdicts
         .iter()
         .map(|v| v.as_ref().expect("decided by Redis").units()[0])
@@ -461,9 +447,10 @@ fn decisions_whose_deadline_passes_while_they_wait_are_never_sent() {
     // Redis hangs: the first two acquires are sent and get no answer; the 19 that wait behind
     // them have nearly all of their deadline gone when their turn comes.
     redis.signal("STOP");
-    let verdicts = rt.block_on(join_all(
-        (0..21).map(|_| store.acquire(&policy, &key, 1, None)),
-    ));
+    let verdicts =
+        rt.block_on(join_all((0..21).map(|_| async {
+            store.decide(&Plan::acquire(&policy, &key, 1)).await
+        })));
     redis.signal("CONT");
     let classes: Vec<ErrorClass> = verdicts
         .iter()
@@ -481,7 +468,10 @@ fn decisions_whose_deadline_passes_while_they_wait_are_never_sent() {
     // Only the two sent reached Redis: two units of the window are gone, not 21.
     let seen = rt.block_on(async {
         loop {
-            match store.decide(&policy, &key, Op::Peek, 1, None, None).await {
+            match store
+                .decide(&Plan::new(&policy, &key, ask(Op::Peek, 1, None)))
+                .await
+            {
                 Ok(v) => break v,
                 Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
             }
@@ -526,9 +516,10 @@ fn on_a_cluster_decisions_go_in_batches_per_master_and_stay_exact() {
     );
     let keys: Vec<LimitKey> = (0..40).map(subject).collect();
     let asks: Vec<&LimitKey> = (0..10).flat_map(|_| keys.iter()).collect();
-    let verdicts = rt.block_on(join_all(
-        asks.iter().map(|key| store.acquire(&policy, key, 1, None)),
-    ));
+    let verdicts = rt
+        .block_on(join_all(asks.iter().map(|key| async {
+            store.decide(&Plan::acquire(&policy, key, 1)).await
+        })));
     let mut allowed: HashMap<&str, usize> = HashMap::new();
     for (key, v) in asks.iter().zip(&verdicts) {
         if v.as_ref().expect("decided by Redis").allowed {

@@ -14,10 +14,10 @@ use ratelimiter::limiter::{decide_op, sliding_window_log, Op, State, Verdict};
 use ratelimiter::policy::{Algorithm, FailMode, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::state_key;
-use ratelimiter::store::{scripts, RedisStore, Store};
+use ratelimiter::store::{scripts, Plan, RedisStore, Store};
 use serde_json::{json, Value};
 
-use crate::helpers::{claim, spawn_app_with, TestRedis};
+use crate::helpers::{ask, claim, spawn_app_with, TestRedis};
 
 /// A plausible current time in µs.
 const T0: u64 = 1_764_460_800_123_457;
@@ -213,7 +213,7 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
     // The scripts are loaded first, so that loading them is not measured.
     for op in Op::ALL {
         let _ = store
-            .decide(&policy, &key, op, 1, None, Some(now))
+            .decide(&Plan::new(&policy, &key, ask(op, 1, None)).at(Some(now)))
             .await
             .expect("decided");
     }
@@ -293,12 +293,8 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
         let (us, v) = measured(&mut conn, &k, async || {
             store
                 .decide(
-                    &policy,
-                    &key,
-                    op,
-                    cost,
-                    claim(&marks, cost).as_ref(),
-                    Some(at),
+                    &Plan::new(&policy, &key, ask(op, cost, claim(&marks, cost).as_ref()))
+                        .at(Some(at)),
                 )
                 .await
                 .expect("decided")
@@ -338,7 +334,7 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
             FailMode::Closed,
         );
         let taken = store
-            .decide(&policy, &key, Op::Acquire, big, None, Some(now))
+            .decide(&Plan::new(&policy, &key, ask(Op::Acquire, big, None)).at(Some(now)))
             .await
             .expect("decided");
         let marks: Vec<u64> = taken.marks().collect();
@@ -354,12 +350,8 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
             let (us, _) = measured(&mut conn, &state, async || {
                 store
                     .decide(
-                        &policy,
-                        &key,
-                        op,
-                        big,
-                        claim(marks, big).as_ref(),
-                        Some(now + 1),
+                        &Plan::new(&policy, &key, ask(op, big, claim(marks, big).as_ref()))
+                            .at(Some(now + 1)),
                     )
                     .await
                     .expect("decided")
@@ -396,12 +388,7 @@ async fn past_the_reach_of_one_call_the_log_still_decides_as_its_rust_function()
         let expected = decide_op(&params, &mut states, &mut ttls, op, cost, now, marks);
         let got = store
             .decide(
-                &policy,
-                &key,
-                op,
-                cost,
-                claim(marks, cost).as_ref(),
-                Some(now),
+                &Plan::new(&policy, &key, ask(op, cost, claim(marks, cost).as_ref())).at(Some(now)),
             )
             .await
             .expect("decided");

@@ -530,6 +530,26 @@ pub async fn metric(app: &TestApp, name: &str, labels: &[(&str, &str)]) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// The operation `op` of `cost` units as a plan asks it; `ticket` is a refund's (the other
+/// operations have none).
+pub fn ask<'a>(
+    op: ratelimiter::limiter::Op,
+    cost: u64,
+    ticket: Option<&ratelimiter::store::Claim<'a>>,
+) -> ratelimiter::store::Ask<ratelimiter::store::Claim<'a>> {
+    use ratelimiter::limiter::Op;
+    use ratelimiter::store::Ask;
+    match op {
+        Op::Acquire => Ask::Acquire { cost },
+        Op::Peek => Ask::Peek { cost },
+        Op::Report => Ask::Report { cost },
+        Op::Refund => Ask::Refund {
+            cost,
+            ticket: ticket.copied(),
+        },
+    }
+}
+
 /// A ticket's claim on `marks` for `units`, with an id of its own, as the service sends it (no
 /// claim without marks: a ticketless operation).
 pub fn claim(marks: &[u64], units: u64) -> Option<ratelimiter::store::Claim<'_>> {

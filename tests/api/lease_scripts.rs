@@ -19,7 +19,7 @@ use ratelimiter::limiter::concurrency::{self, LeaseAnswer, LeaseCall, LeaseOp, L
 use ratelimiter::policy::{FailMode, LimitKey, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, lease_key, lease_ledger};
-use ratelimiter::store::{scripts, RedisStore, Store};
+use ratelimiter::store::{scripts, LeasePlan, RedisStore, Store};
 
 use crate::helpers::{TestCluster, TestRedis};
 
@@ -614,8 +614,13 @@ fn on_redis_time_the_key_expires_when_its_last_lease_would() {
     };
     let policy = exports();
     let lease = |c: LeaseCall<'_>| {
-        rt.block_on(store.lease(&policy, &subject, c, None))
-            .expect("answered")
+        rt.block_on(store.lease(&LeasePlan {
+            policy: &policy,
+            key: &subject,
+            call: c,
+            at_us: None,
+        }))
+        .expect("answered")
     };
     let (long, short) = (member(1, 1), member(2, 2));
     // Lease ends in µs; the key's expiry is the latest of them in ms, rounded up, and the
@@ -758,7 +763,12 @@ fn the_store_refuses_a_take_whose_member_names_another_cost() {
     let m = member(1, 2);
     let wrong = call(LeaseOp::Take, &m, 1, 1_000);
     assert!(rt
-        .block_on(store.lease(&exports(), &subject, wrong, Some(T0)))
+        .block_on(store.lease(&LeasePlan {
+            policy: &exports(),
+            key: &subject,
+            call: wrong,
+            at_us: Some(T0)
+        }))
         .is_err());
     let keys: i64 = redis::cmd("DBSIZE")
         .query(&mut redis.conn())
@@ -794,7 +804,12 @@ async fn on_a_cluster_a_policy_s_leases_and_ledger_live_on_the_slot_of_its_hash_
             let m = member(i * 10 + j, 1);
             for op in [LeaseOp::Take, LeaseOp::Look, LeaseOp::Renew] {
                 let answer = store
-                    .lease(&policy, &subject, call(op, &m, 1, 60_000_000), None)
+                    .lease(&LeasePlan {
+                        policy: &policy,
+                        key: &subject,
+                        call: call(op, &m, 1, 60_000_000),
+                        at_us: None,
+                    })
                     .await
                     .unwrap_or_else(|e| panic!("{op:?} on {raw}: {e}"));
                 assert!(answer.ok, "{op:?} on {raw}: {answer:?}");

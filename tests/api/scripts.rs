@@ -14,11 +14,9 @@ use ratelimiter::limiter::{
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::{hash_tag, state_key};
-use ratelimiter::store::{
-    scripts, ErrorClass, JointPart, MemoryStore, RedisStore, Store, StoreError,
-};
+use ratelimiter::store::{scripts, ErrorClass, MemoryStore, Plan, RedisStore, Store, StoreError};
 
-use crate::helpers::TestRedis;
+use crate::helpers::{ask, TestRedis};
 
 /// A plausible current time in µs: large enough that float truncation would show.
 const T0: u64 = 1_764_460_800_123_457;
@@ -124,7 +122,11 @@ impl Subject<'_> {
             Impl::Ours => self
                 .lab
                 .rt
-                .block_on(self.lab.store.acquire(&self.policy, &self.key, cost, now))
+                .block_on(
+                    self.lab
+                        .store
+                        .decide(&Plan::acquire(&self.policy, &self.key, cost).at(now)),
+                )
                 .map(|v| v.decision())
                 .map_err(|e| e.to_string()),
             Impl::Classic => {
@@ -467,7 +469,10 @@ fn state_keys_keep_every_subject_on_its_own_hash_tag() {
         let key = LimitKey::parse(k.into()).expect("key");
         let d = lab
             .rt
-            .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)))
+            .block_on(
+                lab.store
+                    .decide(&Plan::acquire(&policy, &key, 1).at(Some(T0))),
+            )
             .expect("acquire");
         assert!(d.allowed, "{k:?} met another key's state");
     }
@@ -796,14 +801,16 @@ fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
             let what = format!("{op:?} with the list in limit {}", listed + 1);
             let e = lab
                 .rt
-                .block_on(lab.store.decide(
-                    &policy,
-                    &key,
-                    op,
-                    1,
-                    crate::helpers::claim(&marks, 1).as_ref(),
-                    Some(T0),
-                ))
+                .block_on(
+                    lab.store.decide(
+                        &Plan::new(
+                            &policy,
+                            &key,
+                            ask(op, 1, crate::helpers::claim(&marks, 1).as_ref()),
+                        )
+                        .at(Some(T0)),
+                    ),
+                )
                 .expect_err(&what);
             wrong_type(e, &what);
             assert!(holds_the_list(&mut lab.conn, &keys[listed]), "{what}");
@@ -818,15 +825,11 @@ fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
             .query(&mut lab.conn)
             .expect("RPUSH");
         for parts in [[(&policy, 1), (&beside, 1)], [(&beside, 1), (&policy, 1)]] {
-            let parts = parts.map(|(policy, cost)| JointPart {
-                policy,
-                key: &key,
-                cost,
-            });
+            let parts = parts.map(|(policy, cost)| Plan::acquire(policy, &key, cost).at(T0));
             let what = format!("a joint acquire with the list in limit {}", listed + 1);
             let e = lab
                 .rt
-                .block_on(lab.store.acquire_joint(&parts, Some(T0)))
+                .block_on(lab.store.acquire_joint(&parts))
                 .expect_err(&what);
             wrong_type(e, &what);
             assert!(holds_the_list(&mut lab.conn, &keys[listed]), "{what}");
@@ -843,7 +846,10 @@ fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
         .expect("RPUSH");
     let e = lab
         .rt
-        .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)))
+        .block_on(
+            lab.store
+                .decide(&Plan::acquire(&policy, &key, 1).at(Some(T0))),
+        )
         .expect_err("one limit");
     wrong_type(e, "one limit");
     assert!(holds_the_list(&mut lab.conn, &keys[0]));
@@ -988,7 +994,7 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add(step.dt_us.unsigned_abs());
-            let parts: Vec<JointPart<'_>> = policies
+            let parts: Vec<Plan<'_>> = policies
                 .iter()
                 .enumerate()
                 .map(|(j, policy)| {
@@ -998,16 +1004,12 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
                         0 => quota,
                         _ => 1 + pick % quota.min(5),
                     };
-                    JointPart {
-                        policy,
-                        key: &key,
-                        cost,
-                    }
+                    Plan::acquire(policy, &key, cost).at(now)
                 })
                 .collect();
             let costs: Vec<u64> = parts
                 .iter()
-                .flat_map(|p| p.policy.params().iter().map(|_| p.cost))
+                .flat_map(|p| p.params.iter().map(|_| p.cost()))
                 .collect();
             let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
             let mut expected = Vec::new();
@@ -1077,7 +1079,10 @@ fn eight_limits_run_and_a_denial_by_one_leaves_every_state_byte_for_byte() {
     // Through the store, as the service calls it: all eight take.
     let v = lab
         .rt
-        .block_on(lab.store.acquire(&policy, &key, 2, Some(T0)))
+        .block_on(
+            lab.store
+                .decide(&Plan::acquire(&policy, &key, 2).at(Some(T0))),
+        )
         .expect("eight limits decided");
     assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, T0));
     assert!(v.allowed && v.limits().len() == 8, "{v:?}");
@@ -1088,7 +1093,10 @@ fn eight_limits_run_and_a_denial_by_one_leaves_every_state_byte_for_byte() {
     let now = T0 + 1_000;
     let v = lab
         .rt
-        .block_on(lab.store.acquire(&policy, &key, 2, Some(now)))
+        .block_on(
+            lab.store
+                .decide(&Plan::acquire(&policy, &key, 2).at(Some(now))),
+        )
         .expect("eight limits decided");
     assert_eq!(v, decide_all(params, &mut states, &mut ttls, 2, now));
     assert!(!v.allowed && v.binding() == 5, "{v:?}");
@@ -1357,9 +1365,10 @@ fn every_script_is_refused_whole_while_redis_is_out_of_memory() {
     for a in Algorithm::ALL {
         let s = lab.subject(Impl::Ours, window(5, 60_000, a));
         let (policy, key, redis_key) = (s.policy.clone(), s.key.clone(), s.redis_key.clone());
-        let result = lab
-            .rt
-            .block_on(lab.store.acquire(&policy, &key, 1, Some(T0)));
+        let result = lab.rt.block_on(
+            lab.store
+                .decide(&Plan::acquire(&policy, &key, 1).at(Some(T0))),
+        );
         match result {
             // The cause, as the service's degraded path logs it.
             Err(e @ StoreError::Server(_)) => {
