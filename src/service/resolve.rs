@@ -50,19 +50,6 @@ impl Resolved {
             at_us,
         }
     }
-
-    /// The same request as another operation of `cost` units, without a ticket (a joint
-    /// acquire's subject looked at, or given back).
-    pub fn as_ask(&self, ask: Ask<()>) -> Resolved {
-        Resolved {
-            policy: self.policy.clone(),
-            etag: self.etag.clone(),
-            shadow: matches!(ask.op(), Op::Acquire | Op::Peek) && self.shadow,
-            ask,
-            ticket: None,
-            marks: ([0; MAX_LIMITS], 0),
-        }
-    }
 }
 
 impl RateLimiter {

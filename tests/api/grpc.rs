@@ -641,6 +641,60 @@ async fn fail_modes_answer_when_redis_is_stopped() {
     assert_eq!(status.code(), tonic::Code::Unavailable);
 }
 
+/// With Redis stopped, descriptors of an `open` and a `local` policy in one request: each is
+/// answered by its own fail mode, as it would be alone (and as on a Cluster, where they are
+/// decided one after the other), so the `local` policy's limit still holds in this instance; the
+/// request, all or nothing, is denied with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_limit_holds_beside_an_open_one_when_redis_is_stopped() {
+    let redis = Arc::new(TestRedis::start());
+    let app = spawn_app_with(
+        Some(redis.clone()),
+        &[GRPC, ("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
+    )
+    .await;
+    // Names of their own: the metrics registry is the test process's.
+    for mode in ["open", "local"] {
+        app.create_policy(json!({
+            "name": format!("beside-{mode}"), "algorithm": "fixed_window", "limit": 2,
+            "window_ms": 60_000, "fail_mode": mode,
+            "descriptor": {"domain": "edge", "entries": [{"key": mode}]}
+        }))
+        .await;
+    }
+    let mut client = client(&app).await;
+    let both = || {
+        request(
+            "edge",
+            vec![descriptor(&[("open", "k")]), descriptor(&[("local", "k")])],
+        )
+    };
+    assert_eq!(
+        call(&mut client, both()).await.overall_code,
+        Code::Ok as i32
+    );
+    let stopping = redis.clone();
+    tokio::task::spawn_blocking(move || stopping.stop())
+        .await
+        .expect("stop");
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = call(&mut client, both()).await;
+        assert_eq!(r.statuses.len(), 2, "{r:?}");
+        codes.push(r.overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32],
+        "the local limit of 2 holds in this instance"
+    );
+    let degraded = [("outcome", "degraded"), ("policy", "beside-local")];
+    assert_eq!(
+        metric(&app, "ratelimiter_decisions_total", &degraded).await,
+        3.0
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn descriptors_are_validated_and_unique_per_shape() {
     let app = app(Backend::Embedded).await;
