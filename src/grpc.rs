@@ -34,7 +34,7 @@ use metrics::{Counter, Histogram};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::api::auth::Tokens;
+use crate::access::{Scope, Tokens};
 use crate::config::GrpcSettings;
 use crate::limiter::{Op, MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
@@ -83,11 +83,13 @@ pub async fn serve(
                 .into_iter()
                 .map(|v| v.as_bytes())
         };
-        match tokens.check_client(values()) {
+        match tokens.check(Scope::Decide, values()) {
             Ok(()) => {
                 // Negative hits are settlements: whether this call's token may settle rides
                 // with the call to [`Grpc::answer`].
-                let settle = tokens.check_settle(values()).map_err(|e| e.to_owned());
+                let settle = tokens
+                    .check(Scope::Settle, values())
+                    .map_err(|e| e.to_owned());
                 request.extensions_mut().insert(MaySettle(settle));
                 Ok(request)
             }
