@@ -5,6 +5,8 @@
 //!   `grpc.bind` is set.
 //! - [`api`]: HTTP only. Routes, JSON shapes, `RateLimit` headers, the OpenAPI document, and the
 //!   one place errors become `application/problem+json`.
+//! - [`fields`]: the IETF `RateLimit-Policy`, `RateLimit` and `Retry-After` field values of a
+//!   decision's answer, written once for `api`'s headers and `grpc`'s.
 //! - [`access`]: who may do what, from a bearer token: the tokens by scope and their
 //!   constant-time check, read by `api` and `grpc` alike.
 //! - [`service`]: acquires and leases with fail modes, the policy cache following the store's
@@ -24,6 +26,7 @@
 pub mod access;
 pub mod api;
 pub mod config;
+pub mod fields;
 pub mod grpc;
 pub mod limiter;
 pub mod metrics;
