@@ -83,3 +83,89 @@ fn item(out: &mut impl Sink, a: &Acquired, limit: &str) {
     }
     out.text("\"");
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::limiter::{Decision, Op, Verdict};
+    use crate::policy::input::parse_policy;
+    use crate::store::Etag;
+
+    fn answer(policy: serde_json::Value, decided_by: DecidedBy, left: &[(u64, u64)]) -> Acquired {
+        let mut verdict = Verdict::at(0);
+        for &(remaining, reset_after_us) in left {
+            verdict.push(Decision {
+                allowed: true,
+                remaining,
+                reset_after_us,
+                retry_after_us: 0,
+            });
+        }
+        Acquired {
+            op: Op::Acquire,
+            policy: Arc::new(parse_policy(&policy, None).expect("valid policy")),
+            etag: Etag {
+                generation: "g".into(),
+                version: 1,
+            },
+            verdict,
+            degraded: decided_by.is_degraded(),
+            decided_by,
+            shadow: false,
+            ticket: None,
+        }
+    }
+
+    fn one() -> serde_json::Value {
+        json!({"name": "one", "algorithm": "fixed_window", "limit": 10, "window_ms": 60000})
+    }
+
+    fn two() -> serde_json::Value {
+        json!({"name": "two", "limits": [
+            {"name": "burst", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000},
+            {"name": "daily", "algorithm": "fixed_window", "limit": 100, "window_ms": 86400000}
+        ]})
+    }
+
+    #[test]
+    fn items_name_the_policy_and_each_limit_of_several() {
+        let a = answer(one(), DecidedBy::Embedded, &[(9, 59_000_001)]);
+        let b = answer(two(), DecidedBy::Redis, &[(4, 1_000_000), (99, 1)]);
+        let mut policy = String::new();
+        ratelimit_policy(&mut policy, [&a, &b]);
+        assert_eq!(
+            policy,
+            r#""one";q=10;w=60, "two/burst";q=5;w=1, "two/daily";q=100;w=86400"#
+        );
+        let mut left = String::new();
+        assert!(ratelimit(&mut left, [&a, &b]));
+        assert_eq!(
+            left,
+            r#""one";r=9;t=60, "two/burst";r=4;t=1, "two/daily";r=99;t=1"#
+        );
+    }
+
+    #[test]
+    fn a_fail_open_answer_has_no_remaining_quota() {
+        let open = answer(one(), DecidedBy::FailOpen, &[(10, 0)]);
+        let counted = answer(two(), DecidedBy::FailLocal, &[(4, 0), (99, 0)]);
+        let mut left = String::new();
+        assert!(!ratelimit(&mut left, [&open]));
+        assert_eq!(left, "");
+        assert!(ratelimit(&mut left, [&open, &counted]));
+        assert_eq!(left, r#""two/burst";r=4;t=0, "two/daily";r=99;t=0"#);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_at_least_one() {
+        for (us, text) in [(0, "1"), (1, "1"), (1_000_000, "1"), (1_000_001, "2")] {
+            let mut out = String::new();
+            retry_after(&mut out, us);
+            assert_eq!(out, text, "{us} µs");
+        }
+    }
+}
