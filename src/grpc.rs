@@ -7,7 +7,8 @@
 //! The matched descriptors are decided together, all or nothing (`service::joint`). The answer
 //! has one status per descriptor, in order (`OK` without a decision for a descriptor no policy
 //! serves), and the IETF `RateLimit-Policy` and `RateLimit` fields, plus `Retry-After` on a
-//! denial, in `response_headers_to_add`, which Envoy adds to its answer to the client.
+//! denial (written by [`crate::fields`], as over HTTP), in `response_headers_to_add`, which Envoy
+//! adds to its answer to the client.
 //!
 //! Failures: a policy with `fail_mode: closed` whose store cannot answer fails the call with
 //! `UNAVAILABLE` (Envoy's `failure_mode_deny` then decides); `open` and `local` answer, marked
@@ -34,8 +35,9 @@ use metrics::{Counter, Histogram};
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
-use crate::api::auth::Tokens;
+use crate::access::{Scope, Tokens};
 use crate::config::GrpcSettings;
+use crate::fields;
 use crate::limiter::{MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
@@ -83,11 +85,13 @@ pub async fn serve(
                 .into_iter()
                 .map(|v| v.as_bytes())
         };
-        match tokens.check_client(values()) {
+        match tokens.check(Scope::Decide, values()) {
             Ok(()) => {
                 // Negative hits are settlements: whether this call's token may settle rides
                 // with the call to [`Grpc::answer`].
-                let settle = tokens.check_settle(values()).map_err(|e| e.to_owned());
+                let settle = tokens
+                    .check(Scope::Settle, values())
+                    .map_err(|e| e.to_owned());
                 request.extensions_mut().insert(MaySettle(settle));
                 Ok(request)
             }
@@ -355,20 +359,19 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
     let mut headers = Vec::with_capacity(4);
     let decided: Vec<&Acquired> = dedup(answers);
     if !decided.is_empty() {
-        headers.push(header("RateLimit-Policy", ratelimit_policy(&decided)));
-        let counted: Vec<&Acquired> = decided
-            .iter()
-            .copied()
-            .filter(|a| a.decided_by != DecidedBy::FailOpen)
-            .collect();
-        if !counted.is_empty() {
-            headers.push(header("RateLimit", ratelimit(&counted)));
+        let mut policy = String::new();
+        fields::ratelimit_policy(&mut policy, decided.iter().copied());
+        headers.push(header("RateLimit-Policy", policy));
+        let mut remaining = String::new();
+        if fields::ratelimit(&mut remaining, decided.iter().copied()) {
+            headers.push(header("RateLimit", remaining));
         }
     }
     // A cost above a limit's quota is never allowed: no time to wait for.
     if over && retry_after_us < MAX_WAIT_US {
-        let seconds = retry_after_us.div_ceil(1_000_000).max(1);
-        headers.push(header("Retry-After", seconds.to_string()));
+        let mut seconds = String::new();
+        fields::retry_after(&mut seconds, retry_after_us);
+        headers.push(header("Retry-After", seconds));
     }
     if let Some(d) = degraded {
         headers.push(header("Decided-By", d.as_str().to_owned()));
@@ -442,38 +445,6 @@ fn dedup(answers: &[Option<Acquired>]) -> Vec<&Acquired> {
         }
     }
     seen
-}
-
-/// `"<name>";q=<quota>;w=<window seconds>` for each limit of each policy.
-fn ratelimit_policy(decided: &[&Acquired]) -> String {
-    let mut items = Vec::new();
-    for a in decided {
-        for (i, l) in a.policy.limits.iter().enumerate() {
-            items.push(format!(
-                "\"{}\";q={};w={}",
-                item_name(&a.policy, i),
-                l.params.quota(),
-                l.window_seconds()
-            ));
-        }
-    }
-    items.join(", ")
-}
-
-/// `"<name>";r=<remaining>;t=<seconds until reset>` for each limit of each policy.
-fn ratelimit(decided: &[&Acquired]) -> String {
-    let mut items = Vec::new();
-    for a in decided {
-        for (i, d) in a.verdict.limits().iter().enumerate() {
-            items.push(format!(
-                "\"{}\";r={};t={}",
-                item_name(&a.policy, i),
-                d.remaining,
-                d.reset_after_us.div_ceil(1_000_000)
-            ));
-        }
-    }
-    items.join(", ")
 }
 
 fn header(key: &str, value: String) -> HeaderValue {

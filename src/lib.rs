@@ -5,6 +5,10 @@
 //!   `grpc.bind` is set.
 //! - [`api`]: HTTP only. Routes, JSON shapes, `RateLimit` headers, the OpenAPI document, and the
 //!   one place errors become `application/problem+json`.
+//! - [`fields`]: the IETF `RateLimit-Policy`, `RateLimit` and `Retry-After` field values of a
+//!   decision's answer, written once for `api`'s headers and `grpc`'s.
+//! - [`access`]: who may do what, from a bearer token: the tokens by scope and their
+//!   constant-time check, read by `api` and `grpc` alike.
 //! - [`service`]: acquires and leases with fail modes, the policy cache following the store's
 //!   change log, policy reads and writes, readiness.
 //! - [`policy`]: what a policy is (one to eight rate limits on the same subjects, or one
@@ -19,8 +23,10 @@
 //!   logging, Prometheus metrics.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod api;
 pub mod config;
+pub mod fields;
 pub mod grpc;
 pub mod limiter;
 pub mod metrics;

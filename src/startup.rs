@@ -9,8 +9,8 @@ use actix_web::dev::{Server, ServiceFactory, ServiceRequest, ServiceResponse};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 
+use crate::access::Tokens;
 use crate::api;
-use crate::api::auth::Tokens;
 use crate::api::span::TrustedProxies;
 use crate::config::{GrpcSettings, ServerSettings, Settings};
 use crate::grpc;

@@ -13,6 +13,7 @@ use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
 use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
 use super::schema;
+use crate::fields;
 use crate::limiter::{Op, MAX_UNITS};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
@@ -542,50 +543,18 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     // Header values and body, with room for the usual answer (the key echoed, a ticket).
     let mut reply = Reply::with_capacity(384 + 3 * name.len() + key.as_str().len());
 
-    // One list item per limit: `"<policy>"`, or `"<policy>/<limit>"` for each of several
-    // (policy and limit names hold no `/`, so the two never meet).
-    let item = |reply: &mut Reply, limit: &str| {
-        reply.push("\"").push(name);
-        if composite {
-            reply.push("/").push(limit);
-        }
-        reply.push("\"");
-    };
-    for (i, l) in policy.limits.iter().enumerate() {
-        if i > 0 {
-            reply.push(", ");
-        }
-        item(&mut reply, l.name.as_str());
-        reply
-            .push(";q=")
-            .push_u64(l.params.quota())
-            .push(";w=")
-            .push_u64(l.window_seconds());
-    }
+    fields::ratelimit_policy(&mut reply, [&a]);
     reply.header(&mut response, RATELIMIT_POLICY);
 
     reply.push_etag(&a.etag).header(&mut response, POLICY_ETAG);
     fixed_header(&mut response, DECIDED_BY, a.decided_by.as_str());
 
-    // A fail-open answer counted nothing, so there is no remaining quota to report.
-    if a.decided_by != DecidedBy::FailOpen {
-        for (i, (l, ld)) in policy.limits.iter().zip(verdict.limits()).enumerate() {
-            if i > 0 {
-                reply.push(", ");
-            }
-            item(&mut reply, l.name.as_str());
-            reply
-                .push(";r=")
-                .push_u64(ld.remaining)
-                .push(";t=")
-                .push_u64(ld.reset_after_us.div_ceil(1_000_000));
-        }
+    if fields::ratelimit(&mut reply, [&a]) {
         reply.header(&mut response, RATELIMIT);
     }
 
     if !allowed {
-        let seconds = d.retry_after_us.div_ceil(1_000_000).max(1);
-        reply.push_u64(seconds);
+        fields::retry_after(&mut reply, d.retry_after_us);
         reply.header(&mut response, header::RETRY_AFTER);
     }
     let (limits, violated) = if composite {

@@ -95,7 +95,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
 /// What the HTTP edge needs beyond the service: tokens, proxies, the body deadline.
 #[derive(Clone)]
 pub struct Edge {
-    pub tokens: web::Data<auth::Tokens>,
+    pub tokens: web::Data<crate::access::Tokens>,
     pub trusted_proxies: web::Data<span::TrustedProxies>,
     /// `server.request_timeout_ms`: how long a request's body may take to arrive.
     pub request_timeout: Duration,

@@ -10,6 +10,7 @@ use actix_web::web::{Bytes, BytesMut};
 use actix_web::{HttpResponse, HttpResponseBuilder};
 use serde::Serialize;
 
+use crate::fields;
 use crate::store::Etag;
 
 /// The decision answers' own headers, named once (the parse of a name, for each answer, showed
@@ -74,6 +75,17 @@ impl Reply {
                 .body(self.buf.split().freeze()),
             Err(e) => HttpResponse::from_error(JsonPayloadError::Serialize(e)),
         }
+    }
+}
+
+/// The `RateLimit` fields (`crate::fields`) are written straight into the answer's buffer.
+impl fields::Sink for Reply {
+    fn text(&mut self, text: &str) {
+        self.push(text);
+    }
+
+    fn number(&mut self, n: u64) {
+        self.push_u64(n);
     }
 }
 

@@ -12,9 +12,12 @@
 //! Several subjects decided as one request, all or nothing (Envoy's descriptors), are in
 //! [`joint`].
 
+mod answer;
 pub mod cache;
 pub mod clock;
+mod counters;
 pub mod denials;
+mod error;
 pub mod fail_mode;
 pub mod joint;
 pub mod lease_id;
@@ -30,7 +33,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Histogram};
+use metrics::Histogram;
 
 use crate::config::LimitsSettings;
 use crate::limiter::{Decision, Op, Verdict};
@@ -38,219 +41,22 @@ use crate::metrics as m;
 use crate::policy::{LimitKey, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
-use crate::store::{AnyStore, Etag, MemoryStore, Plan, Store, StoreError};
+use crate::store::{AnyStore, MemoryStore, Plan, Store, StoreError};
 use crate::telemetry::Summarized;
 
 pub use crate::store::Ask;
+pub use answer::{Acquired, DecidedBy};
 pub use cache::PolicyCache;
 pub use clock::Clock;
+use counters::DecisionCounters;
 use denials::Lookup;
+pub use error::ServiceError;
 pub use joint::Hit;
 pub use lease_id::LeaseId;
 pub use leases::{Leased, Released};
 pub use policies::PolicySync;
 use resolve::Resolved;
 pub use ticket::Ticket;
-
-/// Why a service call did not produce its answer.
-#[derive(Debug, thiserror::Error)]
-pub enum ServiceError {
-    #[error("no policy named `{0}`")]
-    UnknownPolicy(String),
-    #[error("a policy named `{0}` already exists")]
-    PolicyExists(String),
-    /// A policy would serve the same Envoy descriptor shape, in the same domain, as another.
-    #[error("`descriptor` serves the same descriptor shape in domain `{domain}` as policy `{other}` already")]
-    DescriptorClaimed { domain: String, other: String },
-    #[error("the store holds {0} policies already, the most `limits.max_policies` allows")]
-    TooManyPolicies(u64),
-    /// `If-Match` or `If-None-Match` did not hold; `current` is the policy's ETag now.
-    #[error("{}", match current {
-        Some(etag) => format!("the policy's ETag is \"{etag}\", not the one the request names"),
-        None => "the policy does not exist".to_owned(),
-    })]
-    PreconditionFailed { current: Option<Etag> },
-    /// `limit` is the limit's name in a policy of several limits.
-    #[error("`cost` {cost} exceeds {}`{field}` of {quota}, so it could never be granted", match limit {
-        Some(limit) => format!("limit `{limit}`'s "),
-        None => "the policy's ".to_owned(),
-    })]
-    CostAboveQuota {
-        cost: u64,
-        quota: u64,
-        field: &'static str,
-        limit: Option<String>,
-    },
-    /// A refund's `ticket` that this service did not issue, or issued for another subject.
-    #[error("`ticket` {0}")]
-    BadTicket(&'static str),
-    /// A refund without a `ticket` while `limits.ticketless_refunds` is off.
-    #[error("`ticket` is required: a refund gives back the units of the acquire or report whose ticket it names (limits.ticketless_refunds is off)")]
-    TicketRequired,
-    /// An acquire, peek, report, refund or reset named a concurrency policy.
-    #[error("`policy` `{0}` is a concurrency policy: take a lease with POST /v1/leases")]
-    ConcurrencyPolicy(String),
-    /// A lease was asked of a rate policy.
-    #[error(
-        "`policy` `{0}` is a rate policy, not a concurrency policy: acquire with POST /v1/acquire"
-    )]
-    RatePolicy(String),
-    /// A take or renewal asked for a longer lease than its policy's `max_lease_ms`.
-    #[error("`lease_ms` {asked} is above the policy's `max_lease_ms` of {max}")]
-    LeaseTooLong { asked: u64, max: u64 },
-    /// A lease id that names no live lease (expired, released, never issued, its policy no longer
-    /// a concurrency policy), or that is not a lease id at all.
-    #[error("no such lease: {0}")]
-    UnknownLease(&'static str),
-    /// The operating system gave no random bytes for a lease id.
-    #[error(transparent)]
-    NoRandomness(#[from] lease_id::NoRandomness),
-    /// The store failed on a policy whose fail mode is `closed`, or on a policy write or a
-    /// reset.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// Who decided an acquire: the answer's `decided_by`. [`DecidedBy::Redis`] and
-/// [`DecidedBy::Embedded`] are decisions of the policy's shared (or only) store, and
-/// [`DecidedBy::LocalCache`] repeats one of Redis's denials exactly; the others are the fail
-/// mode's answers while that store could not be asked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum DecidedBy {
-    /// Redis (one server or a Cluster) decided: limits shared by every instance.
-    Redis,
-    /// The embedded store of this instance decided (the service runs without Redis).
-    Embedded,
-    /// `fail_mode: open`: the store could not be asked, and the request was allowed without
-    /// counting anything. Not a real allow.
-    FailOpen,
-    /// `fail_mode: local`: the store could not be asked, and this instance decided with its own
-    /// in-process store (limits per instance).
-    FailLocal,
-    /// This instance answered a denial that Redis decided for the same subject and policy
-    /// version, before the retry time Redis gave (the local denial cache): exact, not degraded.
-    LocalCache,
-}
-
-impl DecidedBy {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            DecidedBy::Redis => "redis",
-            DecidedBy::Embedded => "embedded",
-            DecidedBy::FailOpen => "fail_open",
-            DecidedBy::FailLocal => "fail_local",
-            DecidedBy::LocalCache => "local_cache",
-        }
-    }
-
-    /// Whether the store could not be asked (the answer's `degraded`).
-    pub const fn is_degraded(self) -> bool {
-        matches!(self, DecidedBy::FailOpen | DecidedBy::FailLocal)
-    }
-}
-
-/// One answered acquire, peek, report or refund.
-#[derive(Debug, Clone)]
-pub struct Acquired {
-    pub op: Op,
-    pub policy: Arc<Policy>,
-    /// The version of the policy this instance decided with.
-    pub etag: Etag,
-    /// Each limit's decision, and whether the acquire was allowed: in shadow mode, what
-    /// enforcement decided (the answer is allowed all the same).
-    pub verdict: Verdict,
-    /// The shared store could not be asked: the policy's fail mode (`open` or `local`) decided.
-    pub degraded: bool,
-    pub decided_by: DecidedBy,
-    /// The policy is in shadow mode (its own `mode`, or `limits.shadow`), and this is an
-    /// acquire or a peek: the answer is allowed whatever `verdict` says.
-    pub shadow: bool,
-    /// What an allowed acquire or a report took, for a refund; `None` when nothing was taken.
-    pub ticket: Option<Ticket>,
-}
-
-impl Acquired {
-    /// Whether the answer allows: the verdict, or always in shadow mode.
-    pub fn allowed(&self) -> bool {
-        self.shadow || self.verdict.allowed
-    }
-
-    /// Units a refund gave back to every limit (the fewest over the limits); 0 for the other
-    /// operations.
-    pub fn refunded(&self) -> u64 {
-        match self.op {
-            Op::Refund => self.verdict.units().iter().copied().min().unwrap_or(0),
-            _ => 0,
-        }
-    }
-}
-
-/// A policy's counters, registered once.
-struct DecisionCounters {
-    allowed: Counter,
-    denied: Counter,
-    degraded: Counter,
-    shadow_denied: Counter,
-    shadow_denied_units: Counter,
-    peeks: Counter,
-    reports: Counter,
-    refunds: Counter,
-    resets: Counter,
-    reported_units: Counter,
-    refunded_units: Counter,
-    cache_hits: Counter,
-}
-
-impl DecisionCounters {
-    /// Counts one answered operation of `cost` units.
-    fn count(&self, op: Op, cost: u64, verdict: &Verdict, degraded: bool, shadow: bool) {
-        match op {
-            Op::Acquire => match (degraded, verdict.allowed) {
-                (true, _) => self.degraded.increment(1),
-                (false, true) => self.allowed.increment(1),
-                (false, false) if shadow => {
-                    // Answered as allowed: counted as such, and as a would-be denial.
-                    self.allowed.increment(1);
-                    self.shadow_denied.increment(1);
-                    self.shadow_denied_units.increment(cost);
-                }
-                (false, false) => self.denied.increment(1),
-            },
-            Op::Peek => self.peeks.increment(1),
-            Op::Report => {
-                self.reports.increment(1);
-                self.reported_units
-                    .increment(verdict.units().iter().copied().max().unwrap_or(0));
-            }
-            Op::Refund => {
-                self.refunds.increment(1);
-                self.refunded_units
-                    .increment(verdict.units().iter().copied().min().unwrap_or(0));
-            }
-        }
-    }
-
-    fn new(policy: &str) -> Self {
-        let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
-        let op = |op: &'static str| metrics::counter!(m::OPERATIONS, "policy" => policy.to_owned(), "operation" => op);
-        let units = |op: &'static str| metrics::counter!(m::OPERATION_UNITS, "policy" => policy.to_owned(), "operation" => op);
-        Self {
-            allowed: counter("allowed"),
-            denied: counter("denied"),
-            degraded: counter("degraded"),
-            shadow_denied: metrics::counter!(m::SHADOW_DENIED, "policy" => policy.to_owned()),
-            shadow_denied_units: metrics::counter!(m::SHADOW_DENIED_UNITS, "policy" => policy.to_owned()),
-            peeks: op("peek"),
-            reports: op("report"),
-            refunds: op("refund"),
-            resets: op("reset"),
-            reported_units: units("report"),
-            refunded_units: units("refund"),
-            cache_hits: metrics::counter!(m::DENIAL_CACHE_HITS, "policy" => policy.to_owned()),
-        }
-    }
-}
 
 pub struct RateLimiter {
     store: AnyStore,
