@@ -14,7 +14,7 @@ use super::errors::{ApiError, Problem};
 use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
 use super::schema;
 use crate::limiter::{Op, MAX_UNITS};
-use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
+use crate::policy::{input::parse_cost, LimitKey, PolicyName, Rate, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
 use crate::service::{Acquired, DecidedBy, RateLimiter, Ticket};
 
@@ -533,9 +533,11 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let verdict = &a.verdict;
     let d = verdict.decision();
     let binding = verdict.binding();
-    let limit = policy.limits.get(binding).map_or(0, |l| l.params.quota());
+    // A decision's policy is a rate policy: `decide` refuses the others.
+    let rate_limits = policy.rate().map_or(&[][..], Rate::limits);
+    let limit = rate_limits.get(binding).map_or(0, |l| l.params.quota());
     let name = policy.name.as_str();
-    let composite = policy.is_composite();
+    let composite = policy.rate().is_some_and(Rate::is_composite);
     let allowed = a.allowed();
     let moves = matches!(a.op, Op::Report | Op::Refund);
     let mut response = HttpResponse::Ok();
@@ -551,7 +553,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         }
         reply.push("\"");
     };
-    for (i, l) in policy.limits.iter().enumerate() {
+    for (i, l) in rate_limits.iter().enumerate() {
         if i > 0 {
             reply.push(", ");
         }
@@ -569,7 +571,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
 
     // A fail-open answer counted nothing, so there is no remaining quota to report.
     if a.decided_by != DecidedBy::FailOpen {
-        for (i, (l, ld)) in policy.limits.iter().zip(verdict.limits()).enumerate() {
+        for (i, (l, ld)) in rate_limits.iter().zip(verdict.limits()).enumerate() {
             if i > 0 {
                 reply.push(", ");
             }
@@ -589,8 +591,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         reply.header(&mut response, header::RETRY_AFTER);
     }
     let (limits, violated) = if composite {
-        let states = policy
-            .limits
+        let states = rate_limits
             .iter()
             .zip(verdict.limits())
             .zip(verdict.units())
@@ -604,8 +605,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             })
             .collect();
         let violated = (!verdict.allowed).then(|| {
-            policy
-                .limits
+            rate_limits
                 .iter()
                 .zip(verdict.limits())
                 .filter(|(_, ld)| !ld.allowed)

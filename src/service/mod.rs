@@ -32,7 +32,7 @@ use metrics::{Counter, Histogram};
 use crate::config::LimitsSettings;
 use crate::limiter::{Decision, Op, Verdict, MAX_LIMITS};
 use crate::metrics as m;
-use crate::policy::{FailMode, LimitKey, Mode, Policy};
+use crate::policy::{FailMode, Kind, LimitKey, Mode, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
 use crate::store::{AnyStore, Claim, Etag, MemoryStore, Store, StoreError};
@@ -433,18 +433,20 @@ impl RateLimiter {
     ) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
         let (policy, etag) = self.policy(name).await?;
-        if policy.concurrency().is_some() {
-            return Err(ServiceError::ConcurrencyPolicy(name.to_owned()));
-        }
+        let rate = match &policy.kind {
+            Kind::Rate(rate) => rate,
+            Kind::Concurrency(_) => return Err(ServiceError::ConcurrencyPolicy(name.to_owned())),
+        };
         let mut cost = cost;
-        if let (Op::Acquire | Op::Peek, Some(tightest)) = (op, policy.tightest()) {
+        if matches!(op, Op::Acquire | Op::Peek) {
+            let tightest = rate.tightest();
             let quota = tightest.params.quota();
             if cost > quota {
                 return Err(ServiceError::CostAboveQuota {
                     cost,
                     quota,
                     field: tightest.algorithm().quota_field(),
-                    limit: policy.is_composite().then(|| tightest.name.to_string()),
+                    limit: rate.is_composite().then(|| tightest.name.to_string()),
                 });
             }
         }
@@ -471,11 +473,11 @@ impl RateLimiter {
         });
         let claim = claim.as_ref();
         let shadow =
-            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || policy.mode == Mode::Shadow);
+            matches!(op, Op::Acquire | Op::Peek) && (self.shadow || rate.mode() == Mode::Shadow);
         // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
         // `denials`: a larger cost's retry time is its own).
         let denials = match &self.denials {
-            Some(d) if op == Op::Acquire && cost == 1 && !shadow && policy.limits.len() == 1 => {
+            Some(d) if op == Op::Acquire && cost == 1 && !shadow && rate.limits().len() == 1 => {
                 Some(d)
             }
             _ => None,
@@ -585,10 +587,13 @@ impl RateLimiter {
     /// what it decides meanwhile).
     pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
         let (policy, _) = self.policy(name).await?;
-        if policy.concurrency().is_some() {
-            self.reset_leases(&policy, key).await?;
-            self.counters(&policy).resets.increment(1);
-            return Ok(());
+        match policy.kind {
+            Kind::Concurrency(_) => {
+                self.reset_leases(&policy, key).await?;
+                self.counters(&policy).resets.increment(1);
+                return Ok(());
+            }
+            Kind::Rate(_) => {}
         }
         if let Some(local) = &self.local {
             local.clear(&policy, key);
