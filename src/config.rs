@@ -800,7 +800,7 @@ mod tests {
         );
         let s = Settings::load_from(Some(&f.0), env(&[])).expect("valid");
         assert_eq!(s.policies.len(), 1);
-        assert_eq!(s.policies[0].params().len(), 2);
+        assert_eq!(s.policies[0].rate().map(|r| r.limits().len()), Some(2));
         let f = file(
             "[[policies]]\nname = \"exports\"\nlimits = [\n  { name = \"minute\", algorithm = \"gcra\", rate = 5, period_ms = 60000, burst = 0 },\n]\n",
         );

@@ -129,11 +129,11 @@ pub fn parse_policy(
     let limits = match doc.get("limits") {
         None | Some(Value::Null) => match parse_flat(doc)? {
             Parsed::Rate(algorithm, values) => {
-                Ok(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
+                Limits::Rate(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
             }
-            Parsed::Concurrency(params) => Err(params),
+            Parsed::Concurrency(params) => Limits::Concurrency(params),
         },
-        Some(Value::Array(entries)) => Ok(parse_limits(doc, entries, &name)?),
+        Some(Value::Array(entries)) => Limits::Rate(parse_limits(doc, entries, &name)?),
         Some(_) => return Err(wrong_type("limits", "an array of limits")),
     };
 
@@ -174,7 +174,7 @@ pub fn parse_policy(
     };
 
     match limits {
-        Ok(limits) => {
+        Limits::Rate(limits) => {
             let rate = Rate::new(limits)?
                 .with_mode(mode)
                 .with_descriptor(descriptor);
@@ -185,7 +185,7 @@ pub fn parse_policy(
                 fail_mode,
             ))
         }
-        Err(params) => {
+        Limits::Concurrency(params) => {
             only_rate_fields(mode, descriptor.as_ref())?;
             Ok(Policy::concurrent(name, params, description, fail_mode))
         }
@@ -226,6 +226,12 @@ pub(super) fn only_rate_fields(
         ));
     }
     Ok(())
+}
+
+/// What a policy document limits: rate limits, or a concurrency limit.
+enum Limits {
+    Rate(Vec<Limit>),
+    Concurrency(concurrency::Params),
 }
 
 /// The limit of a flat policy: a rate algorithm's, or a concurrency limit.

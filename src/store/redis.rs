@@ -546,8 +546,7 @@ fn encode(policy: &Policy) -> Vec<(String, String)> {
 
 /// A policy from the fields of its hash, validated like any input: the JSON document
 /// ([`StoredDoc`]), or a hash written by a version before it ([`stored::from_legacy_fields`]).
-/// Its incarnation is the `born`
-/// field, 0 in a hash written before policies had one.
+/// Its incarnation is the `born` field, 0 in a hash written before policies had one.
 fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
     let incarnation = match fields.iter().position(|(k, _)| k == BORN_FIELD) {
