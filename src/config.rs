@@ -624,7 +624,7 @@ impl RawSettings {
                     "repeats an earlier policy's name",
                 ));
             }
-            let shape = |p: &Policy| p.descriptor.as_ref().map(|d| d.shape());
+            let shape = |p: &Policy| p.descriptor().map(|d| d.shape());
             if shape(&policy).is_some() && policies.iter().any(|p| shape(p) == shape(&policy)) {
                 return Err(invalid(
                     &format!("{at}.descriptor"),
@@ -800,7 +800,7 @@ mod tests {
         );
         let s = Settings::load_from(Some(&f.0), env(&[])).expect("valid");
         assert_eq!(s.policies.len(), 1);
-        assert_eq!(s.policies[0].limits.len(), 2);
+        assert_eq!(s.policies[0].rate().map(|r| r.limits().len()), Some(2));
         let f = file(
             "[[policies]]\nname = \"exports\"\nlimits = [\n  { name = \"minute\", algorithm = \"gcra\", rate = 5, period_ms = 60000, burst = 0 },\n]\n",
         );
@@ -822,7 +822,7 @@ mod tests {
             env(&[("RATELIMITER__GRPC__BIND", "127.0.0.1:8081")]),
         )
         .expect("valid");
-        let served = s.policies[1].descriptor.as_ref().map(|d| d.domain.as_str());
+        let served = s.policies[1].descriptor().map(|d| d.domain.as_str());
         assert_eq!(served, Some("other"));
         assert_eq!(s.grpc.bind.map(|a| a.port()), Some(8081));
         let f = file(&(policy("a", "edge") + &policy("b", "edge")));

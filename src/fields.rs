@@ -7,6 +7,7 @@
 //! policy of several (policy and limit names hold no `/`, so the two never meet); items are
 //! comma-separated, in the order of the answers and of each policy's limits.
 
+use crate::policy::{Limit, Rate};
 use crate::service::{Acquired, DecidedBy};
 
 /// Where field values are written; numbers in decimal, without passing through a `String`.
@@ -29,7 +30,7 @@ impl Sink for String {
 pub fn ratelimit_policy<'a>(out: &mut impl Sink, answers: impl IntoIterator<Item = &'a Acquired>) {
     let mut first = true;
     for a in answers {
-        for l in &a.policy.limits {
+        for l in limits(a) {
             separate(out, &mut first);
             item(out, a, l.name.as_str());
             out.text(";q=");
@@ -51,7 +52,7 @@ pub fn ratelimit<'a>(out: &mut impl Sink, answers: impl IntoIterator<Item = &'a 
             continue;
         }
         counted = true;
-        for (l, d) in a.policy.limits.iter().zip(a.verdict.limits()) {
+        for (l, d) in limits(a).iter().zip(a.verdict.limits()) {
             separate(out, &mut first);
             item(out, a, l.name.as_str());
             out.text(";r=");
@@ -74,10 +75,15 @@ fn separate(out: &mut impl Sink, first: &mut bool) {
     }
 }
 
+/// The limits of the answer's policy (a rate policy's: answers are of rate policies).
+fn limits(a: &Acquired) -> &[Limit] {
+    a.policy.rate().map_or(&[], Rate::limits)
+}
+
 fn item(out: &mut impl Sink, a: &Acquired, limit: &str) {
     out.text("\"");
     out.text(a.policy.name.as_str());
-    if a.policy.is_composite() {
+    if a.policy.rate().is_some_and(Rate::is_composite) {
         out.text("/");
         out.text(limit);
     }

@@ -180,7 +180,7 @@ impl Grpc {
                 slots.push(None);
                 continue;
             };
-            let served = policy.descriptor.as_ref();
+            let served = policy.descriptor();
             let key = served
                 .map(|s| s.subject(entries.iter().map(|e| e.1)))
                 .unwrap_or(Err("the policy no longer serves descriptors"))
@@ -389,7 +389,7 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
 fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
     let binding = a.verdict.binding();
     let d = a.verdict.decision();
-    let limit = a.policy.limits.get(binding);
+    let limit = a.policy.rate().and_then(|r| r.limits().get(binding));
     let current_limit = limit.map(|l| RateLimit {
         name: item_name(&a.policy, binding),
         requests_per_unit: u32::try_from(l.params.quota()).unwrap_or(u32::MAX),
@@ -428,8 +428,11 @@ fn duration(us: u64) -> ProtoDuration {
 /// A limit's name in the `RateLimit` fields and in `current_limit`: `<policy>` for a policy of
 /// one limit, `<policy>/<limit>` for each of several, as the HTTP API names them.
 fn item_name(policy: &Policy, limit: usize) -> String {
-    match (policy.is_composite(), policy.limits.get(limit)) {
-        (true, Some(l)) => format!("{}/{}", policy.name, l.name),
+    match policy.rate() {
+        Some(rate) if rate.is_composite() => match rate.limits().get(limit) {
+            Some(l) => format!("{}/{}", policy.name, l.name),
+            None => policy.name.to_string(),
+        },
         _ => policy.name.to_string(),
     }
 }

@@ -15,7 +15,7 @@ use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATE
 use super::schema;
 use crate::fields;
 use crate::limiter::{Op, MAX_UNITS};
-use crate::policy::{input::parse_cost, LimitKey, PolicyName, ValidationError};
+use crate::policy::{input::parse_cost, LimitKey, PolicyName, Rate, ValidationError};
 use crate::service::ticket::MAX_TICKET_BYTES;
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, Ticket};
 
@@ -534,9 +534,11 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let verdict = &a.verdict;
     let d = verdict.decision();
     let binding = verdict.binding();
-    let limit = policy.limits.get(binding).map_or(0, |l| l.params.quota());
+    // A decision's policy is a rate policy: `decide` refuses the others.
+    let rate_limits = policy.rate().map_or(&[][..], Rate::limits);
+    let limit = rate_limits.get(binding).map_or(0, |l| l.params.quota());
     let name = policy.name.as_str();
-    let composite = policy.is_composite();
+    let composite = policy.rate().is_some_and(Rate::is_composite);
     let allowed = a.allowed();
     let moves = matches!(a.op, Op::Report | Op::Refund);
     let mut response = HttpResponse::Ok();
@@ -558,8 +560,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         reply.header(&mut response, header::RETRY_AFTER);
     }
     let (limits, violated) = if composite {
-        let states = policy
-            .limits
+        let states = rate_limits
             .iter()
             .zip(verdict.limits())
             .zip(verdict.units())
@@ -573,8 +574,7 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             })
             .collect();
         let violated = (!verdict.allowed).then(|| {
-            policy
-                .limits
+            rate_limits
                 .iter()
                 .zip(verdict.limits())
                 .filter(|(_, ld)| !ld.allowed)

@@ -62,9 +62,19 @@ pub(super) fn parse(doc: &Map<String, Value>) -> Result<Params, ValidationError>
     let limit = required_int(doc, &LIMIT, NAME)?;
     let lease_ms = required_int(doc, &LEASE_MS, NAME)?;
     let max_lease_ms = match doc.get(MAX_LEASE.name) {
-        None | Some(Value::Null) => lease_ms,
-        Some(_) => required_int(doc, &MAX_LEASE, NAME)?,
+        None | Some(Value::Null) => None,
+        Some(_) => Some(required_int(doc, &MAX_LEASE, NAME)?),
     };
+    params(limit, lease_ms, max_lease_ms)
+}
+
+/// The parameters from fields within their bounds; `max_lease_ms` left out is `lease_ms`.
+pub(super) fn params(
+    limit: u64,
+    lease_ms: u64,
+    max_lease_ms: Option<u64>,
+) -> Result<Params, ValidationError> {
+    let max_lease_ms = max_lease_ms.unwrap_or(lease_ms);
     if max_lease_ms < lease_ms {
         return Err(ValidationError::invalid(
             MAX_LEASE.name,

@@ -8,7 +8,7 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    concurrency, Algorithm, Descriptor, FailMode, Limit, Mode, Policy, PolicyName,
+    concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
     MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
@@ -99,8 +99,8 @@ const POLICY_FIELDS: [&str; 5] = ["name", "description", "fail_mode", "mode", "d
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
 /// or the `limits` form (`{"name", "limits": [{"name", "algorithm", <fields>…}…]}`). `path_name`,
 /// when given, is the name from the URL: a `name` in the body must match it, and may be left
-/// out. The only place policy input is read: the API, the configuration file and the Redis
-/// store all come through here.
+/// out. The only place policy input is read: the API and the configuration file both come
+/// through here (a stored document is read by [`super::stored`], to the same bounds).
 pub fn parse_policy(
     value: &Value,
     path_name: Option<&PolicyName>,
@@ -129,23 +129,17 @@ pub fn parse_policy(
     let limits = match doc.get("limits") {
         None | Some(Value::Null) => match parse_flat(doc)? {
             Parsed::Rate(algorithm, values) => {
-                Ok(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
+                Limits::Rate(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
             }
-            Parsed::Concurrency(params) => Err(params),
+            Parsed::Concurrency(params) => Limits::Concurrency(params),
         },
-        Some(Value::Array(entries)) => Ok(parse_limits(doc, entries, &name)?),
+        Some(Value::Array(entries)) => Limits::Rate(parse_limits(doc, entries, &name)?),
         Some(_) => return Err(wrong_type("limits", "an array of limits")),
     };
 
     let description = match doc.get("description") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.len() > MAX_DESCRIPTION_BYTES => {
-            return Err(ValidationError::invalid(
-                "description",
-                format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
-            ))
-        }
-        Some(Value::String(s)) => Some(s.clone()),
+        Some(Value::String(s)) => Some(description(s)?.to_owned()),
         Some(_) => return Err(wrong_type("description", "a string")),
     };
 
@@ -180,25 +174,64 @@ pub fn parse_policy(
     };
 
     match limits {
-        Ok(limits) => Ok(Policy::new(name, limits, description, fail_mode)
-            .with_mode(mode)
-            .with_descriptor(descriptor)),
-        // Envoy's rate-limit service decides requests, not units of work held for a while.
-        Err(_) if descriptor.is_some() => Err(ValidationError::invalid(
+        Limits::Rate(limits) => {
+            let rate = Rate::new(limits)?
+                .with_mode(mode)
+                .with_descriptor(descriptor);
+            Ok(Policy::of_kind(
+                name,
+                Kind::Rate(rate),
+                description,
+                fail_mode,
+            ))
+        }
+        Limits::Concurrency(params) => {
+            only_rate_fields(mode, descriptor.as_ref())?;
+            Ok(Policy::concurrent(name, params, description, fail_mode))
+        }
+    }
+}
+
+/// A `description` within [`MAX_DESCRIPTION_BYTES`].
+pub(super) fn description(text: &str) -> Result<&str, ValidationError> {
+    if text.len() > MAX_DESCRIPTION_BYTES {
+        return Err(ValidationError::invalid(
+            "description",
+            format!("must be at most {MAX_DESCRIPTION_BYTES} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
+/// Refuses, for a concurrency policy, what only rate policies have.
+pub(super) fn only_rate_fields(
+    mode: Mode,
+    descriptor: Option<&Descriptor>,
+) -> Result<(), ValidationError> {
+    // Envoy's rate-limit service decides requests, not units of work held for a while.
+    if descriptor.is_some() {
+        return Err(ValidationError::invalid(
             "descriptor",
             "is for rate policies: a concurrency policy is held by leases, not decided per \
              request over gRPC",
-        )),
-        // Shadow mode answers acquires as allowed whatever was decided; what a lease would do in
-        // it (a lease id for a slot not held?) is not settled, so it is refused rather than
-        // guessed.
-        Err(_) if mode == Mode::Shadow => Err(ValidationError::invalid(
+        ));
+    }
+    // Shadow mode answers acquires as allowed whatever was decided; what a lease would do in it
+    // (a lease id for a slot not held?) is not settled, so it is refused rather than guessed.
+    if mode == Mode::Shadow {
+        return Err(ValidationError::invalid(
             "mode",
             "must be `enforce` for a concurrency policy: shadow mode is not supported for \
              concurrency limits yet",
-        )),
-        Err(params) => Ok(Policy::concurrent(name, params, description, fail_mode)),
+        ));
     }
+    Ok(())
+}
+
+/// What a policy document limits: rate limits, or a concurrency limit.
+enum Limits {
+    Rate(Vec<Limit>),
+    Concurrency(concurrency::Params),
 }
 
 /// The limit of a flat policy: a rate algorithm's, or a concurrency limit.
@@ -291,7 +324,7 @@ fn is_field_of(algorithm: Algorithm, key: &str) -> bool {
 }
 
 /// Whether `key` is a field of any kind of limit.
-fn is_any_field(key: &str) -> bool {
+pub(super) fn is_any_field(key: &str) -> bool {
     Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) || concurrency::is_field(key)
 }
 
@@ -311,17 +344,7 @@ fn parse_limit(
             field: "algorithm".into(),
             context: String::new(),
         })?;
-    if algorithm_name == concurrency::NAME {
-        return Err(ValidationError::invalid("algorithm", MIXED));
-    }
-    let algorithm = Algorithm::parse(algorithm_name).ok_or_else(|| {
-        let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
-        names.push(concurrency::NAME);
-        ValidationError::invalid(
-            "algorithm",
-            format!("`{algorithm_name}` is not one of {}", names.join(", ")),
-        )
-    })?;
+    let algorithm = rate_algorithm(algorithm_name)?;
     refuse_stray_fields(doc, others, algorithm.as_str(), |key| {
         is_field_of(algorithm, key)
     })?;
@@ -334,6 +357,21 @@ fn parse_limit(
         algorithm,
         ScriptArgs::new(&values[..algorithm.fields().len()]),
     ))
+}
+
+/// The rate algorithm named `name` (a concurrency limit is refused: it is a policy of its own).
+pub(super) fn rate_algorithm(name: &str) -> Result<Algorithm, ValidationError> {
+    if name == concurrency::NAME {
+        return Err(ValidationError::invalid("algorithm", MIXED));
+    }
+    Algorithm::parse(name).ok_or_else(|| {
+        let mut names: Vec<&str> = Algorithm::ALL.iter().map(|a| a.as_str()).collect();
+        names.push(concurrency::NAME);
+        ValidationError::invalid(
+            "algorithm",
+            format!("`{name}` is not one of {}", names.join(", ")),
+        )
+    })
 }
 
 /// Refuses any field of `doc` but `algorithm`, `others` and the fields of the kind `kind`
@@ -420,25 +458,35 @@ pub(super) fn required_int(
     kind: &str,
 ) -> Result<u64, ValidationError> {
     let value = match doc.get(field.name) {
-        None | Some(Value::Null) => {
-            return Err(ValidationError::Missing {
-                field: field.name.to_owned(),
-                context: format!(" for {kind} policies"),
-            })
-        }
+        None | Some(Value::Null) => return Err(missing(field, kind)),
         Some(v) => v,
     };
-    let (min, max) = (field.min, field.max);
     match integer(value, field.name)? {
-        Some(n) if n >= i128::from(min) && n <= i128::from(max) => Ok(n as u64),
-        Some(_) => Err(ValidationError::invalid(
-            field.name,
-            format!("must be an integer from {min} to {max}"),
-        )),
+        Some(n) => bounded(field, n),
         None => Err(ValidationError::invalid(
             field.name,
             "must be a whole number",
         )),
+    }
+}
+
+/// `n` when it is within `field`'s bounds.
+pub(super) fn bounded(field: &Field, n: i128) -> Result<u64, ValidationError> {
+    let (min, max) = (field.min, field.max);
+    if n >= i128::from(min) && n <= i128::from(max) {
+        return Ok(n as u64);
+    }
+    Err(ValidationError::invalid(
+        field.name,
+        format!("must be an integer from {min} to {max}"),
+    ))
+}
+
+/// The error for a required field missing from a limit of the kind `kind`.
+pub(super) fn missing(field: &Field, kind: &str) -> ValidationError {
+    ValidationError::Missing {
+        field: field.name.to_owned(),
+        context: format!(" for {kind} policies"),
     }
 }
 
@@ -532,7 +580,7 @@ mod tests {
             {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
         ], "fail_mode": "closed", "mode": "enforce"});
         let p = parse_policy(&v, None).expect("valid");
-        assert_eq!(p.limits.len(), 2);
+        assert_eq!(p.rate().map(|r| r.limits().len()), Some(2));
         assert_eq!(p.state_name(0), Some("burst"));
         assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);
         // A GET body sent back is the same policy.
@@ -609,7 +657,7 @@ mod tests {
     fn a_concurrency_policy_reads_back_as_written() {
         let v = json!({"name": "exports", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "max_lease_ms": 60000, "description": "x", "fail_mode": "closed", "mode": "enforce"});
         let p = parse_policy(&v, None).expect("valid");
-        assert!(p.limits.is_empty() && p.params().is_empty());
+        assert!(p.rate().is_none() && p.params().is_empty());
         assert_eq!(
             p.concurrency(),
             Some(concurrency::Params {
@@ -621,7 +669,7 @@ mod tests {
         assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);
         let bare = json!({"name": "e", "algorithm": "concurrency", "limit": 10000, "lease_ms": 86_400_000});
         let p = parse_policy(&bare, None).expect("valid");
-        assert_eq!((p.fail_mode, p.mode), (FailMode::Open, Mode::Enforce));
+        assert_eq!((p.fail_mode, p.mode()), (FailMode::Open, Mode::Enforce));
         assert_eq!(
             parse_policy(&serde_json::to_value(p.to_doc()).expect("serializes"), None),
             Ok(p)

@@ -4,7 +4,8 @@
 //! [`Algorithm`], decided together), or one concurrency limit held by leases ([`concurrency`]).
 //!
 //! A [`Policy`] only exists validated: [`input::parse_policy`] turns client JSON into one or
-//! names the field that is wrong, and every later layer trusts it. The HTTP shape of a policy
+//! names the field that is wrong, [`stored`] reads back what a store kept to the same bounds, and
+//! every later layer trusts it. Its [`Kind`] holds what only one kind has. The HTTP shape of a policy
 //! (`PolicyDoc`) lives here too, so that the OpenAPI schema and the validation describe the same
 //! fields.
 
@@ -12,6 +13,7 @@ pub mod concurrency;
 pub mod descriptor;
 pub mod input;
 mod name;
+pub mod stored;
 
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
@@ -116,34 +118,128 @@ impl Limit {
     }
 }
 
-/// A validated policy, of one of two kinds: a rate policy, one to [`MAX_LIMITS`] rate limits on
-/// the same subjects, decided together (acquire, peek, report, refund); or a concurrency policy,
-/// one concurrency limit held by leases ([`Policy::concurrency`]), which has no `limits`.
+/// A validated policy, of one of two kinds ([`Kind`]): a rate policy, one to [`MAX_LIMITS`] rate
+/// limits on the same subjects, decided together (acquire, peek, report, refund); or a
+/// concurrency policy, one concurrency limit held by leases.
 ///
 /// Two policies are equal when their documents are: the incarnation is left out (see the
 /// `PartialEq` impl).
 #[derive(Debug, Clone)]
 pub struct Policy {
     pub name: PolicyName,
-    /// The rate limits; empty for a concurrency policy.
-    pub limits: Vec<Limit>,
     pub description: Option<String>,
     pub fail_mode: FailMode,
-    /// Always [`Mode::Enforce`] for a concurrency policy.
-    pub mode: Mode,
-    /// The Envoy rate-limit descriptors the policy serves over gRPC; always `None` for a
-    /// concurrency policy.
-    pub descriptor: Option<Descriptor>,
-    /// Each limit's parameters, in order, as the stores take them.
-    params: Box<[Params]>,
-    /// A concurrency policy's limit; `None` for a rate policy.
-    concurrency: Option<concurrency::Params>,
+    /// What the policy limits, and how: what is decided by kind is decided by matching it.
+    pub kind: Kind,
     /// The store's version of the write that created the policy (0 for a policy not read from a
     /// store, or created before stores kept it): kept by every replacement, new after a delete
     /// and a create. Not part of the document. It names a concurrency policy's lease keys, so
     /// that deleting the policy makes its leases unknown even to a policy of the same name
     /// created later.
     incarnation: u64,
+}
+
+/// The kinds of policy. Acquires, peeks, reports, refunds and resets of state are for rate
+/// policies, leases for concurrency policies: a new kind is a compile error wherever that is
+/// decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// Rate limits, decided together.
+    Rate(Rate),
+    /// One concurrency limit, held by leases.
+    Concurrency(concurrency::Params),
+}
+
+/// A rate policy's limits, with what only rate policies have: a [`Mode`] and an Envoy
+/// [`Descriptor`] (a concurrency policy is always enforced, and is not decided over gRPC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rate {
+    /// 1 to [`MAX_LIMITS`], of unique names ([`Rate::new`]).
+    limits: Vec<Limit>,
+    mode: Mode,
+    /// The Envoy rate-limit descriptors the policy serves over gRPC.
+    descriptor: Option<Descriptor>,
+    /// Each limit's parameters, in order, as the stores take them: derived once.
+    params: Box<[Params]>,
+}
+
+impl Rate {
+    /// Rate limits, enforced and serving no descriptor: 1 to [`MAX_LIMITS`] of them, of unique
+    /// names (the messages are those of [`parse_policy`], which checks the same with the place
+    /// in the document).
+    pub fn new(limits: Vec<Limit>) -> Result<Self, ValidationError> {
+        if limits.is_empty() || limits.len() > MAX_LIMITS {
+            return Err(ValidationError::invalid(
+                "limits",
+                format!("must hold 1 to {MAX_LIMITS} limits"),
+            ));
+        }
+        for (i, limit) in limits.iter().enumerate() {
+            if let Some(j) = limits[..i].iter().position(|l| l.name == limit.name) {
+                return Err(ValidationError::invalid(
+                    &format!("limits[{i}].name"),
+                    format!("`{}` is the name of limits[{j}] already", limit.name),
+                ));
+            }
+        }
+        Ok(Self::checked(limits))
+    }
+
+    /// Limits known to hold the invariants of [`Rate::new`].
+    fn checked(limits: Vec<Limit>) -> Self {
+        Self {
+            params: limits.iter().map(|l| l.params).collect(),
+            limits,
+            mode: Mode::Enforce,
+            descriptor: None,
+        }
+    }
+
+    /// The same limits in `mode`.
+    pub fn with_mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The same limits serving `descriptor` over gRPC.
+    pub fn with_descriptor(mut self, descriptor: Option<Descriptor>) -> Self {
+        self.descriptor = descriptor;
+        self
+    }
+
+    /// The limits, in policy order: never empty.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// Each limit's parameters, in policy order.
+    pub fn params(&self) -> &[Params] {
+        &self.params
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn descriptor(&self) -> Option<&Descriptor> {
+        self.descriptor.as_ref()
+    }
+
+    /// Whether there are several limits (and so the policy reads back in the `limits` form).
+    pub fn is_composite(&self) -> bool {
+        self.limits.len() > 1
+    }
+
+    /// The limit whose quota is smallest (the first such): a cost above it can never be granted.
+    pub fn tightest(&self) -> &Limit {
+        let mut tightest = &self.limits[0];
+        for l in &self.limits[1..] {
+            if l.params.quota() < tightest.params.quota() {
+                tightest = l;
+            }
+        }
+        tightest
+    }
 }
 
 // By hand, to leave `incarnation` out: it is store metadata, like the ETag's version, not part of
@@ -155,88 +251,121 @@ impl PartialEq for Policy {
     fn eq(&self, other: &Self) -> bool {
         let Policy {
             name,
-            limits,
             description,
             fail_mode,
-            mode,
-            descriptor,
-            params,
-            concurrency,
+            kind,
             incarnation: _,
         } = self;
         *name == other.name
-            && *limits == other.limits
             && *description == other.description
             && *fail_mode == other.fail_mode
-            && *mode == other.mode
-            && *descriptor == other.descriptor
-            && *params == other.params
-            && *concurrency == other.concurrency
+            && *kind == other.kind
     }
 }
 
 impl Eq for Policy {}
 
 impl Policy {
-    /// A policy of `limits`, which the caller has checked: 1 to [`MAX_LIMITS`], unique names.
+    /// A policy of `kind`.
+    pub fn of_kind(
+        name: PolicyName,
+        kind: Kind,
+        description: Option<String>,
+        fail_mode: FailMode,
+    ) -> Self {
+        Self {
+            name,
+            description,
+            fail_mode,
+            kind,
+            incarnation: 0,
+        }
+    }
+
+    /// A rate policy of `limits`, enforced and serving no descriptor; refused unless there are 1
+    /// to [`MAX_LIMITS`] of unique names ([`Rate::new`]).
     pub fn new(
         name: PolicyName,
         limits: Vec<Limit>,
         description: Option<String>,
         fail_mode: FailMode,
-    ) -> Self {
-        Self {
-            params: limits.iter().map(|l| l.params).collect(),
+    ) -> Result<Self, ValidationError> {
+        let rate = Rate::new(limits)?;
+        Ok(Self::of_kind(
             name,
-            limits,
+            Kind::Rate(rate),
             description,
             fail_mode,
-            mode: Mode::Enforce,
-            descriptor: None,
-            concurrency: None,
-            incarnation: 0,
-        }
+        ))
     }
 
-    /// A concurrency policy: `params` held by leases, no rate limits.
+    /// A rate policy of one limit, from values already checked against `algorithm`'s fields.
+    pub fn single(
+        name: PolicyName,
+        algorithm: Algorithm,
+        values: &[u64],
+        description: Option<String>,
+        fail_mode: FailMode,
+    ) -> Self {
+        let limit = Limit::new(name.clone(), algorithm, values);
+        let rate = Rate::checked(vec![limit]);
+        Self::of_kind(name, Kind::Rate(rate), description, fail_mode)
+    }
+
+    /// A concurrency policy: `params` held by leases.
     pub fn concurrent(
         name: PolicyName,
         params: concurrency::Params,
         description: Option<String>,
         fail_mode: FailMode,
     ) -> Self {
-        Self {
-            name,
-            limits: Vec::new(),
-            description,
-            fail_mode,
-            mode: Mode::Enforce,
-            descriptor: None,
-            params: Box::new([]),
-            concurrency: Some(params),
-            incarnation: 0,
+        Self::of_kind(name, Kind::Concurrency(params), description, fail_mode)
+    }
+
+    /// A rate policy's limits, or `None` for another kind.
+    pub fn rate(&self) -> Option<&Rate> {
+        match &self.kind {
+            Kind::Rate(rate) => Some(rate),
+            Kind::Concurrency(_) => None,
         }
     }
 
-    /// A concurrency policy's limit, or `None` for a rate policy. Acquires, peeks, reports,
-    /// refunds and resets are for rate policies only, leases for concurrency policies only.
+    /// A concurrency policy's limit, or `None` for another kind.
     pub fn concurrency(&self) -> Option<concurrency::Params> {
-        self.concurrency
+        match &self.kind {
+            Kind::Concurrency(params) => Some(*params),
+            Kind::Rate(_) => None,
+        }
     }
 
     /// The policy's kind as the stores record it beside the document: `"concurrency"` or
     /// `"rate"`. A write that changes it starts a new incarnation.
-    pub fn kind(&self) -> &'static str {
-        if self.concurrency.is_some() {
-            concurrency::NAME
-        } else {
-            "rate"
+    pub fn kind_name(&self) -> &'static str {
+        match self.kind {
+            Kind::Rate(_) => "rate",
+            Kind::Concurrency(_) => concurrency::NAME,
+        }
+    }
+
+    /// Whether denials are enforced: a concurrency policy's always are.
+    pub fn mode(&self) -> Mode {
+        match &self.kind {
+            Kind::Rate(rate) => rate.mode,
+            Kind::Concurrency(_) => Mode::Enforce,
+        }
+    }
+
+    /// The Envoy descriptor the policy serves over gRPC: a rate policy's, if it has one.
+    pub fn descriptor(&self) -> Option<&Descriptor> {
+        match &self.kind {
+            Kind::Rate(rate) => rate.descriptor(),
+            Kind::Concurrency(_) => None,
         }
     }
 
     /// The Envoy descriptor shape the policy claims ([`Descriptor::shape`]), if it serves one.
     pub fn shape(&self) -> Option<String> {
-        self.descriptor.as_ref().map(Descriptor::shape)
+        self.descriptor().map(Descriptor::shape)
     }
 
     /// The store's version of the write that created this policy (see the field).
@@ -250,49 +379,20 @@ impl Policy {
         self
     }
 
-    /// The same policy in `mode`.
-    pub fn with_mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
-        self
-    }
-
-    /// The same policy serving `descriptor` over gRPC.
-    pub fn with_descriptor(mut self, descriptor: Option<Descriptor>) -> Self {
-        self.descriptor = descriptor;
-        self
-    }
-
-    /// A policy of one limit, from values already checked against `algorithm`'s fields.
-    pub fn single(
-        name: PolicyName,
-        algorithm: Algorithm,
-        values: &[u64],
-        description: Option<String>,
-        fail_mode: FailMode,
-    ) -> Self {
-        let limit = Limit::new(name.clone(), algorithm, values);
-        Self::new(name, vec![limit], description, fail_mode)
-    }
-
-    /// Each limit's parameters, in policy order.
+    /// What the stores decide and name state keys by: each rate limit's parameters, in policy
+    /// order; none for a concurrency policy, which has no state decided by rate scripts.
     pub fn params(&self) -> &[Params] {
-        &self.params
+        match &self.kind {
+            Kind::Rate(rate) => rate.params(),
+            Kind::Concurrency(_) => &[],
+        }
     }
 
-    /// Whether the policy has several limits (and so reads back in the `limits` form).
-    pub fn is_composite(&self) -> bool {
-        self.limits.len() > 1
-    }
-
-    /// The limit whose quota is smallest (the first such): a cost above it can never be granted.
-    pub fn tightest(&self) -> Option<&Limit> {
-        self.limits.iter().min_by_key(|l| l.params.quota())
-    }
-
-    /// The state key suffix of limit `i`: `None` for a limit named after its policy (the one
-    /// limit of a flat policy, whose state keys predate several limits), else its name.
+    /// The state key suffix of rate limit `i`: `None` for a limit named after its policy (the
+    /// one limit of a flat policy, whose state keys predate several limits), else its name.
     pub fn state_name(&self, i: usize) -> Option<&str> {
-        self.limits
+        self.rate()?
+            .limits
             .get(i)
             .map(|l| l.name.as_str())
             .filter(|n| *n != self.name.as_str())
@@ -328,30 +428,32 @@ impl Serialize for PolicyDoc {
         let p = &self.0;
         let mut map = serializer.serialize_map(None)?;
         map.serialize_entry("name", p.name.as_str())?;
-        match (p.concurrency, p.limits.as_slice()) {
-            (Some(params), _) => {
+        match &p.kind {
+            Kind::Concurrency(params) => {
                 map.serialize_entry("algorithm", concurrency::NAME)?;
-                for (field, value) in concurrency::values(&params) {
+                for (field, value) in concurrency::values(params) {
                     map.serialize_entry(field, &value)?;
                 }
             }
-            (None, [one]) => {
-                map.serialize_entry("algorithm", &one.algorithm())?;
-                for (field, value) in one.fields() {
-                    map.serialize_entry(field, &value)?;
+            Kind::Rate(rate) => match rate.limits() {
+                [one] => {
+                    map.serialize_entry("algorithm", &one.algorithm())?;
+                    for (field, value) in one.fields() {
+                        map.serialize_entry(field, &value)?;
+                    }
                 }
-            }
-            (None, limits) => {
-                let docs: Vec<LimitDoc<'_>> = limits.iter().map(LimitDoc).collect();
-                map.serialize_entry("limits", &docs)?;
-            }
+                limits => {
+                    let docs: Vec<LimitDoc<'_>> = limits.iter().map(LimitDoc).collect();
+                    map.serialize_entry("limits", &docs)?;
+                }
+            },
         }
         if let Some(d) = &p.description {
             map.serialize_entry("description", d)?;
         }
         map.serialize_entry("fail_mode", &p.fail_mode)?;
-        map.serialize_entry("mode", &p.mode)?;
-        if let Some(d) = &p.descriptor {
+        map.serialize_entry("mode", &p.mode())?;
+        if let Some(d) = p.descriptor() {
             map.serialize_entry("descriptor", d)?;
         }
         map.end()
@@ -380,9 +482,10 @@ mod tests {
         assert_eq!(stored, policy(5), "the incarnation is store metadata");
         assert_eq!(stored.to_doc(), policy(5).to_doc());
         assert_ne!(stored, policy(6).with_incarnation(7));
-        assert_ne!(
-            stored,
-            policy(5).with_mode(Mode::Shadow).with_incarnation(7)
-        );
+        let mut shadow = policy(5);
+        if let Kind::Rate(rate) = shadow.kind {
+            shadow.kind = Kind::Rate(rate.with_mode(Mode::Shadow));
+        }
+        assert_ne!(stored, shadow.with_incarnation(7));
     }
 }

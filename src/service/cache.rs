@@ -88,7 +88,7 @@ impl Inner {
         };
         let old = old.and_then(|e| e.policy);
         self.live = self.live - usize::from(old.is_some()) + usize::from(policy.is_some());
-        if let Some((old, d)) = old.as_ref().and_then(|o| Some((o, o.descriptor.as_ref()?))) {
+        if let Some((old, d)) = old.as_ref().and_then(|o| Some((o, o.descriptor()?))) {
             let index = d.index_key();
             if let Some(list) = self.descriptors.get_mut(&index) {
                 list.retain(|p| !Arc::ptr_eq(p, old));
@@ -97,10 +97,7 @@ impl Inner {
                 }
             }
         }
-        if let Some((p, d)) = policy
-            .as_ref()
-            .and_then(|p| Some((p, p.descriptor.as_ref()?)))
-        {
+        if let Some((p, d)) = policy.as_ref().and_then(|p| Some((p, p.descriptor()?))) {
             self.descriptors
                 .entry(d.index_key())
                 .or_default()
@@ -160,7 +157,7 @@ impl PolicyCache {
         // both serving), the first by name, so every instance picks the same.
         let best = candidates
             .iter()
-            .filter_map(|p| Some((p, p.descriptor.as_ref()?)))
+            .filter_map(|p| Some((p, p.descriptor()?)))
             .filter(|(_, d)| d.matches(entries.iter().map(|e| e.1)))
             .reduce(|best, next| {
                 let wins = next.1.more_specific_than(best.1)
@@ -187,16 +184,14 @@ impl PolicyCache {
     /// The name of a live policy, other than one of `policy`'s name, that serves the same
     /// descriptor shape as `policy` (`Descriptor::shape`), if any.
     pub fn shape_claimed_by(&self, policy: &Policy) -> Option<String> {
-        let d = policy.descriptor.as_ref()?;
+        let d = policy.descriptor()?;
         let shape = d.shape();
         let inner = self.read();
         inner
             .descriptors
             .get(&d.index_key())?
             .iter()
-            .find(|p| {
-                p.name != policy.name && p.descriptor.as_ref().is_some_and(|o| o.shape() == shape)
-            })
+            .find(|p| p.name != policy.name && p.descriptor().is_some_and(|o| o.shape() == shape))
             .map(|p| p.name.to_string())
     }
 

@@ -85,10 +85,10 @@ impl RateLimiter {
         let kinds: Vec<Kind> = subjects
             .iter()
             .map(|s| {
-                let quota = s.policy.tightest().map_or(0, |l| l.params.quota());
+                let quota = s.policy.rate().map_or(0, |r| r.tightest().params.quota());
                 if s.cost == 0 {
                     Kind::Peek
-                } else if self.shadow || s.policy.mode == Mode::Shadow {
+                } else if self.shadow || s.policy.mode() == Mode::Shadow {
                     Kind::Shadow
                 } else if s.cost > quota {
                     Kind::AboveQuota
@@ -120,7 +120,8 @@ impl RateLimiter {
                     let mut a = self.look(s).await?;
                     // Nothing can admit this cost: the limits it exceeds deny.
                     let mut verdict = Verdict::at(a.verdict.at_us);
-                    for (l, d) in s.policy.limits.iter().zip(a.verdict.limits()) {
+                    let limits = s.policy.rate().map_or(&[][..], |r| r.limits());
+                    for (l, d) in limits.iter().zip(a.verdict.limits()) {
                         let exceeds = s.cost > l.params.quota();
                         verdict.push(Decision {
                             allowed: d.allowed && !exceeds,
@@ -141,7 +142,7 @@ impl RateLimiter {
                     let op = if allowed { Op::Acquire } else { Op::Peek };
                     let cost = s
                         .cost
-                        .min(s.policy.tightest().map_or(1, |l| l.params.quota()));
+                        .min(s.policy.rate().map_or(1, |r| r.tightest().params.quota()));
                     let cost = cost.max(1);
                     let ask = match op {
                         Op::Acquire => Ask::Acquire { cost },

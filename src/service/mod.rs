@@ -38,7 +38,7 @@ use metrics::Histogram;
 use crate::config::LimitsSettings;
 use crate::limiter::{Decision, Op, Verdict};
 use crate::metrics as m;
-use crate::policy::{LimitKey, Policy};
+use crate::policy::{Kind, LimitKey, Policy};
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
 use crate::store::{AnyStore, MemoryStore, Plan, Store, StoreError};
@@ -359,10 +359,13 @@ impl RateLimiter {
     /// what it decides meanwhile).
     pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
         let (policy, _) = self.policy(name).await?;
-        if policy.concurrency().is_some() {
-            self.reset_leases(&policy, key).await?;
-            self.counters(&policy).resets.increment(1);
-            return Ok(());
+        match policy.kind {
+            Kind::Concurrency(_) => {
+                self.reset_leases(&policy, key).await?;
+                self.counters(&policy).resets.increment(1);
+                return Ok(());
+            }
+            Kind::Rate(_) => {}
         }
         if let Some(local) = self.fail_modes.local() {
             local.clear(&policy, key);

@@ -377,13 +377,13 @@ impl RateLimiter {
         precondition: &Precondition,
     ) -> Result<Written, ServiceError> {
         let claimed = |other: String| {
-            let domain = policy.as_ref().and_then(|p| p.descriptor.as_ref());
+            let domain = policy.as_ref().and_then(|p| p.descriptor());
             ServiceError::DescriptorClaimed {
                 domain: domain.map(|d| d.domain.clone()).unwrap_or_default(),
                 other,
             }
         };
-        if let Some(p) = policy.as_ref().filter(|p| p.descriptor.is_some()) {
+        if let Some(p) = policy.as_ref().filter(|p| p.descriptor().is_some()) {
             // The store's write claims the shape atomically; this check, against the store's
             // policies as of now, also finds the claims of policies written before the store
             // kept them. A policy keeping its own shape is never refused.

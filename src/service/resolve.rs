@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use super::{RateLimiter, ServiceError, Ticket};
 use crate::limiter::concurrency::Params as LeaseParams;
 use crate::limiter::{Op, MAX_LIMITS};
-use crate::policy::{LimitKey, Mode, Policy};
+use crate::policy::{Kind, LimitKey, Mode, Policy};
 use crate::store::{Ask, Claim, Etag, Plan};
 
 /// A rate policy's request, resolved: the policy as this instance has it, the operation with its
@@ -75,21 +75,27 @@ impl RateLimiter {
         key: &LimitKey,
         ask: Ask<&str>,
     ) -> Result<Resolved, ServiceError> {
-        if policy.concurrency().is_some() {
-            return Err(ServiceError::ConcurrencyPolicy(policy.name.to_string()));
-        }
+        let rate = match &policy.kind {
+            Kind::Rate(rate) => rate,
+            Kind::Concurrency(_) => {
+                return Err(ServiceError::ConcurrencyPolicy(policy.name.to_string()))
+            }
+        };
         let mut cost = ask.cost();
-        if let (Op::Acquire | Op::Peek, Some(tightest)) = (ask.op(), policy.tightest()) {
+        if matches!(ask.op(), Op::Acquire | Op::Peek) {
+            let tightest = rate.tightest();
             let quota = tightest.params.quota();
             if cost > quota {
                 return Err(ServiceError::CostAboveQuota {
                     cost,
                     quota,
                     field: tightest.algorithm().quota_field(),
-                    limit: policy.is_composite().then(|| tightest.name.to_string()),
+                    limit: rate.is_composite().then(|| tightest.name.to_string()),
                 });
             }
         }
+        let shadow = matches!(ask.op(), Op::Acquire | Op::Peek)
+            && (self.shadow || rate.mode() == Mode::Shadow);
         let mut marks = ([0; MAX_LIMITS], 0);
         let ticket = match ask {
             Ask::Refund {
@@ -105,8 +111,6 @@ impl RateLimiter {
             }
             _ => None,
         };
-        let shadow = matches!(ask.op(), Op::Acquire | Op::Peek)
-            && (self.shadow || policy.mode == Mode::Shadow);
         Ok(Resolved {
             ask: ask.with_ticket(None).with_cost(cost),
             policy,

@@ -402,7 +402,7 @@ impl Ticket {
     /// limits have changed in number since the ticket was issued, marks that no take holds, so
     /// that the refund gives nothing back (a changed policy ends every ticket).
     pub fn marks_for(&self, policy: &Policy) -> ([u64; MAX_LIMITS], usize) {
-        let n = policy.limits.len().min(MAX_LIMITS);
+        let n = policy.params().len().min(MAX_LIMITS);
         if self.len == n {
             (self.marks, n)
         } else {

@@ -132,7 +132,9 @@ impl PolicySet {
         // A replacement keeps the incarnation of the policy it replaces unless it changes the
         // policy's kind; a creation's is its version, as in `policy_write.lua`.
         let (status, incarnation) = match old {
-            Some(old) if old.kind() == policy.kind() => (WriteStatus::Replaced, old.incarnation()),
+            Some(old) if old.kind_name() == policy.kind_name() => {
+                (WriteStatus::Replaced, old.incarnation())
+            }
             Some(_) => (WriteStatus::Replaced, self.version),
             None => (WriteStatus::Created, self.version),
         };

@@ -8,7 +8,6 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
 
 use redis::{RedisError, Value};
-use serde_json::{Map, Number, Value as Json};
 
 use super::batch::{Batches, Job, DEFAULT_BATCH_MAX};
 use super::breaker::{Breaker, BreakerState};
@@ -25,7 +24,8 @@ use super::{LeasedLedger, MAX_INDEX_READ};
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall, LeaseOp};
 use crate::limiter::{Decision, Op, Params, Verdict, MAX_LIMITS};
 use crate::metrics as m;
-use crate::policy::{parse_policy, LimitKey, Policy, PolicyName};
+use crate::policy::stored::{self, StoredDoc};
+use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
 
 /// The shared store.
@@ -544,10 +544,9 @@ fn encode(policy: &Policy) -> Vec<(String, String)> {
     vec![(DOC_FIELD.to_owned(), doc)]
 }
 
-/// A policy from the fields of its hash, validated like any input: the JSON document, or, in a
-/// hash written by a version before it (one field per policy field, every value a string), the
-/// fields, numbers read back from the fields that hold them. Its incarnation is the `born`
-/// field, 0 in a hash written before policies had one.
+/// A policy from the fields of its hash, validated like any input: the JSON document
+/// ([`StoredDoc`]), or a hash written by a version before it ([`stored::from_legacy_fields`]).
+/// Its incarnation is the `born` field, 0 in a hash written before policies had one.
 fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
     let incarnation = match fields.iter().position(|(k, _)| k == BORN_FIELD) {
@@ -566,27 +565,10 @@ fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
 fn decode_doc(fields: Vec<(String, String)>) -> Result<Policy, StoreError> {
     let corrupt = |e: &dyn std::fmt::Display| StoreError::corrupt(format!("policy hash: {e}"));
     if let Some((_, doc)) = fields.iter().find(|(k, _)| k == DOC_FIELD) {
-        let doc: Json = serde_json::from_str(doc).map_err(|e| corrupt(&e))?;
-        return parse_policy(&doc, None).map_err(|e| corrupt(&e));
+        let doc = StoredDoc::from_json(doc).map_err(|e| corrupt(&e))?;
+        return Policy::try_from(doc).map_err(|e| corrupt(&e));
     }
-    let map: Map<String, Json> = fields
-        .into_iter()
-        .map(|(k, v)| {
-            let value = match v.parse::<u64>() {
-                Ok(n)
-                    if !matches!(
-                        k.as_str(),
-                        "name" | "description" | "algorithm" | "fail_mode"
-                    ) =>
-                {
-                    Json::Number(Number::from(n))
-                }
-                _ => Json::String(v),
-            };
-            (k, value)
-        })
-        .collect();
-    parse_policy(&Json::Object(map), None).map_err(|e| corrupt(&e))
+    stored::from_legacy_fields(fields).map_err(|e| corrupt(&e))
 }
 
 /// One `{name, version, fields}` entry of `policy_read.lua`'s reply.
@@ -1112,9 +1094,9 @@ impl Store for RedisStore {
         let fields = w.policy.map(encode).unwrap_or_default();
         let generation = new_generation();
         let shape = w.policy.and_then(Policy::shape).unwrap_or_default();
-        let kind = w.policy.map_or("", Policy::kind);
+        let kind = w.policy.map_or("", Policy::kind_name);
         let seen_shape = w.seen.and_then(Policy::shape).unwrap_or_default();
-        let seen_kind = w.seen.map_or("", Policy::kind);
+        let seen_kind = w.seen.map_or("", Policy::kind_name);
         let (status, generation, version, incarnation, owner): (String, String, u64, u64, String) =
             self.with_conn_on(Some(&keys.meta), async |conn| {
                 let mut call = self.scripts.policy_write.prepare_invoke();
@@ -1284,6 +1266,23 @@ mod tests {
 
         let bad = vec![(BORN_FIELD.to_owned(), "x".to_owned())];
         assert!(matches!(decode(bad), Err(StoreError::Corrupt(_))));
+    }
+
+    #[test]
+    fn a_stored_document_out_of_bounds_is_corrupt_as_input_would_be_refused() {
+        for doc in [
+            r#"{"name":"p","algorithm":"fixed_window","limit":0,"window_ms":1000}"#,
+            r#"{"name":"p","algorithm":"fixed_window","limit":5,"window_ms":1000,"colour":1}"#,
+            r#"{"name":"p","algorithm":"concurrency","limit":5,"lease_ms":1000,"mode":"shadow"}"#,
+            r#"{"name":"p","limits":[]}"#,
+            r#"not json"#,
+        ] {
+            let fields = vec![(DOC_FIELD.to_owned(), doc.to_owned())];
+            assert!(
+                matches!(decode(fields), Err(StoreError::Corrupt(_))),
+                "{doc}"
+            );
+        }
     }
 
     #[test]

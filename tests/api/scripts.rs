@@ -616,7 +616,7 @@ fn composite(lab: &mut Lab, specs: &[Spec]) -> (Policy, Vec<String>) {
             Limit::new(limit, *a, values)
         })
         .collect();
-    let policy = Policy::new(name, limits, None, FailMode::Closed);
+    let policy = Policy::new(name, limits, None, FailMode::Closed).expect("valid limits");
     let keys = policy
         .params()
         .iter()
@@ -983,7 +983,7 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
                         Limit::new(limit, *a, values)
                     })
                     .collect();
-                Policy::new(name, limits, None, FailMode::Closed)
+                Policy::new(name, limits, None, FailMode::Closed).expect("valid limits")
             })
             .collect();
         let params: Vec<Params> = policies.iter().flat_map(|p| p.params().to_vec()).collect();
@@ -998,7 +998,7 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
                 .iter()
                 .enumerate()
                 .map(|(j, policy)| {
-                    let quota = policy.tightest().map_or(1, |l| l.params.quota());
+                    let quota = policy.rate().map_or(1, |r| r.tightest().params.quota());
                     let pick = step.cost_pick.rotate_left(8 * j as u32);
                     let cost = match pick % 8 {
                         0 => quota,

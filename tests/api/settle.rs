@@ -55,7 +55,7 @@ impl Lab {
                     Limit::new(limit, *a, values)
                 })
                 .collect();
-            Policy::new(name, limits, None, FailMode::Closed)
+            Policy::new(name, limits, None, FailMode::Closed).expect("valid limits")
         };
         let keys = policy
             .params()
