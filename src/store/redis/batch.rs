@@ -31,15 +31,15 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 use thread_local::ThreadLocal;
 use tokio::sync::oneshot;
 
+use super::argv::{script_argv, verdict};
 use super::calls::Calls;
-use super::key;
-use super::redis::{script_argv, verdict};
 use super::scripts::{batch_code, Scripts, BATCHED_OPS};
 use super::topology::key_slot;
-use super::StoreError;
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
 use crate::policy::{Algorithm, LimitKey, Policy};
+use crate::store::key;
+use crate::store::StoreError;
 
 /// `redis.batch_max`'s default: large enough that a queue of 2 workers' requests at a few
 /// hundred connections goes in one or two calls, small enough that one call stays well under a
@@ -93,7 +93,7 @@ impl Job {
     }
 }
 
-/// A decision's arguments, as [`super::Store::decide`] takes them.
+/// A decision's arguments, as [`crate::store::Store::decide`] takes them.
 #[derive(Debug, Clone, Copy)]
 pub struct Decide<'a> {
     pub policy: &'a Policy,
