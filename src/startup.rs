@@ -35,7 +35,7 @@ impl Application {
     /// `server.bind` (port 0 picks a free port; see [`Application::port`]).
     pub async fn build(settings: Settings) -> anyhow::Result<Self> {
         let prefix = &settings.redis.key_prefix;
-        let store = match &settings.redis.url {
+        let store: AnyStore = match &settings.redis.url {
             None if !settings.redis.cluster_nodes.is_empty() => {
                 let nodes: Vec<&str> = settings
                     .redis
@@ -53,21 +53,17 @@ impl Application {
                     .await
                     .with_context(|| format!("cannot reach the Redis Cluster at {shown}"))?;
                 tracing::info!(nodes = %shown, "using Redis Cluster");
-                AnyStore::Redis(
-                    store
-                        .with_breaker(breaker(&settings))
-                        .with_batch_max(settings.redis.batch_max),
-                )
+                store
+                    .with_breaker(breaker(&settings))
+                    .with_batch_max(settings.redis.batch_max)
+                    .into()
             }
             None => {
                 tracing::warn!(
                     "no redis.url set: using the embedded in-process store; limits are per process \
                      and not shared with other instances"
                 );
-                AnyStore::Memory(MemoryStore::new(
-                    prefix,
-                    settings.limits.max_embedded_subjects,
-                ))
+                MemoryStore::new(prefix, settings.limits.max_embedded_subjects).into()
             }
             Some(url) => {
                 let shown = redact_url(url.expose());
@@ -89,17 +85,16 @@ impl Application {
                     mode = ?settings.redis.connection_mode,
                     "using Redis"
                 );
-                AnyStore::Redis(store)
+                store.into()
             }
         };
-        if let AnyStore::Redis(redis) = &store {
-            redis
-                .require_flagged_scripts()
-                .await
-                .context("checking the Redis version")?;
-            if let Err(e) = redis.load_scripts().await {
-                tracing::warn!(error = %e, "could not load the scripts at start-up; each is loaded on first use");
-            }
+        // Both are Redis's alone, and answer at once on the embedded store.
+        store
+            .require_flagged_scripts()
+            .await
+            .context("checking the Redis version")?;
+        if let Err(e) = store.load_scripts().await {
+            tracing::warn!(error = %e, "could not load the scripts at start-up; each is loaded on first use");
         }
         let limiter = Arc::new(RateLimiter::new(
             store,

@@ -127,13 +127,15 @@ impl RateLimiter {
         let mut seed = [0u8; 8];
         // Without randomness (never on a working system) ids still differ within the process.
         let _ = getrandom::fill(&mut seed);
-        let tickets = match &store {
+        let tickets = if store.is_shared() {
+            // The ring is the store's: read by `load_ticket_keys`.
+            ticket::Keyring::default()
+        } else {
             // Without Redis the key is this process's own: its tickets end with it, as its
             // state does. (A missing random key leaves the ring empty: no tickets are issued.)
-            AnyStore::Memory(_) => ticket::Key::random(1)
+            ticket::Key::random(1)
                 .map(ticket::Keyring::of)
-                .unwrap_or_default(),
-            AnyStore::Redis(_) => ticket::Keyring::default(),
+                .unwrap_or_default()
         };
         Self {
             store,
@@ -167,12 +169,15 @@ impl RateLimiter {
     /// (atomically, so that every instance starting at once signs with the same key). Nothing
     /// to do on the embedded store.
     pub async fn load_ticket_keys(&self) -> Result<(), StoreError> {
-        let AnyStore::Redis(redis) = &self.store else {
+        let fresh = || {
+            let key = ticket::Key::random(1).map_err(|e| {
+                StoreError::server(format!("no random bytes for a ticket key: {e}"))
+            })?;
+            Ok(ticket::Keyring::text_of(&key))
+        };
+        let Some(text) = self.store.ticket_keys(fresh).await? else {
             return Ok(());
         };
-        let fresh = ticket::Key::random(1)
-            .map_err(|e| StoreError::server(format!("no random bytes for a ticket key: {e}")))?;
-        let text = redis.ticket_keys(&ticket::Keyring::text_of(&fresh)).await?;
         self.tickets
             .load(&text)
             .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))
@@ -186,20 +191,14 @@ impl RateLimiter {
         let mut fresh = [0u8; ticket::KEY_BYTES];
         getrandom::fill(&mut fresh)
             .map_err(|e| StoreError::server(format!("no random bytes for a ticket key: {e}")))?;
-        match &self.store {
-            AnyStore::Redis(redis) => {
-                let text = redis.rotate_ticket_keys(&fresh).await?;
-                self.tickets
-                    .load(&text)
-                    .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))?;
-            }
-            AnyStore::Memory(_) => {
-                let text = ticket::rotated(self.tickets.current_text().as_deref(), fresh);
-                self.tickets
-                    .load(&text)
-                    .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))?;
-            }
-        }
+        let text = match self.store.rotate_ticket_keys(&fresh).await? {
+            Some(text) => text,
+            // The embedded store keeps no ring: this process's own is rotated here.
+            None => ticket::rotated(self.tickets.current_text().as_deref(), fresh),
+        };
+        self.tickets
+            .load(&text)
+            .map_err(|e| StoreError::corrupt(format!("the ticket key ring: {e}")))?;
         Ok(self.tickets.current_id().unwrap_or(0))
     }
 
@@ -380,14 +379,14 @@ impl RateLimiter {
     /// `denials`). A message that cannot be sent is logged: the other instances' entries end by
     /// their bound, `limits.denial_cache_ms`.
     async fn invalidate_denials(&self, policy: &Policy, key: &LimitKey) {
-        let AnyStore::Redis(redis) = &self.store else {
+        if !self.store.is_shared() {
             return;
-        };
+        }
         if let Some(d) = &self.denials {
             d.invalidate(policy.name.as_str(), key.as_str());
         }
         let message = denials::message(policy.name.as_str(), key.as_str());
-        if let Err(e) = redis.publish(&redis.denials_channel(), &message).await {
+        if let Err(e) = self.store.publish_invalidation(&message).await {
             static UNSENT: Summarized = Summarized::per_second();
             if let Some(count) = UNSENT.hit() {
                 tracing::warn!(policy = %policy.name, error = %e, count, "could not publish a denial cache invalidation; other instances' cached denials of the subject end by limits.denial_cache_ms");
@@ -452,11 +451,9 @@ impl RateLimiter {
         if let Some(d) = &self.denials {
             metrics::gauge!(m::DENIAL_CACHE_ENTRIES).set(d.len() as f64);
         }
-        if let AnyStore::Redis(redis) = &self.store {
-            for (master, state) in redis.master_breakers() {
-                metrics::gauge!(m::MASTER_BREAKER_OPEN, "master" => master)
-                    .set(f64::from(u8::from(state == BreakerState::Open)));
-            }
+        for (master, state) in self.store.master_breakers() {
+            metrics::gauge!(m::MASTER_BREAKER_OPEN, "master" => master)
+                .set(f64::from(u8::from(state == BreakerState::Open)));
         }
         if let Some((in_use, idle)) = status.connections {
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
@@ -498,10 +495,8 @@ impl RateLimiter {
                         tracing::trace!(evicted, "evicted expired state");
                     }
                     this.sweep_leases().await;
-                    if let AnyStore::Redis(redis) = &this.store {
-                        if let Err(e) = redis.refresh_topology().await {
-                            tracing::debug!(error = %e, "could not read the cluster's slot map; keeping the last one");
-                        }
+                    if let Err(e) = this.store.housekeeping().await {
+                        tracing::debug!(error = %e, "could not read the cluster's slot map; keeping the last one");
                     }
                     m::handle().run_upkeep();
                 }
@@ -519,20 +514,20 @@ async fn listen_for_invalidations(limiter: std::sync::Weak<RateLimiter>) {
         let Some(this) = limiter.upgrade() else {
             return;
         };
-        let (Some(cache), AnyStore::Redis(redis)) = (this.denials.clone(), &this.store) else {
+        let Some(cache) = this.denials.clone() else {
             return;
         };
-        let subscribed = redis.subscribe(&redis.denials_channel()).await;
+        let Some(subscribed) = this.store.invalidations().await else {
+            return;
+        };
         drop(this);
         match subscribed {
-            Ok(pubsub) => {
+            Ok(mut messages) => {
                 cache.set_live(true);
                 tracing::debug!("denial cache subscribed to its invalidations");
                 let received = metrics::counter!(m::DENIAL_CACHE_INVALIDATIONS);
-                let mut messages = pubsub.into_on_message();
                 while let Some(message) = messages.next().await {
-                    if let Some((policy, key)) = denials::parse_message(message.get_payload_bytes())
-                    {
+                    if let Some((policy, key)) = denials::parse_message(&message) {
                         cache.invalidate(policy, key);
                         received.increment(1);
                     }

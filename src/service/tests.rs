@@ -25,7 +25,7 @@ fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
 
 fn service(limits: &LimitsSettings, configured: Vec<Policy>) -> RateLimiter {
     RateLimiter::new(
-        AnyStore::Memory(MemoryStore::new("rl", limits.max_embedded_subjects)),
+        MemoryStore::new("rl", limits.max_embedded_subjects).into(),
         "rl",
         configured,
         limits,

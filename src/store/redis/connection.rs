@@ -42,7 +42,7 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::StoreError;
+use crate::store::StoreError;
 
 /// `redis.connection_mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]

@@ -6,9 +6,11 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, WriteKind};
-use super::{WriteStatus, Written};
 use crate::policy::{Policy, PolicyName};
+use crate::store::{
+    new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, WriteKind,
+};
+use crate::store::{WriteStatus, Written};
 
 /// Deletions remembered, as in `policy_write.lua`.
 const MAX_DELETED: usize = 10_000;

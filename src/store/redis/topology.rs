@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use redis::Value;
 
 use super::breaker::{Breaker, BreakerState};
-use super::key::hash_tag;
+use crate::store::key::hash_tag;
 
 /// Slots in a Redis Cluster.
 pub const SLOTS: usize = 16_384;

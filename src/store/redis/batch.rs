@@ -31,15 +31,14 @@ use redis::{ErrorKind, ServerErrorKind, Value};
 use thread_local::ThreadLocal;
 use tokio::sync::oneshot;
 
+use super::argv::{script_argv, verdict};
 use super::calls::Calls;
-use super::key;
-use super::redis::{script_argv, verdict};
 use super::scripts::{batch_code, Scripts, BATCHED_OPS};
 use super::topology::key_slot;
-use super::{Plan, StoreError};
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
 use crate::policy::Algorithm;
+use crate::store::{key, Plan, StoreError};
 
 /// `redis.batch_max`'s default: large enough that a queue of 2 workers' requests at a few
 /// hundred connections goes in one or two calls, small enough that one call stays well under a

@@ -38,7 +38,7 @@ pub const DECISION_FLAGS: &str = "#!lua";
 /// on a replica, and while over `maxmemory`, and refuses it if it ever tried to write.
 pub const PEEK_FLAGS: &str = "#!lua flags=no-writes";
 
-const COMMON: &str = include_str!("../../lua/common.lua");
+const COMMON: &str = include_str!("../../../lua/common.lua");
 
 /// How a part reads a state kept in one string. In a script of several limits, every part that
 /// reads its state this way has it read for it, all at once, by one `MGET` at the start: one
@@ -285,7 +285,7 @@ fn push_spent_tail(s: &mut String, n: usize, last: usize) {
 /// with `EVALSHA_RO`).
 pub const BATCHED_OPS: [Op; 3] = [Op::Acquire, Op::Report, Op::Refund];
 
-const BATCH: &str = include_str!("../../lua/batch.lua");
+const BATCH: &str = include_str!("../../../lua/batch.lua");
 /// The lines of `lua/batch.lua` where the helpers go, and where each decision's function is
 /// defined on first use.
 const BATCH_HELPERS: &str = "\n--- helpers\n";
@@ -358,7 +358,7 @@ pub fn batch_source(cross_slot: bool) -> String {
 
 /// The concurrency limit's file, split into its head, the look and the change sections (see
 /// its header).
-const CONCURRENCY: &str = include_str!("../../lua/concurrency.lua");
+const CONCURRENCY: &str = include_str!("../../../lua/concurrency.lua");
 const LOOK_SPLIT: &str = "\n--- look\n";
 const CHANGE_SPLIT: &str = "\n--- change\n";
 
@@ -376,8 +376,8 @@ pub fn lease_sources() -> (String, String) {
 }
 
 /// The policy scripts, which are not composed.
-const POLICY_WRITE: &str = include_str!("../../lua/policy_write.lua");
-const POLICY_READ: &str = include_str!("../../lua/policy_read.lua");
+const POLICY_WRITE: &str = include_str!("../../../lua/policy_write.lua");
+const POLICY_READ: &str = include_str!("../../../lua/policy_read.lua");
 
 /// The source of every script loaded at start-up: the one-limit decision scripts, the batch
 /// scripts and the policy scripts. (Decision scripts of several limits are loaded on first use.)

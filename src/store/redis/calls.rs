@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use super::breaker::Breaker;
 use super::connection::{Conn, Connections};
 use super::topology::Topology;
-use super::{ErrorClass, StoreError};
 use crate::metrics as m;
+use crate::store::{ErrorClass, StoreError};
 
 /// What a call to Redis goes through (see the module doc).
 #[derive(Clone)]

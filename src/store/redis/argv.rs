@@ -1,0 +1,114 @@
+//! The calling convention of `lua/common.lua`, shared by every decision script: the ARGV a
+//! decision is sent with ([`script_argv`]) and the reply it answers ([`verdict`]), read alike by
+//! the direct call ([`super::RedisStore`]'s `decide`) and by the batcher ([`super::batch`]); and
+//! how a script that writes nothing is called ([`read_only`]), with its arguments ([`Arg`]).
+
+use redis::Value;
+
+use super::connection::Conn;
+use crate::limiter::{Decision, Op, Params, Verdict, MAX_LIMITS};
+use crate::store::StoreError;
+
+/// A decision script's reply (see `lua/common.lua`: `{allowed, then per limit: units,
+/// remaining, reset_after_us, retry_after_us; then now}`) as a verdict: for a report or a refund
+/// each limit's units are those it recorded or gave back, and the limit counts as admitting.
+/// Read straight from the reply, without collecting it into a second vector on the acquire path.
+pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
+    let items = match reply {
+        Value::Array(items) if items.len() == 2 + 4 * limits => items,
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "a decision script answered {other:?} for {limits} limits"
+            )))
+        }
+    };
+    let mut numbers = [0u64; 2 + 4 * MAX_LIMITS];
+    for (n, item) in numbers.iter_mut().zip(items) {
+        *n = match item {
+            Value::Int(i) => u64::try_from(*i).unwrap_or(0),
+            other => {
+                return Err(StoreError::corrupt(format!(
+                    "a decision script answered {other:?} where a number belongs"
+                )))
+            }
+        };
+    }
+    let mut verdict = Verdict::at(numbers[1 + 4 * limits]);
+    let moves = matches!(op, Op::Report | Op::Refund);
+    for d in numbers[1..1 + 4 * limits].chunks_exact(4) {
+        let decision = Decision {
+            allowed: moves || d[0] == 1,
+            remaining: d[1],
+            reset_after_us: d[2],
+            retry_after_us: d[3],
+        };
+        verdict.push_units(decision, if moves { d[0] } else { 0 });
+    }
+    // The script's own verdict; it equals every limit admitting.
+    verdict.allowed = numbers[0] == 1;
+    Ok(verdict)
+}
+
+/// A decision script's ARGV as `lua/common.lua` lays it out for these limits; `None` is an empty
+/// argument.
+pub(super) fn script_argv<'a>(
+    params: &'a [Params],
+    op: Op,
+    cost: u64,
+    marks: &'a [u64],
+    now_us: Option<u64>,
+) -> impl Iterator<Item = Option<u64>> + 'a {
+    let n = params.len();
+    let params = params.iter().flat_map(|p| p.script_args()).map(Some);
+    // A refund's marks: one per limit, or all empty (no ticket).
+    let marks = (op == Op::Refund)
+        .then(|| (0..n).map(move |i| marks.get(i).copied().filter(|_| marks.len() == n)))
+        .into_iter()
+        .flatten();
+    [Some(cost), now_us].into_iter().chain(params).chain(marks)
+}
+
+/// Runs a prepared call of a `no-writes` script with `EVALSHA_RO`, which Redis refuses for any
+/// script that could write, loading the script first when Redis does not have it (as
+/// `invoke_async` does for `EVALSHA`).
+pub(super) async fn read_only(
+    script: &redis::Script,
+    keys: &[String],
+    argv: impl Iterator<Item = impl redis::ToRedisArgs>,
+    conn: &mut Conn,
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("EVALSHA_RO");
+    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    for arg in argv {
+        cmd.arg(arg);
+    }
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        other => other,
+    }
+}
+
+/// One script argument: a number, a string, or (for `None`) the empty string.
+pub(super) enum Arg<'a> {
+    Num(Option<u64>),
+    Str(&'a str),
+}
+
+impl From<Option<u64>> for Arg<'_> {
+    fn from(n: Option<u64>) -> Self {
+        Arg::Num(n)
+    }
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        match self {
+            Arg::Num(Some(n)) => n.write_redis_args(out),
+            Arg::Num(None) => out.write_arg(b""),
+            Arg::Str(s) => s.write_redis_args(out),
+        }
+    }
+}
