@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::config::LimitsSettings;
-use crate::policy::{Algorithm, FailMode, PolicyName};
+use crate::policy::{Algorithm, FailMode, LimitKey, PolicyName};
 use crate::store::{Etag, Precondition, WriteKind, WriteStatus, Written};
 
 fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {

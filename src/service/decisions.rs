@@ -1,0 +1,225 @@
+//! Decisions on rate policies: an acquire, peek, report or refund resolved into a plan
+//! ([`super::resolve`]), answered by the local denial cache, the store or, when the store fails,
+//! the fail mode ([`super::fail_mode`]); then counted, and given its ticket. Resets, and the
+//! invalidation of cached denials that a refund, a report or a reset makes stale.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::denials::{self, Lookup};
+use super::resolve::Resolved;
+use super::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
+use crate::limiter::{Decision, Op, Verdict};
+use crate::policy::{Kind, LimitKey, Policy};
+use crate::store::{Plan, Store};
+use crate::telemetry::Summarized;
+
+impl RateLimiter {
+    /// Decides one acquire of `cost` units for the policy named `name` (already checked with
+    /// [`crate::policy::PolicyName::check`]).
+    pub async fn acquire(
+        &self,
+        name: &str,
+        key: &LimitKey,
+        cost: u64,
+    ) -> Result<Acquired, ServiceError> {
+        self.decide(name, key, Ask::Acquire { cost }).await
+    }
+
+    /// Decides one operation for the policy named `name` (already checked with
+    /// [`crate::policy::PolicyName::check`]): an acquire or a peek of at most the quota of every
+    /// limit, a report, or a refund (of at most its ticket's units, within its windows, when it
+    /// names one). See `resolve`.
+    pub async fn decide(
+        &self,
+        name: &str,
+        key: &LimitKey,
+        ask: Ask<&str>,
+    ) -> Result<Acquired, ServiceError> {
+        let started = Instant::now();
+        let resolved = self.resolve(name, key, ask).await?;
+        self.decide_resolved(resolved, key, started).await
+    }
+
+    /// Decides a resolved request: by the local denial cache, the store, or, when the store
+    /// fails, the fail mode; then counts it and issues its ticket.
+    pub(super) async fn decide_resolved(
+        &self,
+        resolved: Resolved,
+        key: &LimitKey,
+        started: Instant,
+    ) -> Result<Acquired, ServiceError> {
+        let plan = resolved.plan(key, self.clock.at_us());
+        let result = self.ask_store(&plan, &resolved, started).await;
+        let (op, cost) = (plan.op(), plan.cost());
+        if op == Op::Acquire {
+            self.acquire_seconds.record(started.elapsed().as_secs_f64());
+        }
+        let (verdict, decided_by) = result?;
+        let Resolved {
+            policy,
+            etag,
+            shadow,
+            ..
+        } = resolved;
+        let degraded = decided_by.is_degraded();
+        let counters = self.counters(&policy);
+        if decided_by == DecidedBy::LocalCache {
+            counters.cache_hits.increment(1);
+        }
+        // A refund, a report or a reset may give units back or move the retry time: every
+        // instance's cached denial of the subject goes.
+        if matches!(op, Op::Report | Op::Refund)
+            && !degraded
+            && verdict.units().iter().any(|u| *u > 0)
+        {
+            self.invalidate_denials(&policy, key).await;
+        }
+        counters.count(op, cost, &verdict, degraded, shadow);
+        // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.
+        // A fail-open answer took nothing.
+        let taken = match op {
+            Op::Acquire if verdict.allowed => cost,
+            Op::Report => verdict.units().iter().copied().max().unwrap_or(0),
+            _ => 0,
+        };
+        let ticket = (taken > 0 && decided_by != DecidedBy::FailOpen)
+            .then(|| {
+                let id = mix(self.ticket_seed ^ self.ticket_count.fetch_add(1, Ordering::Relaxed));
+                self.tickets.issue(&policy, key, taken, &verdict, id)
+            })
+            .flatten();
+        Ok(Acquired {
+            op,
+            policy,
+            etag,
+            verdict,
+            degraded,
+            decided_by,
+            shadow,
+            ticket,
+        })
+    }
+
+    /// The verdict for `plan` and who gave it: a cached denial, the store's, or the fail mode's
+    /// when the store fails.
+    async fn ask_store(
+        &self,
+        plan: &Plan<'_>,
+        resolved: &Resolved,
+        started: Instant,
+    ) -> Result<(Verdict, DecidedBy), ServiceError> {
+        // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
+        // `denials`: a larger cost's retry time is its own).
+        let denials = match &self.denials {
+            Some(d)
+                if plan.op() == Op::Acquire
+                    && plan.cost() == 1
+                    && !resolved.shadow
+                    && plan.params.len() == 1 =>
+            {
+                Some(d)
+            }
+            _ => None,
+        };
+        let (name, version, key) = (
+            plan.policy.name.as_str(),
+            resolved.etag.version,
+            plan.key.as_str(),
+        );
+        let lookup = denials.map(|d| d.check(name, version, key, started));
+        if let Some(Lookup::Hit(denied)) = lookup {
+            return Ok((
+                cached_denial(denied, self.clock.now_us()),
+                DecidedBy::LocalCache,
+            ));
+        }
+        match self.store.decide(plan).await {
+            Ok(verdict) => {
+                if let (Some(d), Some(Lookup::Miss(Some(ticket)))) = (denials, lookup) {
+                    if let Some(denied) = denial_of(&verdict) {
+                        d.insert(name, version, key, ticket, denied, Instant::now());
+                    }
+                }
+                Ok((verdict, self.store_decider()))
+            }
+            Err(e) => Ok(self.fail_modes.decision(plan, e, self.clock.now_us())?),
+        }
+    }
+
+    /// Deletes the subject `key`'s state for every limit of the policy named `name`, or, of a
+    /// concurrency policy, ends every lease of the subject (their ids are unknown from then on:
+    /// a support tool for a stuck holder). Not a decision: a failing store is an error whatever
+    /// the fail mode (`local` also clears this instance's own state, so that the reset holds for
+    /// what it decides meanwhile).
+    pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
+        let (policy, _) = self.policy(name).await?;
+        match policy.kind {
+            Kind::Concurrency(_) => {
+                self.reset_leases(&policy, key).await?;
+                self.counters(&policy).resets.increment(1);
+                return Ok(());
+            }
+            Kind::Rate(_) => {}
+        }
+        if let Some(local) = self.fail_modes.local() {
+            local.clear(&policy, key);
+        }
+        self.store.reset(&policy, key).await?;
+        self.invalidate_denials(&policy, key).await;
+        self.counters(&policy).resets.increment(1);
+        Ok(())
+    }
+
+    /// Drops this instance's cached denial of the subject, and tells every instance to (see
+    /// `denials`). A message that cannot be sent is logged: the other instances' entries end by
+    /// their bound, `limits.denial_cache_ms`.
+    async fn invalidate_denials(&self, policy: &Policy, key: &LimitKey) {
+        if !self.store.is_shared() {
+            return;
+        }
+        if let Some(d) = &self.denials {
+            d.invalidate(policy.name.as_str(), key.as_str());
+        }
+        let message = denials::message(policy.name.as_str(), key.as_str());
+        if let Err(e) = self.store.publish_invalidation(&message).await {
+            static UNSENT: Summarized = Summarized::per_second();
+            if let Some(count) = UNSENT.hit() {
+                tracing::warn!(policy = %policy.name, error = %e, count, "could not publish a denial cache invalidation; other instances' cached denials of the subject end by limits.denial_cache_ms");
+            }
+        }
+    }
+}
+
+/// A bijection of u64 (SplitMix64's finaliser): distinct counters give distinct ids.
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A denial from the cache as the verdict of a one-limit policy: nothing left, and the times as
+/// the cache counts them down.
+fn cached_denial(denied: denials::Denied, now_us: u64) -> Verdict {
+    let us = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let mut verdict = Verdict::at(now_us);
+    verdict.push(Decision {
+        allowed: false,
+        remaining: 0,
+        reset_after_us: us(denied.reset_after),
+        retry_after_us: us(denied.retry_after),
+    });
+    verdict
+}
+
+/// What the cache keeps of Redis's denial of 1 unit of a one-limit policy: its times, when it
+/// shows nothing left (always, for a denial of 1 unit; checked all the same).
+fn denial_of(verdict: &Verdict) -> Option<denials::Denied> {
+    match verdict.limits() {
+        [d] if !d.allowed && d.remaining == 0 && d.retry_after_us > 0 => Some(denials::Denied {
+            retry_after: Duration::from_micros(d.retry_after_us),
+            reset_after: Duration::from_micros(d.reset_after_us),
+        }),
+        _ => None,
+    }
+}
