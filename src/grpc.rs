@@ -175,11 +175,12 @@ impl Grpc {
                 .iter()
                 .map(|e| (e.key.as_str(), e.value.as_str()))
                 .collect();
-            let Some((policy, etag)) = cache.for_descriptor(&req.domain, &entries) else {
+            let Some(found) = cache.for_descriptor(&req.domain, &entries) else {
                 self.unmatched.increment(1);
                 slots.push(None);
                 continue;
             };
+            let policy = &found.policy;
             let served = policy.descriptor();
             let key = served
                 .map(|s| s.subject(entries.iter().map(|e| e.1)))
@@ -217,12 +218,7 @@ impl Grpc {
             }
             negative.push(d.is_negative_hits);
             slots.push(Some(asks.len()));
-            asks.push(Hit {
-                policy,
-                etag,
-                key,
-                cost,
-            });
+            asks.push(Hit { found, key, cost });
         }
         // Negative hits give units back (a refund without a ticket) and take part in nothing
         // else (a negative 0 is a look, as a 0 is); the rest are decided together.
@@ -233,7 +229,7 @@ impl Grpc {
                 together.push(i);
                 continue;
             }
-            let name = ask.policy.name.as_str();
+            let name = ask.found.policy.name.as_str();
             let cost = ask.cost.min(MAX_UNITS);
             let refund = Ask::Refund { cost, ticket: None };
             let given = self

@@ -10,11 +10,13 @@
 //! has caught up with it, and a full reload keeps what this instance wrote while its pages were
 //! being read.
 //!
-//! Reads take a shared lock for one hash lookup and two reference-count increments.
+//! Reads take a shared lock for one hash lookup and three reference-count increments (the
+//! policy, its generation, and its decision counters, which so need no lock of their own).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+use super::counters::Counted;
 use crate::policy::Policy;
 use crate::store::{Change, Etag};
 
@@ -24,6 +26,17 @@ struct Entry {
     /// `None`: deleted at `version` (a tombstone).
     policy: Option<Arc<Policy>>,
     version: u64,
+    /// The policy's decision counters, so that a decision takes this one lock, not a second.
+    counters: Counted,
+}
+
+/// A policy as this instance enforces it: the policy, the ETag of its version, and its decision
+/// counters.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub policy: Arc<Policy>,
+    pub etag: Etag,
+    pub(super) counters: Counted,
 }
 
 #[derive(Debug, Default)]
@@ -70,6 +83,7 @@ impl Inner {
                 Entry {
                     policy: Some(p.clone()),
                     version,
+                    counters: Counted::default(),
                 },
             ),
             None if version > self.applied => {
@@ -79,6 +93,7 @@ impl Inner {
                     Entry {
                         policy: None,
                         version,
+                        counters: Counted::default(),
                     },
                 )
             }
@@ -127,29 +142,26 @@ impl Inner {
 
 impl PolicyCache {
     /// The policy and the ETag of the version this instance enforces.
-    pub fn get(&self, name: &str) -> Option<(Arc<Policy>, Etag)> {
+    pub fn get(&self, name: &str) -> Option<Found> {
         let inner = self.read();
         let entry = inner.entries.get(name)?;
         let policy = entry.policy.clone()?;
         let generation = inner.generation.clone()?;
-        Some((
+        Some(Found {
             policy,
-            Etag {
+            etag: Etag {
                 generation,
                 version: entry.version,
             },
-        ))
+            counters: entry.counters.clone(),
+        })
     }
 
     /// The policy serving an Envoy descriptor of `domain` with these `(key, value)` entries, and
     /// its ETag: among the policies of the domain with exactly these keys in order whose fixed
     /// values the descriptor has, the most specific (`Descriptor::more_specific_than`; by name
     /// between equals, which validation keeps from existing).
-    pub fn for_descriptor(
-        &self,
-        domain: &str,
-        entries: &[(&str, &str)],
-    ) -> Option<(Arc<Policy>, Etag)> {
+    pub fn for_descriptor(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Found> {
         let index = crate::policy::descriptor::index_key(domain, entries.iter().map(|e| e.0));
         let inner = self.read();
         let candidates = inner.descriptors.get(&index)?;
@@ -170,15 +182,16 @@ impl PolicyCache {
             })
             .map(|(p, _)| p);
         let policy = best?.clone();
-        let version = inner.entries.get(policy.name.as_str())?.version;
+        let entry = inner.entries.get(policy.name.as_str())?;
         let generation = inner.generation.clone()?;
-        Some((
+        Some(Found {
             policy,
-            Etag {
+            etag: Etag {
                 generation,
-                version,
+                version: entry.version,
             },
-        ))
+            counters: entry.counters.clone(),
+        })
     }
 
     /// The name of a live policy, other than one of `policy`'s name, that serves the same
@@ -329,7 +342,7 @@ mod tests {
     }
 
     fn limit(cache: &PolicyCache) -> Option<u64> {
-        cache.get("p").map(|(p, _)| p.params()[0].quota())
+        cache.get("p").map(|f| f.policy.params()[0].quota())
     }
 
     #[test]
@@ -340,7 +353,7 @@ mod tests {
         // This instance's own write at version 2 answers late.
         cache.apply_own(&etag(2), "p", Some(policy(2)));
         assert_eq!(limit(&cache), Some(3));
-        assert_eq!(cache.get("p").map(|(_, e)| e.version), Some(3));
+        assert_eq!(cache.get("p").map(|f| f.etag.version), Some(3));
     }
 
     #[test]

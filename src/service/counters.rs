@@ -1,6 +1,8 @@
 //! The metrics of decisions, per policy: its counters, registered once when the policy is first
 //! decided.
 
+use std::sync::{Arc, OnceLock};
+
 use metrics::Counter;
 
 use crate::limiter::{Op, Verdict};
@@ -69,5 +71,24 @@ impl DecisionCounters {
             refunded_units: units("refund"),
             cache_hits: metrics::counter!(m::DENIAL_CACHE_HITS, "policy" => policy.to_owned()),
         }
+    }
+}
+
+/// A policy's counters as its cache entry holds them, shared by the copies the entry hands out,
+/// and registered by the first decision that counts (so that a policy never decided shows
+/// none, as before they were kept here).
+#[derive(Clone, Default)]
+pub(super) struct Counted(Arc<OnceLock<DecisionCounters>>);
+
+impl Counted {
+    /// The counters of the policy named `policy`.
+    pub(super) fn of(&self, policy: &str) -> &DecisionCounters {
+        self.0.get_or_init(|| DecisionCounters::new(policy))
+    }
+}
+
+impl std::fmt::Debug for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Counted")
     }
 }

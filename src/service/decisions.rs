@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use super::cache::Found;
 use super::denials::{self, Lookup};
 use super::resolve::Resolved;
 use super::{Acquired, Ask, DecidedBy, RateLimiter, ServiceError};
@@ -60,10 +61,11 @@ impl RateLimiter {
             policy,
             etag,
             shadow,
+            counters,
             ..
         } = resolved;
         let degraded = decided_by.is_degraded();
-        let counters = self.counters(&policy);
+        let counters = counters.of(policy.name.as_str());
         if decided_by == DecidedBy::LocalCache {
             counters.cache_hits.increment(1);
         }
@@ -153,11 +155,15 @@ impl RateLimiter {
     /// the fail mode (`local` also clears this instance's own state, so that the reset holds for
     /// what it decides meanwhile).
     pub async fn reset(&self, name: &str, key: &LimitKey) -> Result<(), ServiceError> {
-        let (policy, _) = self.policy(name).await?;
+        let Found {
+            policy, counters, ..
+        } = self.policy(name).await?;
+        // Counted once done: a policy's counters are registered by its first counted call.
+        let resets = || counters.of(policy.name.as_str()).resets.increment(1);
         match policy.kind {
             Kind::Concurrency(_) => {
                 self.reset_leases(&policy, key).await?;
-                self.counters(&policy).resets.increment(1);
+                resets();
                 return Ok(());
             }
             Kind::Rate(_) => {}
@@ -167,7 +173,7 @@ impl RateLimiter {
         }
         self.store.reset(&policy, key).await?;
         self.invalidate_denials(&policy, key).await;
-        self.counters(&policy).resets.increment(1);
+        resets();
         Ok(())
     }
 

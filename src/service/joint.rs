@@ -17,19 +17,19 @@
 //! is decided after the others, on its own (it answers allowed whatever it decides), taking only
 //! when they allowed; a cost above a limit's quota denies without asking the store.
 
-use std::sync::Arc;
+use super::cache::Found;
 use std::time::Instant;
 
 use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
 use crate::limiter::{Decision, Op, Verdict};
-use crate::policy::{LimitKey, Mode, Policy};
-use crate::store::{joint_limits, Ask, Etag, Plan, Store, MAX_JOINT_LIMITS};
+use crate::policy::{LimitKey, Mode};
+use crate::store::{joint_limits, Ask, Plan, Store, MAX_JOINT_LIMITS};
 
 /// One descriptor's subject, as matched to its policy, and the units it asks for.
 #[derive(Debug, Clone)]
 pub struct Hit {
-    pub policy: Arc<Policy>,
-    pub etag: Etag,
+    /// The policy that serves the descriptor, as the cache has it.
+    pub found: Found,
     pub key: LimitKey,
     /// Units to take; 0 takes nothing (a peek of 1 unit).
     pub cost: u64,
@@ -37,8 +37,7 @@ pub struct Hit {
 
 /// One subject of the request: the asks that name it, and their summed cost.
 struct Subject {
-    policy: Arc<Policy>,
-    etag: Etag,
+    found: Found,
     key: LimitKey,
     cost: u64,
 }
@@ -65,7 +64,7 @@ impl RateLimiter {
         for ask in hits {
             let same = subjects
                 .iter()
-                .position(|s| s.policy.name == ask.policy.name && s.key == ask.key);
+                .position(|s| s.found.policy.name == ask.found.policy.name && s.key == ask.key);
             match same {
                 Some(i) => {
                     subjects[i].cost = subjects[i].cost.saturating_add(ask.cost);
@@ -74,8 +73,7 @@ impl RateLimiter {
                 None => {
                     of_ask.push(subjects.len());
                     subjects.push(Subject {
-                        policy: ask.policy.clone(),
-                        etag: ask.etag.clone(),
+                        found: ask.found.clone(),
                         key: ask.key.clone(),
                         cost: ask.cost,
                     });
@@ -85,10 +83,14 @@ impl RateLimiter {
         let kinds: Vec<Kind> = subjects
             .iter()
             .map(|s| {
-                let quota = s.policy.rate().map_or(0, |r| r.tightest().params.quota());
+                let quota = s
+                    .found
+                    .policy
+                    .rate()
+                    .map_or(0, |r| r.tightest().params.quota());
                 if s.cost == 0 {
                     Kind::Peek
-                } else if self.shadow || s.policy.mode() == Mode::Shadow {
+                } else if self.shadow || s.found.policy.mode() == Mode::Shadow {
                     Kind::Shadow
                 } else if s.cost > quota {
                     Kind::AboveQuota
@@ -120,7 +122,7 @@ impl RateLimiter {
                     let mut a = self.look(s).await?;
                     // Nothing can admit this cost: the limits it exceeds deny.
                     let mut verdict = Verdict::at(a.verdict.at_us);
-                    let limits = s.policy.rate().map_or(&[][..], |r| r.limits());
+                    let limits = s.found.policy.rate().map_or(&[][..], |r| r.limits());
                     for (l, d) in limits.iter().zip(a.verdict.limits()) {
                         let exceeds = s.cost > l.params.quota();
                         verdict.push(Decision {
@@ -140,9 +142,12 @@ impl RateLimiter {
                 }
                 Kind::Shadow => {
                     let op = if allowed { Op::Acquire } else { Op::Peek };
-                    let cost = s
-                        .cost
-                        .min(s.policy.rate().map_or(1, |r| r.tightest().params.quota()));
+                    let cost = s.cost.min(
+                        s.found
+                            .policy
+                            .rate()
+                            .map_or(1, |r| r.tightest().params.quota()),
+                    );
                     let cost = cost.max(1);
                     let ask = match op {
                         Op::Acquire => Ask::Acquire { cost },
@@ -170,9 +175,7 @@ impl RateLimiter {
     /// Decides `ask` for the subject alone, with the policy its descriptor matched.
     async fn decide_subject(&self, s: &Subject, ask: Ask<&str>) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let resolved = self
-            .resolve_with(s.policy.clone(), s.etag.clone(), &s.key, ask)
-            .await?;
+        let resolved = self.resolve_with(s.found.clone(), &s.key, ask).await?;
         self.decide_resolved(resolved, &s.key, started).await
     }
 
@@ -200,9 +203,7 @@ impl RateLimiter {
         for &i in which {
             let s = &subjects[i];
             let ask = Ask::Acquire { cost: s.cost };
-            let r = self
-                .resolve_with(s.policy.clone(), s.etag.clone(), &s.key, ask)
-                .await?;
+            let r = self.resolve_with(s.found.clone(), &s.key, ask).await?;
             resolved.push(r);
         }
         let at_us = self.clock.at_us();
@@ -224,7 +225,7 @@ impl RateLimiter {
         let allowed = decided.iter().all(|(v, _)| v.allowed);
         for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
             let s = &subjects[i];
-            let counters = self.counters(&s.policy);
+            let counters = s.found.counters.of(s.found.policy.name.as_str());
             match (decided_by.is_degraded(), verdict.allowed) {
                 (true, _) => counters.degraded.increment(1),
                 (false, true) => counters.allowed.increment(1),
@@ -232,8 +233,8 @@ impl RateLimiter {
             }
             answers[i] = Some(Acquired {
                 op: Op::Acquire,
-                policy: s.policy.clone(),
-                etag: s.etag.clone(),
+                policy: s.found.policy.clone(),
+                etag: s.found.etag.clone(),
                 verdict,
                 degraded: decided_by.is_degraded(),
                 decided_by,
@@ -303,7 +304,7 @@ impl RateLimiter {
             match self.decide_subject(s, ask).await {
                 Ok(refunded) => answers[i] = Some(refunded),
                 Err(e) => {
-                    tracing::warn!(policy = %s.policy.name, error = %e, "could not give back what a descriptor took when another denied; its units return when their window passes");
+                    tracing::warn!(policy = %s.found.policy.name, error = %e, "could not give back what a descriptor took when another denied; its units return when their window passes");
                 }
             }
         }

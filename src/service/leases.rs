@@ -350,7 +350,7 @@ impl RateLimiter {
             let policy = self
                 .cache
                 .get(&entry.policy)
-                .map(|(p, _)| p)
+                .map(|f| f.policy)
                 .filter(|p| p.incarnation() == entry.incarnation && p.concurrency().is_some());
             let Some(policy) = policy else {
                 // Deleted, created again or of another kind: its leases are unknown. (A policy
@@ -379,7 +379,7 @@ impl RateLimiter {
         self.leases.retain(|name| {
             self.cache
                 .get(name)
-                .is_some_and(|(p, _)| p.concurrency().is_some())
+                .is_some_and(|f| f.policy.concurrency().is_some())
         });
         swept
     }

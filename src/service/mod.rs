@@ -35,9 +35,8 @@ pub mod ticket;
 pub mod undo;
 mod upkeep;
 
-use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use metrics::Histogram;
@@ -49,9 +48,8 @@ use crate::store::{AnyStore, MemoryStore, StoreError};
 
 pub use crate::store::Ask;
 pub use answer::{Acquired, DecidedBy};
-pub use cache::PolicyCache;
+pub use cache::{Found, PolicyCache};
 pub use clock::Clock;
-use counters::DecisionCounters;
 pub use error::ServiceError;
 pub use joint::Hit;
 pub use lease_id::LeaseId;
@@ -68,7 +66,6 @@ pub struct RateLimiter {
     fail_modes: fail_mode::FailModes,
     /// The time decisions are made at: the store's, or one set by hand in tests.
     clock: Clock,
-    counters: RwLock<HashMap<Arc<str>, Arc<DecisionCounters>>>,
     leases: leases::LeaseMetrics,
     /// Lease calls to undo on the shared store once it answers (see [`undo`]).
     undos: Arc<undo::UndoQueue>,
@@ -137,7 +134,6 @@ impl RateLimiter {
             sync: PolicySync::new(configured, limits.max_policies, stale_after),
             fail_modes: fail_mode::FailModes::new(local),
             clock: Clock::store(),
-            counters: RwLock::default(),
             leases: leases::LeaseMetrics::default(),
             undos: Arc::new(undo::UndoQueue::new(limits.lease_undo_queue)),
             sweep_budget: limits.lease_sweep_budget,
@@ -211,24 +207,6 @@ impl RateLimiter {
     /// The service's clock: tests that drive time set it.
     pub fn clock(&self) -> &Clock {
         &self.clock
-    }
-
-    fn counters(&self, policy: &Policy) -> Arc<DecisionCounters> {
-        let name = policy.name.as_str();
-        if let Some(c) = self
-            .counters
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-        {
-            return c.clone();
-        }
-        self.counters
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(Arc::from(name))
-            .or_insert_with(|| Arc::new(DecisionCounters::new(name)))
-            .clone()
     }
 
     /// Who decides when the store answers.

@@ -21,6 +21,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::cache::Found;
 use super::{RateLimiter, ServiceError};
 use crate::metrics as m;
 use crate::policy::{Policy, PolicyName};
@@ -124,7 +125,7 @@ pub fn etag_header(etag: &Etag) -> String {
 impl RateLimiter {
     /// The policy from the cache. On a miss, waits for a refresh (shared, and at most one per
     /// [`MISS_RECHECK`]) in case it was just created through another instance.
-    pub(super) async fn policy(&self, name: &str) -> Result<(Arc<Policy>, Etag), ServiceError> {
+    pub(super) async fn policy(&self, name: &str) -> Result<Found, ServiceError> {
         if let Some(hit) = self.cache.get(name) {
             return Ok(hit);
         }
@@ -360,7 +361,7 @@ impl RateLimiter {
                 tracing::warn!(error = %e, "store unreachable; reading the cached policy");
                 self.cache
                     .get(name.as_str())
-                    .map(|(p, etag)| ((*p).clone(), etag))
+                    .map(|f| ((*f.policy).clone(), f.etag))
             }
             Err(e) => return Err(e.into()),
         };
@@ -391,12 +392,12 @@ impl RateLimiter {
             let keeps = self
                 .cache
                 .get(name.as_str())
-                .is_some_and(|(own, _)| own.shape() == p.shape());
+                .is_some_and(|own| own.policy.shape() == p.shape());
             if let Some(other) = self.cache.shape_claimed_by(p).filter(|_| !keeps) {
                 return Err(claimed(other));
             }
         }
-        let seen = self.cache.get(name.as_str()).map(|(p, _)| p);
+        let seen = self.cache.get(name.as_str()).map(|f| f.policy);
         let written = self
             .write(
                 kind,

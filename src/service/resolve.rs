@@ -9,6 +9,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::cache::Found;
+use super::counters::Counted;
 use super::{RateLimiter, ServiceError, Ticket};
 use crate::limiter::concurrency::Params as LeaseParams;
 use crate::limiter::{Op, MAX_LIMITS};
@@ -22,6 +24,8 @@ pub struct Resolved {
     pub policy: Arc<Policy>,
     /// The version of the policy this instance decides with.
     pub etag: Etag,
+    /// The policy's decision counters, from its cache entry.
+    pub(super) counters: Counted,
     /// The operation, its ticket (if a refund has one) in `ticket`.
     pub ask: Ask<()>,
     /// A refund's ticket, verified for this subject.
@@ -63,18 +67,22 @@ impl RateLimiter {
         key: &LimitKey,
         ask: Ask<&str>,
     ) -> Result<Resolved, ServiceError> {
-        let (policy, etag) = self.policy(name).await?;
-        self.resolve_with(policy, etag, key, ask).await
+        let found = self.policy(name).await?;
+        self.resolve_with(found, key, ask).await
     }
 
     /// [`RateLimiter::resolve`], for a policy already looked up (an Envoy descriptor's).
     pub(super) async fn resolve_with(
         &self,
-        policy: Arc<Policy>,
-        etag: Etag,
+        found: Found,
         key: &LimitKey,
         ask: Ask<&str>,
     ) -> Result<Resolved, ServiceError> {
+        let Found {
+            policy,
+            etag,
+            counters,
+        } = found;
         let rate = match &policy.kind {
             Kind::Rate(rate) => rate,
             Kind::Concurrency(_) => {
@@ -115,6 +123,7 @@ impl RateLimiter {
             ask: ask.with_ticket(None).with_cost(cost),
             policy,
             etag,
+            counters,
             ticket,
             marks,
             shadow,
@@ -128,7 +137,7 @@ impl RateLimiter {
         name: &str,
         rate: impl FnOnce() -> ServiceError,
     ) -> Result<(Arc<Policy>, Etag, LeaseParams), ServiceError> {
-        let (policy, etag) = self.policy(name).await?;
+        let Found { policy, etag, .. } = self.policy(name).await?;
         let params = policy.concurrency().ok_or_else(rate)?;
         Ok((policy, etag, params))
     }

@@ -104,7 +104,7 @@ async fn the_cache_holds_the_incarnation_this_instance_just_wrote_as_the_store_d
     assert_eq!(replaced.status, WriteStatus::Replaced);
     assert!(created.incarnation > 0);
     assert_eq!(replaced.incarnation, created.incarnation);
-    let (cached, _) = s.policy("p").await.expect("cached");
+    let cached = s.policy("p").await.expect("cached").policy;
     let (stored, _) = s.get_policy(&name).await.expect("stored");
     assert_eq!(cached.incarnation(), replaced.incarnation);
     assert_eq!(stored.incarnation(), replaced.incarnation);
