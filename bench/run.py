@@ -4,6 +4,7 @@
     python3 bench/run.py              # the default run (about 10 minutes, after the build)
     python3 bench/run.py --smoke      # about 80 seconds: checks that the tables come out (CI)
     python3 bench/run.py --grpc-only  # the gRPC section alone (about 2 minutes)
+    python3 bench/run.py --against OLD/target/release/ratelimiter   # A/B: that build beside this one
 
 It builds the service in release mode, starts its own redis-server on a free loopback port, a
 service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
@@ -29,6 +30,15 @@ embedded store and on that Redis, with bench/grpc_load.rs: calls of one descript
 --grpc-channels HTTP/2 connections), the three in turn in each of --grpc-rounds rounds, with each
 process's CPU time per call; it checks each p99 against Envoy's default timeout of 20 ms.
 
+With --against, it measures instead a baseline release binary (A, an older build) beside this
+build (B), for a change that must not cost speed: on the embedded store and on one Redis, at each
+of --connections (default 50), for each of --algorithms (default token_bucket) on 100,000 keys,
+--rounds rounds (default 3) of A then B, B then A and so on, each run a fresh service with a
+policy of its own and wrk for --duration seconds after a warm-up. It reports each side's median
+and per-round acquires/s, B/A, p99, CPU per acquire of the service and of Redis, and on Redis the
+script calls per decision (INFO commandstats), as ab-<time>.json. The spread of the rounds' B/A
+is the noise to judge a difference by; A/B of a build against itself measures it.
+
 It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
 127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
 machine's cores: compare ratios from one run, and medians of several runs.
@@ -36,6 +46,7 @@ machine's cores: compare ratios from one run, and medians of several runs.
 
 import argparse
 import datetime
+import hashlib
 import json
 import math
 import os
@@ -394,12 +405,13 @@ def redis_cpu_s(port):
 
 
 def script_calls(port):
-    """Script calls (EVAL, EVALSHA and their _RO forms) this Redis has run since its stats were
-    reset."""
+    """Script calls (EVAL, EVALSHA, FCALL and their _RO forms) this Redis has run since its stats
+    were reset."""
     calls = 0
     for line in redis_cli(port, "INFO", "commandstats").splitlines():
         name, _, stats = line.partition(":")
-        if name in ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro"):
+        if name in ("cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall",
+                    "cmdstat_fcall_ro"):
             calls += int(stats.split("calls=")[1].split(",")[0])
     return calls
 
@@ -656,12 +668,157 @@ def http_section(procs, opts, binary, bare_binary, redis_port, redis_base, embed
                                        2_000 if opts.smoke else 30_000)
 
 
+def decisions(base, policy):
+    """The decisions the service at `base` has answered for `policy` (ratelimiter_decisions_total,
+    summed over its outcomes)."""
+    _, body = http("GET", base + "/metrics")
+    total = 0.0
+    for line in body.decode().splitlines():
+        if line.startswith("ratelimiter_decisions_total{") and f'policy="{policy}"' in line:
+            total += float(line.split()[-1])
+    return total
+
+
+def binary_id(path):
+    """The first 12 hex digits of the file's SHA-256, so a report says which build it measured."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
+def ab_run(procs, opts, binary, redis_port, algorithm, connections, run):
+    """One A/B measurement: a fresh service of `binary` (on the Redis at `redis_port`, or the
+    embedded store when None), a policy of its own (so no run finds another's state, and nothing
+    needs flushing), a warm-up, then wrk on SPREAD keys, with CPU times per acquire and, on Redis,
+    the script calls Redis ran per decision the service answered. The service is stopped after."""
+    base, child = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
+    policy = f"bench-ab-{run}"
+    status, body = http("PUT", f"{base}/v1/policies/{policy}", policy_doc(algorithm))
+    if status not in (200, 201):
+        fail(f"creating {policy} on {binary}: {status} {body!r}")
+    script = os.path.join(BENCH, "wrk.lua")
+    url = base + "/v1/acquire"
+    if opts.ab_warmup:
+        wrk(url, connections, opts.ab_warmup, script, [policy, SPREAD])
+    answered, calls = decisions(base, policy), script_calls(redis_port) if redis_port else 0
+    r = with_cpu(lambda: wrk(url, connections, opts.duration, script, [policy, SPREAD]), child.pid, redis_port)
+    # Read after wrk has gone: what was in flight at its end is counted on both sides.
+    answered = decisions(base, policy) - answered
+    r["decisions"] = int(answered)
+    if redis_port:
+        r["script_calls"] = script_calls(redis_port) - calls
+        r["script_calls_per_decision"] = r["script_calls"] / answered if answered else None
+    child.send_signal(signal.SIGTERM)
+    try:
+        child.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    return r
+
+
+def ab_section(procs, opts, binaries, connections, algorithms):
+    """A/B rounds: for each store, connection count and policy, the baseline (A) and this build
+    (B) in turn, `opts.rounds` times, the order A,B then B,A and so on, so that a drifting machine
+    favours neither. Redis is one private redis-server for all runs."""
+    redis_port = start_redis(procs)
+    cells, run = [], 0
+    for store, port in (("embedded", None), ("redis", redis_port)):
+        for c in connections:
+            for algorithm in algorithms:
+                rounds = []
+                for i in range(opts.rounds):
+                    order = ["A", "B"] if i % 2 == 0 else ["B", "A"]
+                    measured = {"round": i, "order": order}
+                    for side in order:
+                        run += 1
+                        measured[side] = ab_run(procs, opts, binaries[side], port, algorithm, c, run)
+                    rounds.append(measured)
+                cells.append(ab_cell(store, c, algorithm, rounds))
+    return cells
+
+
+def ab_cell(store, connections, algorithm, rounds):
+    """One cell over its rounds: each side's medians and every round's value, and B/A of the
+    medians beside each round's B/A (its two runs measured seconds apart)."""
+    cell = {"store": store, "connections": connections, "algorithm": algorithm, "keys": SPREAD, "rounds": rounds}
+    fields = ("rps", "p50_ms", "p99_ms", "p999_ms", "service_cpu_us", "client_cpu_us", "redis_cpu_us",
+              "script_calls_per_decision")
+    for side in ("A", "B"):
+        cell[side] = {f: statistics.median(r[side][f] for r in rounds) for f in fields
+                      if all(r[side].get(f) is not None for r in rounds)}
+        cell[side]["rps_rounds"] = [r[side]["rps"] for r in rounds]
+        cell[side]["errors"] = sum(r[side]["errors"] for r in rounds)
+    cell["b_vs_a"] = cell["B"]["rps"] / cell["A"]["rps"] if cell["A"]["rps"] else None
+    cell["b_vs_a_rounds"] = [r["B"]["rps"] / r["A"]["rps"] if r["A"]["rps"] else None for r in rounds]
+    return cell
+
+
+def ab_main(opts, binary, connections, algorithms):
+    binaries = {"A": os.path.abspath(opts.against), "B": binary}
+    began = time.monotonic()
+    results = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "machine": {"cores": os.cpu_count(), "redis": redis_cli_version()},
+               "settings": {"duration_s": opts.duration, "warmup_s": opts.ab_warmup, "rounds": opts.rounds,
+                            "connections": connections, "algorithms": algorithms, "keys": SPREAD,
+                            "pool_size": opts.pool_size, "connection_mode": opts.connection_mode,
+                            "workers": opts.workers, "sections": ["ab"],
+                            "binaries": {side: {"path": path, "sha256": binary_id(path)}
+                                         for side, path in binaries.items()}}}
+    procs = Processes()
+    try:
+        results["cells"] = ab_section(procs, opts, binaries, connections, algorithms)
+    finally:
+        procs.stop_all()
+    results["seconds"] = round(time.monotonic() - began, 1)
+    report_ab(results)
+    os.makedirs(opts.out, exist_ok=True)
+    stamp = results["started"].replace(":", "").replace("+0000", "Z")
+    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}ab-{stamp}.json")
+    with open(path, "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"\nwritten to {os.path.relpath(path, ROOT)} in {results['seconds']} s")
+
+
+def report_ab(results):
+    s = results["settings"]
+    for side, b in s["binaries"].items():
+        print(f"{side}: {b['path']} (sha256 {b['sha256']})")
+    orders = " / ".join(",".join(["A", "B"] if i % 2 == 0 else ["B", "A"]) for i in range(s["rounds"]))
+    print(f"POST /v1/acquire, {s['keys'] // 1000}k keys, {s['rounds']} round(s) of {s['duration_s']} s "
+          f"(orders {orders}), a fresh service per run; medians (latencies in ms):")
+    widths = [8, 4, 14, 8, 8, 5, 17, 11, 11, 11, 13]
+    print(fmt_row(["store", "conn", "policy", "A acq/s", "B acq/s", "B/A", "B/A rounds", "p99 A/B", "svc us A/B",
+                   "redis us A/B", "calls/dec A/B"], widths))
+    pair = lambda cell, f, spec: ("-" if f not in cell["A"] else
+                                  f"{format(cell['A'][f], spec)}/{format(cell['B'][f], spec)}")
+    for cell in results["cells"]:
+        print(fmt_row([
+            cell["store"], cell["connections"], cell["algorithm"], f"{cell['A']['rps']:.0f}",
+            f"{cell['B']['rps']:.0f}", f"{cell['b_vs_a']:.2f}",
+            " ".join(f"{r:.2f}" for r in cell["b_vs_a_rounds"]), pair(cell, "p99_ms", ".2f"),
+            pair(cell, "service_cpu_us", ".1f"), pair(cell, "redis_cpu_us", ".1f"),
+            pair(cell, "script_calls_per_decision", ".3f"),
+        ], widths))
+    for cell in results["cells"]:
+        print(f"  {cell['store']} {cell['connections']} {cell['algorithm']}: acquires/s by round, "
+              f"A {' '.join(f'{v:.0f}' for v in cell['A']['rps_rounds'])}, "
+              f"B {' '.join(f'{v:.0f}' for v in cell['B']['rps_rounds'])}")
+    ratios = [r for cell in results["cells"] for r in cell["b_vs_a_rounds"] if r is not None]
+    errors = sum(cell[side]["errors"] for cell in results["cells"] for side in ("A", "B"))
+    print(f"(B/A = B's median / A's; B/A rounds = each round's; svc us and redis us = CPU time per acquire of the "
+          f"service and of Redis; calls/dec = Redis script calls per decision answered (INFO commandstats, policy "
+          f"refreshes included); rounds' B/A from {min(ratios):.2f} to {max(ratios):.2f}; errors or non-2xx "
+          f"answers: {errors})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=int, default=2, help="seconds per measurement (default 2)")
-    ap.add_argument("--connections", default="1,50,256", help="connection counts (default 1,50,256)")
-    ap.add_argument("--algorithms", default=",".join(MEASURED),
-                    help=f"policies to measure: algorithms, and {TWO} for the policy of two limits")
+    ap.add_argument("--connections", help="connection counts (default 1,50,256; with --against 50)")
+    ap.add_argument("--algorithms", help=f"policies to measure: algorithms, and {TWO} for the policy of two "
+                    f"limits (default all; with --against token_bucket)")
     ap.add_argument("--pool-size", type=int, default=16, help="redis.pool_size, for --connection-mode pool (default 16)")
     ap.add_argument("--connection-mode", default="multiplexed", choices=["multiplexed", "pool"],
                     help="redis.connection_mode of the service (default multiplexed)")
@@ -674,13 +831,33 @@ def main():
                          "one per Envoy worker on 2 cores)")
     ap.add_argument("--grpc-only", action="store_true",
                     help="only the gRPC section (with its HTTP acquires beside it); results as grpc-<time>.json")
-    ap.add_argument("--smoke", action="store_true", help="a few seconds, to check the table comes out")
+    ap.add_argument("--against", metavar="PATH",
+                    help="A/B mode instead of the table: this baseline release binary (A) and this build (B) in "
+                         "turn on the embedded store and on one Redis, a fresh service per run; results as "
+                         "ab-<time>.json")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="A/B rounds of each cell, in the orders A,B then B,A and so on (default 3)")
+    ap.add_argument("--ab-warmup", type=int, default=1,
+                    help="seconds of load before each A/B run's measurement, not counted (default 1)")
+    ap.add_argument("--smoke", action="store_true", help="a few seconds, to check the table comes out (with "
+                    "--against: one round of 1 s, no warm-up)")
     ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     opts = ap.parse_args()
-    if opts.smoke:
+    if opts.against:
+        opts.connections = opts.connections or "50"
+        opts.algorithms = opts.algorithms or "token_bucket"
+        if opts.smoke:
+            opts.duration, opts.rounds, opts.ab_warmup = 1, 1, 0
+        if opts.rounds < 1:
+            fail("--rounds must be at least 1")
+        if not os.access(opts.against, os.X_OK):
+            fail(f"--against {opts.against}: no such executable")
+    elif opts.smoke:
         opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", f"token_bucket,{TWO}", 2000
         opts.grpc_rounds = min(opts.grpc_rounds, 1)
+    opts.connections = opts.connections or "1,50,256"
+    opts.algorithms = opts.algorithms or ",".join(MEASURED)
     if opts.grpc_only and not opts.grpc_rounds:
         fail("--grpc-only with --grpc-rounds 0 measures nothing")
 
@@ -694,16 +871,20 @@ def main():
         need(tool, package)
     if not opts.no_build:
         subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=ROOT)
+    if not opts.no_build and not opts.against:
         subprocess.check_call(["cargo", "build", "--release", "--quiet", "--example", "bare_http", "--example",
                                "grpc_load"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "ratelimiter")
     bare_binary = os.path.join(ROOT, "target", "release", "examples", "bare_http")
     grpc_binary = os.path.join(ROOT, "target", "release", "examples", "grpc_load")
     needed = [binary] + ([] if opts.grpc_only else [bare_binary]) + ([grpc_binary] if opts.grpc_rounds else [])
-    for path in needed:
+    for path in [binary] if opts.against else needed:
         if not os.path.exists(path):
             fail(f"{path} is missing: run `cargo build --release && cargo build --release --example bare_http "
                  f"--example grpc_load`")
+    if opts.against:
+        ab_main(opts, binary, connections, algorithms)
+        return
 
     began = time.monotonic()
     procs = Processes()
