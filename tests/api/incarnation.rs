@@ -28,7 +28,7 @@ impl Lab {
         let timeout = Duration::from_secs(5);
         match backend {
             Backend::Embedded => Self {
-                store: AnyStore::Memory(MemoryStore::new(PREFIX, 100)),
+                store: MemoryStore::new(PREFIX, 100).into(),
                 redis: None,
                 cluster: None,
             },
@@ -43,7 +43,7 @@ impl Lab {
                 )
                 .expect("store");
                 Self {
-                    store: AnyStore::Redis(store),
+                    store: store.into(),
                     redis: Some(redis),
                     cluster: None,
                 }
@@ -59,7 +59,7 @@ impl Lab {
                     .await
                     .expect("cluster store");
                 Self {
-                    store: AnyStore::Redis(store),
+                    store: store.into(),
                     redis: None,
                     cluster: Some(cluster),
                 }
