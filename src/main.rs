@@ -12,6 +12,9 @@ use ratelimiter::telemetry;
 
 // mimalloc: per-thread free lists make the many small allocations of a request (headers, JSON,
 // spans) cheaper than glibc's malloc, which the profile of an acquire put at 12 % of its time.
+// The `system-allocator` feature leaves the system's, whose calls valgrind can count
+// (`bench/allocs.py`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
