@@ -1,7 +1,7 @@
 -- batch.lua: several one-limit decisions in one script call, each as atomic and as exact as
--- its own script call, in order, the batch itself atomic. src/store/batch.rs sends it for the
+-- its own script call, in order, the batch itself atomic. src/store/redis/batch.rs sends it for the
 -- decisions that were waiting while an earlier call of the same thread was at Redis;
--- src/store/scripts.rs puts it together: this file, with the helpers (lua/muldiv.lua) where
+-- src/store/redis/scripts.rs puts it together: this file, with the helpers (lua/muldiv.lua) where
 -- `--- helpers` stands, and, where `--- functions` stands, one branch per operation (acquire,
 -- report, refund) and algorithm that defines the decision's function: the one-limit script of
 -- that operation and algorithm (lua/common.lua and the algorithm's part) as a function of its
@@ -22,7 +22,7 @@
 --              keys come in ARGV, the call is sent to the master of the first key's slot, and
 --              the script is flagged `#!lua flags=allow-cross-slot-keys`. A key the node does
 --              not serve (a slot that just moved) fails its decision alone, with Redis's "non
---              local key" error, and src/store/batch.rs sends that decision again by itself.
+--              local key" error, and src/store/redis/batch.rs sends that decision again by itself.
 --
 -- Every decision given no time of its own (an empty ARGV[2]) takes one reading of Redis's
 -- clock, the batch's: they run one after the other inside one script, where no other client

@@ -1,4 +1,4 @@
--- common.lua: the head of every decision script, which src/store/scripts.rs puts together from
+-- common.lua: the head of every decision script, which src/store/redis/scripts.rs puts together from
 -- this file, the helpers some algorithms need (lua/muldiv.lua), and one part per limit of the
 -- policy, in policy order, each part being lua/<algorithm>.lua. There is one script per
 -- operation (acquire, peek, report, refund) and combination of algorithms.
@@ -17,7 +17,7 @@
 --              with it, on the subject's hash tag; then ARGV[m + n + 1] is the ticket's units
 --              and ARGV[m + n + 2] the end of its life (µs). The refund gives back at most the
 --              units the record does not hold yet, and adds what it gave (the composition in
---              src/store/scripts.rs, around the parts: they only see a lower `cost`)
+--              src/store/redis/scripts.rs, around the parts: they only see a lower `cost`)
 -- Joint        a joint acquire (the Envoy descriptors of one request: src/service/joint.rs)
 --              decides the limits of several subjects at once, each with its own cost: ARGV[1]
 --              is 0, and each limit's cost comes just before its parameters (the part reads it
@@ -47,7 +47,7 @@
 --   KEEPTTL); sets `out_units` (units given back), and `out_remaining`, `out_reset` and
 --   `out_retry` as report does.
 -- A part that reads its state, one string, into `raw` with a plain GET of `key` (the exact line
--- is GET_STATE in src/store/scripts.rs) has that line replaced, in a script of several such
+-- is GET_STATE in src/store/redis/scripts.rs) has that line replaced, in a script of several such
 -- parts, by `local raw = raws[n]`, all of them read by one MGET before the first part: one call
 -- to Redis instead of one per limit. MGET answers nil for a key of another type, where GET fails
 -- with WRONGTYPE: a state the MGET found missing is read again with GET, so that every script

@@ -1,6 +1,6 @@
 -- concurrency.lua: one call on one subject's leases under a concurrency policy, keeping the
 -- policy's ledger of every lease in step. Mirrors src/limiter/concurrency.rs (`decide`), whose
--- module doc states the rules. src/store/scripts.rs makes two scripts of this file, split at the
+-- module doc states the rules. src/store/redis/scripts.rs makes two scripts of this file, split at the
 -- line `--- look`/`--- change`: the head and the look section, flagged `no-writes` and called
 -- with EVALSHA_RO (look), and the head and the change section (take, renew, release, sweep).
 --

@@ -576,24 +576,31 @@ async fn negative_hits_need_a_settle_token_when_settle_tokens_are_set() {
     );
 }
 
-/// With Redis stopped: `closed` is `UNAVAILABLE`, `open` is `OK` marked `fail_open`, `local`
-/// decides in this instance, marked `fail_local`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fail_modes_answer_when_redis_is_stopped() {
+/// An app on a private Redis whose calls time out after 200 ms, with a policy of 2 a minute for
+/// each fail mode of `modes`, named `<prefix><mode>` and serving descriptors `edge` / `<mode>`.
+async fn app_with_fail_modes(prefix: &str, modes: &[&str]) -> (Arc<TestRedis>, TestApp) {
     let redis = Arc::new(TestRedis::start());
     let app = spawn_app_with(
         Some(redis.clone()),
         &[GRPC, ("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
     )
     .await;
-    for mode in ["open", "closed", "local"] {
+    for mode in modes {
         app.create_policy(json!({
-            "name": mode, "algorithm": "fixed_window", "limit": 2, "window_ms": 60_000,
-            "fail_mode": mode,
+            "name": format!("{prefix}{mode}"), "algorithm": "fixed_window", "limit": 2,
+            "window_ms": 60_000, "fail_mode": mode,
             "descriptor": {"domain": "edge", "entries": [{"key": mode}]}
         }))
         .await;
     }
+    (redis, app)
+}
+
+/// With Redis stopped: `closed` is `UNAVAILABLE`, `open` is `OK` marked `fail_open`, `local`
+/// decides in this instance, marked `fail_local`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_modes_answer_when_redis_is_stopped() {
+    let (redis, app) = app_with_fail_modes("", &["open", "closed", "local"]).await;
     let mut client = client(&app).await;
     let one = |mode: &str| request("edge", vec![descriptor(&[(mode, "k")])]);
     assert_eq!(
@@ -647,21 +654,8 @@ async fn fail_modes_answer_when_redis_is_stopped() {
 /// request, all or nothing, is denied with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_limit_holds_beside_an_open_one_when_redis_is_stopped() {
-    let redis = Arc::new(TestRedis::start());
-    let app = spawn_app_with(
-        Some(redis.clone()),
-        &[GRPC, ("RATELIMITER__REDIS__TIMEOUT_MS", "200")],
-    )
-    .await;
     // Names of their own: the metrics registry is the test process's.
-    for mode in ["open", "local"] {
-        app.create_policy(json!({
-            "name": format!("beside-{mode}"), "algorithm": "fixed_window", "limit": 2,
-            "window_ms": 60_000, "fail_mode": mode,
-            "descriptor": {"domain": "edge", "entries": [{"key": mode}]}
-        }))
-        .await;
-    }
+    let (redis, app) = app_with_fail_modes("beside-", &["open", "local"]).await;
     let mut client = client(&app).await;
     let both = || {
         request(
