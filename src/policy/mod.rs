@@ -13,6 +13,7 @@ pub mod concurrency;
 pub mod descriptor;
 pub mod input;
 mod name;
+pub mod overrides;
 pub mod stored;
 
 use serde::ser::SerializeMap;
