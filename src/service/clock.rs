@@ -22,13 +22,6 @@ impl Clock {
         Self::default()
     }
 
-    /// A clock set by hand to `at_us` (at least 1), for tests.
-    pub fn manual(at_us: u64) -> Self {
-        let clock = Self::default();
-        clock.set(at_us);
-        clock
-    }
-
     /// Sets the time by hand to `at_us` (µs, at least 1) from now on.
     pub fn set(&self, at_us: u64) {
         self.manual_us.store(at_us.max(1), Ordering::Relaxed);
@@ -60,10 +53,7 @@ mod tests {
         assert!(clock.now_us() > 1_600_000_000_000_000, "the system clock");
         clock.set(7);
         assert_eq!((clock.at_us(), clock.now_us()), (Some(7), 7));
-        assert_eq!(
-            Clock::manual(0).at_us(),
-            Some(1),
-            "0 is not the store's clock"
-        );
+        clock.set(0);
+        assert_eq!(clock.at_us(), Some(1), "0 is not the store's clock");
     }
 }
