@@ -9,7 +9,7 @@ use serde_json::{Map, Number, Value};
 
 use super::{
     concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+    Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
 
@@ -94,7 +94,14 @@ impl ValidationError {
 }
 
 /// Fields of a policy besides its limit's (flat form) or its `limits`.
-const POLICY_FIELDS: [&str; 5] = ["name", "description", "fail_mode", "mode", "descriptor"];
+const POLICY_FIELDS: [&str; 6] = [
+    "name",
+    "description",
+    "fail_mode",
+    "mode",
+    "descriptor",
+    "tiers",
+];
 
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
 /// or the `limits` form (`{"name", "limits": [{"name", "algorithm", <fields>…}…]}`). `path_name`,
@@ -173,11 +180,19 @@ pub fn parse_policy(
         Some(d) => Some(Descriptor::parse(d)?),
     };
 
+    let tiers = doc.get("tiers").filter(|t| !t.is_null());
     match limits {
         Limits::Rate(limits) => {
             let rate = Rate::new(limits)?
                 .with_mode(mode)
                 .with_descriptor(descriptor);
+            let rate = match tiers {
+                Some(t) => {
+                    let tiers = Tiers::parse(t, rate.limits())?;
+                    rate.with_tiers(tiers)
+                }
+                None => rate,
+            };
             Ok(Policy::of_kind(
                 name,
                 Kind::Rate(rate),
@@ -186,7 +201,7 @@ pub fn parse_policy(
             ))
         }
         Limits::Concurrency(params) => {
-            only_rate_fields(mode, descriptor.as_ref())?;
+            only_rate_fields(mode, descriptor.as_ref(), tiers.is_some())?;
             Ok(Policy::concurrent(name, params, description, fail_mode))
         }
     }
@@ -207,7 +222,15 @@ pub(super) fn description(text: &str) -> Result<&str, ValidationError> {
 pub(super) fn only_rate_fields(
     mode: Mode,
     descriptor: Option<&Descriptor>,
+    tiers: bool,
 ) -> Result<(), ValidationError> {
+    // A concurrency limit's subjects are not given other limits (no tiers, no overrides) yet.
+    if tiers {
+        return Err(ValidationError::invalid(
+            "tiers",
+            "is for rate policies: a concurrency policy has no tiers",
+        ));
+    }
     // Envoy's rate-limit service decides requests, not units of work held for a while.
     if descriptor.is_some() {
         return Err(ValidationError::invalid(

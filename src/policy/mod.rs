@@ -15,6 +15,7 @@ pub mod input;
 mod name;
 pub mod overrides;
 pub mod stored;
+pub mod tiers;
 
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
@@ -26,6 +27,7 @@ pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS
 pub use descriptor::Descriptor;
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName, MAX_KEY_BYTES, NAME_PATTERN};
+pub use tiers::{Changes, Limits, Tiers};
 
 /// Longest `description`, in bytes.
 pub const MAX_DESCRIPTION_BYTES: usize = 1_024;
@@ -151,23 +153,24 @@ pub enum Kind {
     Concurrency(concurrency::Params),
 }
 
-/// A rate policy's limits, with what only rate policies have: a [`Mode`] and an Envoy
-/// [`Descriptor`] (a concurrency policy is always enforced, and is not decided over gRPC).
+/// A rate policy's limits, with what only rate policies have: a [`Mode`], an Envoy
+/// [`Descriptor`] (a concurrency policy is always enforced, and is not decided over gRPC) and
+/// [`Tiers`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rate {
     /// 1 to [`MAX_LIMITS`], of unique names ([`Rate::new`]).
-    limits: Vec<Limit>,
+    limits: Limits,
     mode: Mode,
     /// The Envoy rate-limit descriptors the policy serves over gRPC.
     descriptor: Option<Descriptor>,
-    /// Each limit's parameters, in order, as the stores take them: derived once.
-    params: Box<[Params]>,
+    /// Other limits, by name, that an override may give a subject.
+    tiers: Tiers,
 }
 
 impl Rate {
-    /// Rate limits, enforced and serving no descriptor: 1 to [`MAX_LIMITS`] of them, of unique
-    /// names (the messages are those of [`parse_policy`], which checks the same with the place
-    /// in the document).
+    /// Rate limits, enforced, serving no descriptor and naming no tiers: 1 to [`MAX_LIMITS`] of
+    /// them, of unique names (the messages are those of [`parse_policy`], which checks the same
+    /// with the place in the document).
     pub fn new(limits: Vec<Limit>) -> Result<Self, ValidationError> {
         if limits.is_empty() || limits.len() > MAX_LIMITS {
             return Err(ValidationError::invalid(
@@ -189,10 +192,10 @@ impl Rate {
     /// Limits known to hold the invariants of [`Rate::new`].
     fn checked(limits: Vec<Limit>) -> Self {
         Self {
-            params: limits.iter().map(|l| l.params).collect(),
-            limits,
+            limits: Limits::new(limits),
             mode: Mode::Enforce,
             descriptor: None,
+            tiers: Tiers::default(),
         }
     }
 
@@ -208,14 +211,25 @@ impl Rate {
         self
     }
 
+    /// The same limits naming `tiers` (read for these limits: [`Tiers::parse`]).
+    pub fn with_tiers(mut self, tiers: Tiers) -> Self {
+        self.tiers = tiers;
+        self
+    }
+
     /// The limits, in policy order: never empty.
     pub fn limits(&self) -> &[Limit] {
+        self.limits.limits()
+    }
+
+    /// The limits with their parameters, as a subject without an override is decided with them.
+    pub fn own(&self) -> &Limits {
         &self.limits
     }
 
     /// Each limit's parameters, in policy order.
     pub fn params(&self) -> &[Params] {
-        &self.params
+        self.limits.params()
     }
 
     pub fn mode(&self) -> Mode {
@@ -226,20 +240,18 @@ impl Rate {
         self.descriptor.as_ref()
     }
 
+    pub fn tiers(&self) -> &Tiers {
+        &self.tiers
+    }
+
     /// Whether there are several limits (and so the policy reads back in the `limits` form).
     pub fn is_composite(&self) -> bool {
-        self.limits.len() > 1
+        self.limits().len() > 1
     }
 
     /// The limit whose quota is smallest (the first such): a cost above it can never be granted.
     pub fn tightest(&self) -> &Limit {
-        let mut tightest = &self.limits[0];
-        for l in &self.limits[1..] {
-            if l.params.quota() < tightest.params.quota() {
-                tightest = l;
-            }
-        }
-        tightest
+        self.limits.tightest()
     }
 }
 
@@ -393,7 +405,7 @@ impl Policy {
     /// one limit of a flat policy, whose state keys predate several limits), else its name.
     pub fn state_name(&self, i: usize) -> Option<&str> {
         self.rate()?
-            .limits
+            .limits()
             .get(i)
             .map(|l| l.name.as_str())
             .filter(|n| *n != self.name.as_str())
@@ -456,6 +468,9 @@ impl Serialize for PolicyDoc {
         map.serialize_entry("mode", &p.mode())?;
         if let Some(d) = p.descriptor() {
             map.serialize_entry("descriptor", d)?;
+        }
+        if let Some(tiers) = p.rate().map(Rate::tiers).filter(|t| !t.is_empty()) {
+            map.serialize_entry("tiers", tiers)?;
         }
         map.end()
     }

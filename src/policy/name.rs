@@ -50,6 +50,14 @@ impl PolicyName {
     }
 }
 
+// Names compare as their text (the derived `Eq`, `Ord` and `Hash` are the `str`'s), so maps keyed
+// by name can be searched with a `&str`.
+impl std::borrow::Borrow<str> for PolicyName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for PolicyName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)

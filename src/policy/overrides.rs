@@ -52,6 +52,13 @@ use ipnet::IpNet;
 use serde::ser::SerializeMap;
 use serde_json::{Map, Value};
 
+mod entry;
+
+pub use entry::{
+    parse_override, rfc3339, Override, OverrideDoc, OverrideId, Sets, Written, MAX_EXPIRY_US,
+    MAX_REASON_BYTES,
+};
+
 use super::input::ValidationError;
 use super::name::{LimitKey, MAX_KEY_BYTES};
 
@@ -276,8 +283,11 @@ impl Counts {
 /// precedence of the module documentation. Holds no two conflicting matches.
 #[derive(Debug, Clone)]
 pub struct OverrideIndex<T> {
-    /// In the order they were added; everything below refers to them by position.
-    entries: Vec<(Match, T)>,
+    /// By position, which everything below refers to them by; a removed override leaves its
+    /// position empty until an insertion takes it again ([`OverrideIndex::free`]).
+    entries: Vec<Option<(Match, T)>>,
+    /// Empty positions.
+    free: Vec<usize>,
     exact: HashMap<Box<str>, usize>,
     prefixes: Trie,
     v4: Ranges<u32>,
@@ -289,6 +299,7 @@ impl<T> Default for OverrideIndex<T> {
     fn default() -> Self {
         Self {
             entries: Vec::new(),
+            free: Vec::new(),
             exact: HashMap::new(),
             prefixes: Trie::default(),
             v4: Ranges::default(),
@@ -314,7 +325,7 @@ impl<T> OverrideIndex<T> {
         if let Some(with) = self.position(&m) {
             return Err(Conflict { with });
         }
-        let at = self.entries.len();
+        let at = self.free.pop().unwrap_or(self.entries.len());
         match &m {
             Match::Key(k) => {
                 self.exact.insert(k.as_str().into(), at);
@@ -335,8 +346,38 @@ impl<T> OverrideIndex<T> {
                 self.counts.cidr += 1;
             }
         }
-        self.entries.push((m, value));
+        if at == self.entries.len() {
+            self.entries.push(Some((m, value)));
+        } else {
+            self.entries[at] = Some((m, value));
+        }
         Ok(())
+    }
+
+    /// Takes out the override whose match is `m`, if there is one.
+    pub fn remove(&mut self, m: &Match) -> Option<T> {
+        let at = self.position(m)?;
+        match m {
+            Match::Key(k) => {
+                self.exact.remove(k.as_str());
+                self.counts.exact -= 1;
+            }
+            Match::Prefix(p) => {
+                self.prefixes.remove(p.as_bytes());
+                self.counts.prefix -= 1;
+            }
+            Match::Cidr(IpNet::V4(net)) => {
+                self.v4.remove(net.prefix_len(), u32::from(net.network()));
+                self.counts.cidr -= 1;
+            }
+            Match::Cidr(IpNet::V6(net)) => {
+                self.v6.remove(net.prefix_len(), u128::from(net.network()));
+                self.counts.cidr -= 1;
+            }
+        }
+        let (_, value) = self.entries[at].take()?;
+        self.free.push(at);
+        Some(value)
     }
 
     /// The position of the override whose match conflicts with `m` (is `m`), if there is one.
@@ -351,29 +392,44 @@ impl<T> OverrideIndex<T> {
 
     /// The override whose match is `m` (the one a write of `m` would conflict with).
     pub fn get(&self, m: &Match) -> Option<&T> {
-        self.position(m).map(|i| &self.entries[i].1)
+        self.position(m).and_then(|i| self.at(i)).map(|(_, v)| v)
+    }
+
+    fn at(&self, i: usize) -> Option<(&Match, &T)> {
+        self.entries
+            .get(i)
+            .and_then(Option::as_ref)
+            .map(|(m, v)| (m, v))
     }
 
     /// The override that applies to `key`, by precedence, with its match.
     pub fn find(&self, key: &str) -> Option<(&Match, &T)> {
+        self.find_where(key, |_| true)
+    }
+
+    /// The override that applies to `key` among those that `keep` keeps (the live ones: one
+    /// that has expired gives way to the next by precedence), with its match.
+    pub fn find_where(&self, key: &str, keep: impl Fn(&T) -> bool) -> Option<(&Match, &T)> {
+        let kept = |i: &usize| self.at(*i).is_some_and(|(_, v)| keep(v));
         let at = self
             .exact
             .get(key)
             .copied()
-            .or_else(|| self.range(key))
-            .or_else(|| self.prefixes.longest(key.as_bytes()))?;
-        let (m, value) = &self.entries[at];
-        Some((m, value))
+            .filter(kept)
+            .or_else(|| self.range(key, &kept))
+            .or_else(|| self.prefixes.longest(key.as_bytes(), &kept))?;
+        self.at(at)
     }
 
-    /// The narrowest range containing `key`, when there are ranges and it is an address.
-    fn range(&self, key: &str) -> Option<usize> {
+    /// The narrowest range containing `key` that `kept` keeps, when there are ranges and it is
+    /// an address.
+    fn range(&self, key: &str, kept: &impl Fn(&usize) -> bool) -> Option<usize> {
         if self.v4.is_empty() && self.v6.is_empty() {
             return None;
         }
         match address(key)? {
-            IpAddr::V4(a) => self.v4.narrowest(u32::from(a)),
-            IpAddr::V6(a) => self.v6.narrowest(u128::from(a)),
+            IpAddr::V4(a) => self.v4.all(u32::from(a)).find(kept),
+            IpAddr::V6(a) => self.v6.all(u128::from(a)).find(kept),
         }
     }
 
@@ -388,22 +444,20 @@ impl<T> OverrideIndex<T> {
             None => {}
         }
         at.extend(self.prefixes.all(key.as_bytes()));
-        at.into_iter()
-            .map(|i| (&self.entries[i].0, &self.entries[i].1))
-            .collect()
+        at.into_iter().filter_map(|i| self.at(i)).collect()
     }
 
-    /// The overrides, in the order they were added.
+    /// The overrides, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (&Match, &T)> {
-        self.entries.iter().map(|(m, v)| (m, v))
+        self.entries.iter().flatten().map(|(m, v)| (m, v))
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.entries.len() - self.free.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
     /// How many overrides of each kind there are.
@@ -479,9 +533,22 @@ impl Trie {
         self.nodes[node].value
     }
 
-    fn longest(&self, key: &[u8]) -> Option<usize> {
+    /// The longest prefix of `key` that `kept` keeps.
+    fn longest(&self, key: &[u8], kept: &impl Fn(&usize) -> bool) -> Option<usize> {
         // The root has no children when there are no prefixes: the walk stops at once.
-        self.path(key).filter_map(|n| n.value).last()
+        self.path(key).filter_map(|n| n.value).filter(kept).last()
+    }
+
+    /// Forgets the prefix (its nodes stay, for a prefix written again or a longer one).
+    fn remove(&mut self, prefix: &[u8]) {
+        let mut node = 0;
+        for &b in prefix {
+            match self.child(node, b) {
+                Some(next) => node = next,
+                None => return,
+            }
+        }
+        self.nodes[node].value = None;
     }
 
     /// Every prefix of `key`, longest first.
@@ -550,10 +617,13 @@ impl<B: Bits> Ranges<B> {
         self.by_len[i].1.get(&network.network(len)).copied()
     }
 
-    fn narrowest(&self, address: B) -> Option<usize> {
-        self.by_len
-            .iter()
-            .find_map(|(len, nets)| nets.get(&address.network(*len)).copied())
+    fn remove(&mut self, len: u8, network: B) {
+        if let Ok(i) = self.by_len.binary_search_by(|(l, _)| len.cmp(l)) {
+            self.by_len[i].1.remove(&network.network(len));
+            if self.by_len[i].1.is_empty() {
+                self.by_len.remove(i);
+            }
+        }
     }
 
     fn all(&self, address: B) -> impl Iterator<Item = usize> + '_ {

@@ -16,7 +16,7 @@ use serde_json::{Map, Number, Value};
 use super::input::{bounded, description, is_any_field, missing, only_rate_fields, rate_algorithm};
 use super::{
     concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    ValidationError,
+    Tiers, ValidationError,
 };
 use crate::limiter::Field;
 
@@ -39,6 +39,8 @@ pub struct StoredDoc {
     /// Kept as JSON: [`Descriptor::parse`] is its one reader.
     #[serde(default)]
     descriptor: Option<Value>,
+    #[serde(default)]
+    tiers: Option<BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>>,
     /// The flat form's algorithm's fields (every other key of the document).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
@@ -73,6 +75,7 @@ impl TryFrom<StoredDoc> for Policy {
             fail_mode,
             mode,
             descriptor,
+            tiers,
             fields,
         } = doc;
         let name = PolicyName::parse(&name).map_err(|r| ValidationError::invalid("name", r))?;
@@ -94,10 +97,10 @@ impl TryFrom<StoredDoc> for Policy {
                 if let Some(key) = fields.keys().next() {
                     return Err(beside_limits(key));
                 }
-                Kind::Rate(rate(&name, entries, mode, descriptor)?)
+                Kind::Rate(with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?)
             }
             (None, Some(algorithm)) if algorithm == concurrency::NAME => {
-                only_rate_fields(mode, descriptor.as_ref())?;
+                only_rate_fields(mode, descriptor.as_ref(), tiers.is_some())?;
                 Kind::Concurrency(concurrency_params(&fields)?)
             }
             (None, Some(algorithm)) => {
@@ -105,7 +108,7 @@ impl TryFrom<StoredDoc> for Policy {
                 let rate = Rate::new(vec![limit])?
                     .with_mode(mode)
                     .with_descriptor(descriptor);
-                Kind::Rate(rate)
+                Kind::Rate(with_tiers(rate, tiers)?)
             }
             (None, None) => {
                 return Err(ValidationError::Missing {
@@ -153,6 +156,20 @@ pub enum LegacyError {
     Shape(serde_json::Error),
     #[error("{0}")]
     Invalid(ValidationError),
+}
+
+/// The rate limits with their stored tiers, checked as input is.
+fn with_tiers(
+    rate: Rate,
+    tiers: Option<BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>>,
+) -> Result<Rate, ValidationError> {
+    match tiers {
+        None => Ok(rate),
+        Some(t) => {
+            let tiers = Tiers::from_stored(&t, rate.limits())?;
+            Ok(rate.with_tiers(tiers))
+        }
+    }
 }
 
 fn beside_limits(key: &str) -> ValidationError {
@@ -271,6 +288,11 @@ mod tests {
                 {"name": "burst", "algorithm": "token_bucket", "capacity": 20, "refill_tokens": 10, "refill_period_ms": 1000},
                 {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
             ], "fail_mode": "local", "mode": "enforce"}),
+            json!({"name": "t", "limits": [
+                {"name": "minute", "algorithm": "gcra", "rate": 100, "period_ms": 60000, "burst": 20},
+                {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
+            ], "tiers": {"pro": {"minute": {"rate": 1000, "burst": 200}}, "free": {}}}),
+            json!({"name": "f", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "tiers": {"pro": {"f": {"limit": 50}}}}),
             json!({"name": "d", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "max_lease_ms": 60000}),
             json!({"name": "e", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000}),
         ] {
@@ -311,6 +333,9 @@ mod tests {
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "mode": "shadow"}),
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "max_lease_ms": 999}),
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "window_ms": 1}),
+            json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "tiers": {}}),
+            json!({"name": "f", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "tiers": {"pro": {"f": {"limit": 0}}}}),
+            json!({"name": "f", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "tiers": {"pro": {"g": {"limit": 5}}}}),
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "descriptor": {"domain": "d", "entries": [{"key": "k"}]}}),
             json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1}),
             json!({"name": "a"}),

@@ -372,6 +372,41 @@ proptest! {
     }
 
     #[test]
+    fn removals_and_expired_overrides_give_way_to_the_next_by_precedence(
+        drawn in prop::collection::vec(a_match(), 0..40),
+        removed in prop::collection::vec(any::<bool>(), 40),
+        dead in prop::collection::vec(any::<bool>(), 40),
+        extra in prop::collection::vec(key_text(), 0..20),
+    ) {
+        let mut seen = HashSet::new();
+        let matches: Vec<Match> = drawn.into_iter().filter(|m| seen.insert(m.clone())).collect();
+        let mut index = OverrideIndex::new(matches.iter().cloned().zip(0..)).expect("no duplicates");
+        for (i, m) in matches.iter().enumerate() {
+            if removed[i] {
+                prop_assert_eq!(index.remove(m), Some(i));
+                prop_assert_eq!(index.remove(m), None);
+            }
+        }
+        prop_assert_eq!(index.len(), removed[..matches.len()].iter().filter(|r| !**r).count());
+        // Removed positions are taken again by later insertions, which find them as any other.
+        let mut reinserted = index.clone();
+        for (i, m) in matches.iter().enumerate().filter(|(i, _)| removed[*i]) {
+            prop_assert!(reinserted.insert(m.clone(), i).is_ok());
+        }
+        let keys: Vec<String> = extra.into_iter().chain(matches.iter().flat_map(keys_of)).collect();
+        for key in &keys {
+            let expected: Vec<usize> = naive(&matches, key)
+                .into_iter()
+                .filter(|i| !removed[*i] && !dead[*i])
+                .collect();
+            let got = index.find_where(key, |v| !dead[*v]).map(|(_, v)| *v);
+            prop_assert_eq!(got, expected.first().copied(), "{:?}", key);
+            let all = naive(&matches, key);
+            prop_assert_eq!(reinserted.find(key).map(|(_, v)| *v), all.first().copied(), "{:?}", key);
+        }
+    }
+
+    #[test]
     fn matches_of_equal_precedence_never_share_a_key_unless_identical(
         a in a_match(),
         b in a_match(),
