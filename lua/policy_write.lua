@@ -21,6 +21,11 @@
 --                                       that gives the store its generation
 -- KEYS[8]  <prefix>:{policies}:shapes   hash: Envoy descriptor shape -> the policy that claims it,
 --                                       so that two writers racing for one shape cannot both win
+-- KEYS[9]  <prefix>:{policies}:overrides:<name>       the policy's overrides, and the ids of
+-- KEYS[10] <prefix>:{policies}:matches:<name>:exact   their matches (see override_write.lua):
+-- KEYS[11] <prefix>:{policies}:matches:<name>:pattern deleted with the policy, or when a write
+--                                       changes its kind; `overrides` in meta counts the live
+--                                       overrides, whose log entries share `names` with policies
 -- ARGV[1]  'create' (only when absent), 'put' (create or replace), 'delete', 'seed' (create
 --          unless present or ever seeded before), or 'probe' (change nothing)
 -- ARGV[2]  the policy's name
@@ -45,6 +50,7 @@
 local MAX_DELETED = 10000
 
 local meta, names, deleted, seeded, hash = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local overrides = KEYS[9]
 local shapes = KEYS[8]
 local mode, name, precondition = ARGV[1], ARGV[2], ARGV[3]
 local shape, kind = ARGV[6], ARGV[7]
@@ -105,11 +111,33 @@ local release = function(keeping)
   end
 end
 
+-- Deletes the policy's overrides, their documents and their entries in the log (no deletion of
+-- their own: an instance drops a policy's overrides when it applies the policy's deletion or
+-- change of kind). At most the caps' worth of them, removed from `names` a thousand at a time.
+local drop_overrides = function()
+  local held = redis.call('HKEYS', overrides)
+  if #held == 0 then
+    return
+  end
+  local batch = {}
+  for i, id in ipairs(held) do
+    batch[#batch + 1] = name .. '/' .. id
+    redis.call('DEL', hash .. '/' .. id)
+    if #batch == 1000 or i == #held then
+      redis.call('ZREM', names, unpack(batch))
+      batch = {}
+    end
+  end
+  redis.call('DEL', overrides, KEYS[10], KEYS[11])
+  redis.call('HINCRBY', meta, 'overrides', -#held)
+end
+
 if mode == 'delete' then
   if not current then
     return refuse('missing')
   end
   release('')
+  drop_overrides()
   redis.call('DEL', hash)
   redis.call('ZREM', names, name)
   local version = redis.call('HINCRBY', meta, 'version', 1)
@@ -127,7 +155,8 @@ if mode == 'seed' and (current or redis.call('SISMEMBER', seeded, name) == 1) th
 elseif mode == 'create' and current then
   return refuse('exists')
 end
-if not current and redis.call('ZCARD', names) >= tonumber(ARGV[4]) then
+local policies = redis.call('ZCARD', names) - tonumber(redis.call('HGET', meta, 'overrides') or '0')
+if not current and policies >= tonumber(ARGV[4]) then
   return refuse('full')
 end
 -- A shape is claimed by the first policy written with it; a claim left by a policy that is gone,
@@ -153,6 +182,9 @@ local flipped = current and old_kind and old_kind ~= '' and old_kind ~= kind
 local born = false
 if current and not flipped then
   born = redis.call('HGET', hash, 'born')
+end
+if flipped then
+  drop_overrides()
 end
 redis.call('DEL', hash)
 redis.call('HSET', hash, 'kind', kind, unpack(ARGV, 10))

@@ -377,6 +377,12 @@ impl TryFrom<String> for ProxyNet {
 pub struct LimitsSettings {
     /// The most policies the store may hold; creating one more is refused.
     pub max_policies: u64,
+    /// The most overrides of exact keys one policy may have; creating one more is refused
+    /// (409).
+    pub max_exact_overrides: u64,
+    /// The most prefix and range overrides, together, one policy may have (what a lookup may
+    /// search); creating one more is refused (409).
+    pub max_pattern_overrides: u64,
     /// The most subjects the embedded store keeps state for (about 216 bytes each): the main one
     /// without Redis, and the one `local` fail mode decides with. At the cap, expired state is
     /// freed first; if none has expired, a subject without state gets none and its acquire is
@@ -490,6 +496,8 @@ impl Settings {
             .set_default("redis.breaker_failures", 5)?
             .set_default("redis.breaker_cooldown_ms", 1_000)?
             .set_default("limits.max_policies", 50_000)?
+            .set_default("limits.max_exact_overrides", 100_000)?
+            .set_default("limits.max_pattern_overrides", 1_000)?
             .set_default("limits.max_embedded_subjects", 1_000_000)?
             .set_default("limits.shadow", false)?
             .set_default("limits.denial_cache", true)?
@@ -550,6 +558,22 @@ impl RawSettings {
         }
         if self.limits.max_policies == 0 {
             return Err(invalid("limits.max_policies", "must be at least 1"));
+        }
+        // Bounded so that a policy's deletion, which deletes its overrides in the same atomic
+        // step, stays a step of a second or less on Redis.
+        for (key, n) in [
+            (
+                "limits.max_exact_overrides",
+                self.limits.max_exact_overrides,
+            ),
+            (
+                "limits.max_pattern_overrides",
+                self.limits.max_pattern_overrides,
+            ),
+        ] {
+            if n > 1_000_000 {
+                return Err(invalid(key, "must be at most 1000000"));
+            }
         }
         if self.limits.max_embedded_subjects == 0 {
             return Err(invalid(

@@ -8,6 +8,7 @@
 //! comma-separated, in the order of the answers and of each policy's limits.
 
 use crate::policy::{Limit, Rate};
+
 use crate::service::{Acquired, DecidedBy};
 
 /// Where field values are written; numbers in decimal, without passing through a `String`.
@@ -75,9 +76,25 @@ fn separate(out: &mut impl Sink, first: &mut bool) {
     }
 }
 
-/// The limits of the answer's policy (a rate policy's: answers are of rate policies).
+/// The limits the answer's subject was decided with (an override's, or its policy's).
 fn limits(a: &Acquired) -> &[Limit] {
-    a.policy.rate().map_or(&[], Rate::limits)
+    a.limits()
+}
+
+/// `id=<override id>;match=<kind>[;tier=<tier>]`, naming the override that applied to the
+/// answer's subject (nothing when none did).
+pub fn override_field(out: &mut impl Sink, a: &Acquired) {
+    let Some(applied) = a.applied.as_deref() else {
+        return;
+    };
+    out.text("id=");
+    out.text(applied.over.id.as_str());
+    out.text(";match=");
+    out.text(applied.over.matches.kind().as_str());
+    if let Some(tier) = a.tier() {
+        out.text(";tier=");
+        out.text(tier);
+    }
 }
 
 fn item(out: &mut impl Sink, a: &Acquired, limit: &str) {
@@ -123,6 +140,7 @@ mod tests {
             decided_by,
             shadow: false,
             ticket: None,
+            applied: None,
         }
     }
 

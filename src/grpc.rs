@@ -372,6 +372,13 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
     if let Some(d) = degraded {
         headers.push(header("Decided-By", d.as_str().to_owned()));
     }
+    // Which override applied, for support staff ("why was this customer limited?"): the first
+    // answer an override applied to, as the HTTP API's `Ratelimit-Override` names it.
+    if let Some(a) = decided.iter().find(|a| a.applied.is_some()) {
+        let mut text = String::new();
+        fields::override_field(&mut text, a);
+        headers.push(header("Ratelimit-Override", text));
+    }
     RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,
         statuses,
@@ -385,7 +392,7 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
 fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
     let binding = a.verdict.binding();
     let d = a.verdict.decision();
-    let limit = a.policy.rate().and_then(|r| r.limits().get(binding));
+    let limit = a.limits().get(binding);
     let current_limit = limit.map(|l| RateLimit {
         name: item_name(&a.policy, binding),
         requests_per_unit: u32::try_from(l.params.quota()).unwrap_or(u32::MAX),

@@ -25,6 +25,10 @@ pub const MASTER_BREAKER_OPEN: &str = "ratelimiter_redis_master_breaker_open";
 /// Acquires answered by the local denial cache, labelled `policy` (also counted as `denied`
 /// decisions).
 pub const DENIAL_CACHE_HITS: &str = "ratelimiter_denial_cache_hits_total";
+/// Decisions (acquires, peeks, reports, refunds) by the override that applied, labelled `policy`,
+/// `source` (the kind of its match: `none`, `exact`, `prefix`, `cidr`) and `effect` (what it set:
+/// `none`, `tier`, `limits`, `unlimited`, `block`): never a key or an override id.
+pub const OVERRIDE_DECISIONS: &str = "ratelimiter_override_decisions_total";
 /// Invalidation messages the denial cache received (refunds, reports and resets on any
 /// instance).
 pub const DENIAL_CACHE_INVALIDATIONS: &str = "ratelimiter_denial_cache_invalidations_total";
@@ -179,6 +183,10 @@ fn describe() {
     describe_counter!(
         DENIAL_CACHE_HITS,
         "Acquires answered by the local denial cache, without asking Redis (also counted as denied)"
+    );
+    describe_counter!(
+        OVERRIDE_DECISIONS,
+        "Decisions by the kind of match of the override that applied (source) and what it set (effect)"
     );
     describe_counter!(
         DENIAL_CACHE_INVALIDATIONS,

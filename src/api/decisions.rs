@@ -11,7 +11,9 @@ use utoipa::ToSchema;
 use super::auth::{Admin, Client, ResetAccess, Settle};
 use super::body::JsonBody;
 use super::errors::{ApiError, Problem};
-use super::reply::{fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_POLICY};
+use super::reply::{
+    fixed_header, Reply, DECIDED_BY, POLICY_ETAG, RATELIMIT, RATELIMIT_OVERRIDE, RATELIMIT_POLICY,
+};
 use super::schema;
 use crate::fields;
 use crate::limiter::{Op, MAX_UNITS};
@@ -182,6 +184,26 @@ pub struct AcquireResponse {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(null))]
     pub would_allow: Option<bool>,
+    /// The override that applied to the subject, if one did (also in `Ratelimit-Override`):
+    /// the answer's limits are those it set. `GET /v1/policies/{name}/resolve?key=` explains it.
+    #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
+    pub applied: Option<AppliedOverride>,
+    /// The tier the subject was decided with, when an override gave it one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub tier: Option<String>,
+}
+
+/// The override that applied to a decision.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(example = json!({"id": "3f9b1e2d4a6870c1", "match": {"key": "acme-corp"}}))]
+pub struct AppliedOverride {
+    /// Its id, under `/v1/policies/{name}/overrides/{id}`.
+    pub id: String,
+    /// What it matches: `{"key"}`, `{"prefix"}` or `{"cidr"}`.
+    #[serde(rename = "match")]
+    #[schema(value_type = Object)]
+    pub matches: serde_json::Value,
 }
 
 /// A ticket as its text, written straight into the body rather than through a `String`.
@@ -534,8 +556,9 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
     let verdict = &a.verdict;
     let d = verdict.decision();
     let binding = verdict.binding();
-    // A decision's policy is a rate policy: `decide` refuses the others.
-    let rate_limits = policy.rate().map_or(&[][..], Rate::limits);
+    // A decision's policy is a rate policy: `decide` refuses the others. The limits are those
+    // the subject was decided with: an override's, or the policy's.
+    let rate_limits = a.limits();
     let limit = rate_limits.get(binding).map_or(0, |l| l.params.quota());
     let name = policy.name.as_str();
     let composite = policy.rate().is_some_and(Rate::is_composite);
@@ -555,7 +578,13 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         reply.header(&mut response, RATELIMIT);
     }
 
-    if !allowed {
+    if a.applied.is_some() {
+        fields::override_field(&mut reply, &a);
+        reply.header(&mut response, RATELIMIT_OVERRIDE);
+    }
+    // A block without an expiry has no time to wait for.
+    let forever = a.decided_by == DecidedBy::Override && d.retry_after_us == 0;
+    if !allowed && !forever {
         fields::retry_after(&mut reply, d.retry_after_us);
         reply.header(&mut response, header::RETRY_AFTER);
     }
@@ -603,6 +632,11 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             refunded: (a.op == Op::Refund).then(|| a.refunded()),
             shadow: a.shadow.then_some(true),
             would_allow: a.shadow.then_some(verdict.allowed),
+            applied: a.applied.as_deref().map(|o| AppliedOverride {
+                id: o.over.id.to_string(),
+                matches: serde_json::to_value(&o.over.matches).unwrap_or_default(),
+            }),
+            tier: a.tier().map(str::to_owned),
         },
     )
 }

@@ -26,6 +26,7 @@ use utoipa::{Modify, OpenApi};
         (name = "decisions", description = "Decisions: acquire units, peek, report and refund them, reset a subject"),
         (name = "leases", description = "Leases of concurrency policies: take, renew, release"),
         (name = "policies", description = "Create, read, replace and delete policies at run time"),
+        (name = "overrides", description = "Per-subject limits: a policy's tiers given to subjects, their own limits, unlimited, blocked; and what applies to a subject, explained"),
         (name = "operations", description = "Health, readiness and metrics"),
     )
 )]

@@ -159,6 +159,32 @@ impl ApiError {
                 Some(header),
             ),
             ApiError::Service(e) => match e {
+                ServiceError::Invalid(e) if e.is_malformed() => malformed_field(e.field()),
+                ServiceError::Invalid(e) => invalid_field(e.field()),
+                ServiceError::UnknownOverride(_) => (
+                    S::NOT_FOUND,
+                    "urn:ratelimiter:problem:unknown-override",
+                    "No such override",
+                    None,
+                ),
+                ServiceError::OverrideConflict { .. } => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:override-conflict",
+                    "Another override of the policy has the same match",
+                    Some("match"),
+                ),
+                ServiceError::TooManyOverrides(_) => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:too-many-overrides",
+                    "The policy has as many overrides of this kind as it may",
+                    Some("match"),
+                ),
+                ServiceError::PolicyChanging(_) => (
+                    S::CONFLICT,
+                    "urn:ratelimiter:problem:policy-changing",
+                    "The policy changed while the override was being written",
+                    None,
+                ),
                 ServiceError::UnknownPolicy(_) => (
                     S::NOT_FOUND,
                     "urn:ratelimiter:problem:unknown-policy",
@@ -206,7 +232,7 @@ impl ApiError {
                 ServiceError::PreconditionFailed { .. } => (
                     S::PRECONDITION_FAILED,
                     "urn:ratelimiter:problem:precondition-failed",
-                    "The policy is not at the version the request names",
+                    "The policy or override is not at the version the request names",
                     None,
                 ),
                 // The HTTP column of `ErrorClass`'s table.

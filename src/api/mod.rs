@@ -13,6 +13,7 @@ pub mod errors;
 pub mod guard;
 pub mod health;
 pub mod leases;
+pub mod overrides;
 pub mod policies;
 pub mod reply;
 pub mod schema;
@@ -69,6 +70,12 @@ where
         .service(policies::read)
         .service(policies::replace)
         .service(policies::remove)
+        .service(overrides::list)
+        .service(overrides::create)
+        .service(overrides::resolve)
+        .service(overrides::read)
+        .service(overrides::replace)
+        .service(overrides::remove)
 }
 
 /// The methods a known path takes, for the `Allow` header of a 405.
@@ -80,8 +87,22 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
         "/healthz" | "/readyz" | "/metrics" | "/openapi.json" => Some("GET"),
         _ => {
             let segment = |rest: &str| !rest.is_empty() && !rest.contains('/');
-            if let Some(name) = path.strip_prefix("/v1/policies/") {
-                return segment(name).then_some("GET, PUT, DELETE");
+            if let Some(rest) = path.strip_prefix("/v1/policies/") {
+                if segment(rest) {
+                    return Some("GET, PUT, DELETE");
+                }
+                let (name, tail) = rest.split_once('/')?;
+                if !segment(name) {
+                    return None;
+                }
+                return match tail {
+                    "overrides" => Some("GET, POST"),
+                    "resolve" => Some("GET"),
+                    _ => tail
+                        .strip_prefix("overrides/")
+                        .filter(|id| segment(id))
+                        .map(|_| "GET, PUT, DELETE"),
+                };
             }
             let id = path.strip_prefix("/v1/leases/")?;
             match id.strip_suffix("/renew") {

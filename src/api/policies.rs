@@ -50,7 +50,7 @@ pub struct PolicyPath {
 }
 
 /// A name from the path; one that is not a valid name names no policy.
-fn path_name(raw: &str) -> Result<PolicyName, ApiError> {
+pub(super) fn path_name(raw: &str) -> Result<PolicyName, ApiError> {
     PolicyName::parse(raw).map_err(|_| ServiceError::UnknownPolicy(raw.to_owned()).into())
 }
 
@@ -65,7 +65,7 @@ fn is_etag_char(b: u8) -> bool {
 }
 
 /// What a write's `If-Match` and `If-None-Match` ask.
-enum Condition {
+pub(super) enum Condition {
     /// One precondition, or none.
     One(Precondition),
     /// `If-Match` and `If-None-Match: *` together: the first needs the policy and the second
@@ -75,7 +75,7 @@ enum Condition {
 }
 
 /// The precondition of a write, from `If-Match` (one ETag, or `*`) and `If-None-Match: *`.
-fn condition(req: &HttpRequest) -> Result<Condition, ApiError> {
+pub(super) fn condition(req: &HttpRequest) -> Result<Condition, ApiError> {
     let one = |name: &'static str| -> Result<Option<&str>, ApiError> {
         let mut values = req.headers().get_all(name);
         let Some(value) = values.next() else {
@@ -143,6 +143,32 @@ async fn never_holds(limiter: &RateLimiter, name: &PolicyName) -> ApiError {
     }
 }
 
+/// The `limit` and `cursor` of a list's query ([`ListQuery`]).
+pub(super) fn list_page(req: &HttpRequest) -> Result<(usize, Option<String>), ApiError> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string()).map_err(|e| {
+        let message = e.to_string();
+        let field = ["limit", "cursor"]
+            .into_iter()
+            .find(|f| message.contains(&format!("`{f}`")))
+            .unwrap_or("query");
+        ValidationError::invalid(field, format!("is not understood: {message}"))
+    })?;
+    let limit = match query.limit.as_deref() {
+        None => DEFAULT_PAGE,
+        Some(raw) => raw
+            .parse::<usize>()
+            .ok()
+            .filter(|n| (1..=MAX_PAGE).contains(n))
+            .ok_or_else(|| {
+                ValidationError::invalid(
+                    "limit",
+                    format!("must be a whole number from 1 to {MAX_PAGE}"),
+                )
+            })?,
+    };
+    Ok((limit, query.into_inner().cursor))
+}
+
 /// List policies.
 ///
 /// Policies sorted by name, a page at a time: follow `next_cursor` until it is absent. The list
@@ -165,30 +191,8 @@ pub async fn list(
     limiter: web::Data<RateLimiter>,
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
-    let query = web::Query::<ListQuery>::from_query(req.query_string()).map_err(|e| {
-        let message = e.to_string();
-        let field = ["limit", "cursor"]
-            .into_iter()
-            .find(|f| message.contains(&format!("`{f}`")))
-            .unwrap_or("query");
-        ValidationError::invalid(field, format!("is not understood: {message}"))
-    })?;
-    let limit = match query.limit.as_deref() {
-        None => DEFAULT_PAGE,
-        Some(raw) => raw
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=MAX_PAGE).contains(n))
-            .ok_or_else(|| {
-                ValidationError::invalid(
-                    "limit",
-                    format!("must be a whole number from 1 to {MAX_PAGE}"),
-                )
-            })?,
-    };
-    let (page, next_cursor) = limiter
-        .list_policies(query.cursor.as_deref(), limit)
-        .await?;
+    let (limit, cursor) = list_page(&req)?;
+    let (page, next_cursor) = limiter.list_policies(cursor.as_deref(), limit).await?;
     Ok(HttpResponse::Ok().json(PolicyList {
         policies: page.iter().map(|(p, _)| p.to_doc()).collect(),
         next_cursor,

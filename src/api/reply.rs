@@ -19,6 +19,8 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 pub const POLICY_ETAG: HeaderName = HeaderName::from_static("policy-etag");
 pub const DECIDED_BY: HeaderName = HeaderName::from_static("decided-by");
+/// The override that applied: `id=<id>;match=<exact|prefix|cidr>[;tier=<tier>]`.
+pub const RATELIMIT_OVERRIDE: HeaderName = HeaderName::from_static("ratelimit-override");
 
 /// A response's values being written; see the module documentation.
 pub struct Reply {

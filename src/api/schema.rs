@@ -30,6 +30,7 @@ use super::policies::PolicyPath;
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
 use crate::limiter::Field;
 use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
+use crate::policy::tiers::MAX_TIERS;
 use crate::policy::{
     concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_KEY_BYTES,
     MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
@@ -191,7 +192,41 @@ fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
 
 /// [`policy_object`] of a rate policy, which may serve Envoy descriptors.
 fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
-    policy_object(title, name_is).property("descriptor", descriptor())
+    policy_object(title, name_is)
+        .property("descriptor", descriptor())
+        .property("tiers", tiers())
+}
+
+/// `tiers`: named changes of a rate policy's limits, which overrides give subjects.
+fn tiers() -> ObjectBuilder {
+    let fields = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
+        .description(Some(
+            "The fields of one limit to change, each within the field's own bounds and of the              limit's algorithm (`algorithm` itself cannot change)",
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::Integer))
+                .minimum(Some(1))
+                .build(),
+        )))));
+    let tier = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
+        .description(Some(
+            "Per limit of the policy, by its name (a policy of one limit: the policy's name),              the fields whose values replace the limit's own",
+        ))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            fields.build(),
+        )))));
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .description(Some(format!(
+            "At most {MAX_TIERS} tiers, by name (`{NAME_PATTERN}`): each replaces some fields of              some limits, for the subjects an override gives it (`POST              /v1/policies/{{name}}/overrides` with `tier`). Replacement, not minimum: a tier may              raise a limit as well as lower it. The subject's counters are kept."
+        )))
+        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
+            tier.build(),
+        )))))
+        .examples([serde_json::json!({"pro": {"api-per-user": {"limit": 1000}}})])
 }
 
 /// `descriptor`: the Envoy rate-limit descriptors a rate policy serves over gRPC.
@@ -537,5 +572,189 @@ impl IntoParams for DeleteHeaders {
              it, or `*` for any version",
             if_match(),
         )]
+    }
+}
+
+/// An override's `match`: exactly one of `key`, `prefix` or `cidr`.
+fn override_match() -> OneOfBuilder {
+    let member = |name: &str, description: &str, example: &str, max: Option<usize>| {
+        let mut text = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .description(Some(description));
+        if let Some(max) = max {
+            text = text.max_length(Some(max));
+        }
+        ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property(name, text.examples([example]))
+            .required(name)
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+    };
+    OneOfBuilder::new()
+        .description(Some(
+            "What the override applies to. Precedence when several match one subject: an exact \
+             `key`, then the narrowest `cidr`, then the longest `prefix`. Two overrides of one \
+             policy never have the same match (409 naming `match`).",
+        ))
+        .item(member(
+            "key",
+            "That subject exactly (at most 256 bytes)",
+            "acme-corp",
+            Some(MAX_KEY_BYTES),
+        ))
+        .item(member(
+            "prefix",
+            "Every subject key starting with these bytes (at most 256)",
+            "acme-",
+            Some(MAX_KEY_BYTES),
+        ))
+        .item(member(
+            "cidr",
+            "Every subject key that is an IPv4 or IPv6 address inside this range, written without \
+             host bits (an IPv4-mapped IPv6 address counts as IPv4)",
+            "203.0.113.0/24",
+            None,
+        ))
+}
+
+/// An override document: what `POST` and `PUT` take (`answer`: false) and every answer holds
+/// (`answer`: true, with `id` and `created_at` required).
+fn override_doc(answer: bool) -> ObjectBuilder {
+    use crate::policy::overrides::MAX_REASON_BYTES;
+    let text = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .description(Some(description))
+    };
+    let flag = |description: &str| {
+        ObjectBuilder::new()
+            .schema_type(Type::Boolean)
+            .enum_values(Some([true]))
+            .description(Some(description))
+    };
+    let mut o = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(
+            "An override of a policy for the subjects its `match` selects. It sets exactly one \
+             of `tier`, `limits`, `unlimited` or `block`.",
+        ))
+        .property(
+            "id",
+            text("Chosen by the service (16 hex digits); a `PUT` body may repeat the path's")
+                .pattern(Some("^[0-9a-f]{16}$")),
+        )
+        .property("match", override_match())
+        .property(
+            "tier",
+            text("One of the policy's `tiers`, by name").pattern(Some(NAME_PATTERN)),
+        )
+        .property(
+            "limits",
+            ObjectBuilder::new()
+                .schema_type(Type::Object)
+                .description(Some(
+                    "Per limit of the policy, by name, the fields whose values replace the \
+                     limit's own (as a tier's)",
+                ))
+                .examples([serde_json::json!({"daily": {"limit": 1000000}})]),
+        )
+        .property(
+            "unlimited",
+            flag("`true`: allowed without consulting the store (`decided_by: override`)"),
+        )
+        .property(
+            "block",
+            flag("`true`: denied without consulting the store (`decided_by: override`)"),
+        )
+        .property(
+            "expires_at",
+            text(
+                "RFC 3339, in the future, at most a year ahead: after it the subject falls back \
+                 to the next override by precedence, or to the policy",
+            )
+            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                utoipa::openapi::KnownFormat::DateTime,
+            )))
+            .examples(["2027-01-31T00:00:00Z"]),
+        )
+        .property(
+            "reason",
+            text(&format!(
+                "Free text for audit, at most {MAX_REASON_BYTES} bytes"
+            ))
+            .max_length(Some(MAX_REASON_BYTES)),
+        )
+        .property(
+            "created_at",
+            text("When it was created (RFC 3339, UTC); ignored in a body").format(Some(
+                utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::DateTime),
+            )),
+        )
+        .required("match")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    if answer {
+        o = o.required("id").required("created_at");
+    }
+    o
+}
+
+/// The body of `POST` and `PUT /v1/policies/{name}/overrides[/{id}]`.
+pub struct OverrideBody;
+
+impl PartialSchema for OverrideBody {
+    fn schema() -> RefOr<Schema> {
+        RefOr::T(Schema::Object(
+            override_doc(false)
+                .examples([serde_json::json!({"match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan"})])
+                .build(),
+        ))
+    }
+}
+
+impl ToSchema for OverrideBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("OverrideBody")
+    }
+}
+
+/// An override as the API answers it.
+pub struct OverrideAnswer;
+
+impl PartialSchema for OverrideAnswer {
+    fn schema() -> RefOr<Schema> {
+        RefOr::T(Schema::Object(
+            override_doc(true)
+                .examples([serde_json::json!({"id": "3f9b1e2d4a6870c1", "match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan", "created_at": "2026-12-01T10:00:00Z"})])
+                .build(),
+        ))
+    }
+}
+
+impl ToSchema for OverrideAnswer {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("Override")
+    }
+}
+
+/// `{name}` and `{id}` of `/v1/policies/{name}/overrides/{id}`.
+impl IntoParams for super::overrides::OverridePath {
+    fn into_params(_: impl Fn() -> Option<ParameterIn>) -> Vec<Parameter> {
+        let mut params = PolicyPath::into_params(|| None);
+        params.push(
+            ParameterBuilder::new()
+                .name("id")
+                .parameter_in(ParameterIn::Path)
+                .required(Required::True)
+                .description(Some("The override's id, as its creation answered it"))
+                .schema(Some(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .pattern(Some("^[0-9a-f]{16}$"))
+                        .examples(["3f9b1e2d4a6870c1"]),
+                ))
+                .build(),
+        );
+        params
     }
 }

@@ -40,11 +40,14 @@ pub struct StoredDoc {
     #[serde(default)]
     descriptor: Option<Value>,
     #[serde(default)]
-    tiers: Option<BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>>,
+    tiers: Option<StoredTiers>,
     /// The flat form's algorithm's fields (every other key of the document).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
 }
+
+/// A stored document's `tiers`: tier → limit → field → value.
+type StoredTiers = BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>;
 
 /// One entry of a stored document's `limits`.
 #[derive(Debug, Clone, Deserialize)]
@@ -159,10 +162,7 @@ pub enum LegacyError {
 }
 
 /// The rate limits with their stored tiers, checked as input is.
-fn with_tiers(
-    rate: Rate,
-    tiers: Option<BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>>,
-) -> Result<Rate, ValidationError> {
+fn with_tiers(rate: Rate, tiers: Option<StoredTiers>) -> Result<Rate, ValidationError> {
     match tiers {
         None => Ok(rate),
         Some(t) => {

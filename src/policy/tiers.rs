@@ -43,17 +43,21 @@ impl Changes {
     /// Reads changes for `limits` from JSON (an object of limit names, each an object of fields),
     /// naming the place of an error below `at` (`tiers.pro`, `limits`).
     pub fn parse(value: &Value, limits: &[Limit], at: &str) -> Result<Self, ValidationError> {
-        let doc = value.as_object().ok_or_else(|| ValidationError::WrongType {
-            field: at.to_owned(),
-            expected: "an object of limit names, each an object of the fields to change",
-        })?;
+        let doc = value
+            .as_object()
+            .ok_or_else(|| ValidationError::WrongType {
+                field: at.to_owned(),
+                expected: "an object of limit names, each an object of the fields to change",
+            })?;
         let mut raw = Raw::new();
         for (limit, fields) in doc {
             let place = format!("{at}.{limit}");
-            let fields = fields.as_object().ok_or_else(|| ValidationError::WrongType {
-                field: place.clone(),
-                expected: "an object of the limit's fields to change",
-            })?;
+            let fields = fields
+                .as_object()
+                .ok_or_else(|| ValidationError::WrongType {
+                    field: place.clone(),
+                    expected: "an object of the limit's fields to change",
+                })?;
             let mut values = BTreeMap::new();
             for (field, v) in fields {
                 let n = match v {
@@ -101,7 +105,10 @@ impl Changes {
                 let names: Vec<&str> = limits.iter().map(|l| l.name.as_str()).collect();
                 return Err(ValidationError::invalid(
                     &place,
-                    format!("is not a limit of the policy (its limits: {})", names.join(", ")),
+                    format!(
+                        "is not a limit of the policy (its limits: {})",
+                        names.join(", ")
+                    ),
                 ));
             };
             let algorithm = limit.algorithm();
@@ -109,14 +116,20 @@ impl Changes {
             for field in algorithm.fields() {
                 if let Some(n) = fields.get(field.name) {
                     let value = if *n == i128::MIN {
-                        Err(ValidationError::invalid(field.name, "must be a whole number"))
+                        Err(ValidationError::invalid(
+                            field.name,
+                            "must be a whole number",
+                        ))
                     } else {
                         bounded(field, *n)
                     };
                     changed.push((field.name.to_owned(), value.map_err(|e| e.within(&place))?));
                 }
             }
-            if let Some(stray) = fields.keys().find(|f| !algorithm.fields().iter().any(|a| a.name == *f)) {
+            if let Some(stray) = fields
+                .keys()
+                .find(|f| !algorithm.fields().iter().any(|a| a.name == *f))
+            {
                 let field = format!("{place}.{stray}");
                 if stray == "algorithm" {
                     return Err(ValidationError::invalid(
@@ -173,7 +186,8 @@ impl Changes {
                 };
                 let fields = l.algorithm().fields();
                 let mut values = [0; 4];
-                for ((slot, (name, value)), field) in values.iter_mut().zip(l.fields()).zip(fields) {
+                for ((slot, (name, value)), field) in values.iter_mut().zip(l.fields()).zip(fields)
+                {
                     *slot = c
                         .fields
                         .iter()
@@ -250,6 +264,11 @@ impl Limits {
         }
     }
 
+    /// No limits: what a concurrency policy has of rate limits.
+    pub fn empty() -> Self {
+        Self::new(Vec::new())
+    }
+
     pub fn limits(&self) -> &[Limit] {
         &self.limits
     }
@@ -259,6 +278,7 @@ impl Limits {
     }
 
     /// The limit whose quota is smallest (the first such): a cost above it can never be granted.
+    /// Only for limits of a rate policy, which are never empty.
     pub fn tightest(&self) -> &Limit {
         let mut tightest = &self.limits[0];
         for l in &self.limits[1..] {
@@ -274,20 +294,23 @@ impl Limits {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tiers(BTreeMap<PolicyName, Tier>);
 
-/// One tier: its changes, and the policy's limits with them.
+/// One tier: its changes, and the policy's limits with them (shared by every subject given the
+/// tier).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tier {
     pub changes: Changes,
-    pub limits: Limits,
+    pub limits: std::sync::Arc<Limits>,
 }
 
 impl Tiers {
     /// Reads `tiers` (an object of tier names) for a policy of `limits`.
     pub fn parse(value: &Value, limits: &[Limit]) -> Result<Self, ValidationError> {
-        let doc = value.as_object().ok_or_else(|| ValidationError::WrongType {
-            field: "tiers".into(),
-            expected: "an object of tier names, each an object of limit names",
-        })?;
+        let doc = value
+            .as_object()
+            .ok_or_else(|| ValidationError::WrongType {
+                field: "tiers".into(),
+                expected: "an object of tier names, each an object of limit names",
+            })?;
         let mut tiers = Vec::with_capacity(doc.len());
         for (name, tier) in doc {
             let at = format!("tiers.{name}");
@@ -319,9 +342,12 @@ impl Tiers {
         let mut out = BTreeMap::new();
         for (name, changes) in tiers {
             let tier = PolicyName::parse(name).map_err(|r| {
-                ValidationError::invalid(&format!("tiers.{name}"), format!("is not a valid tier name: {r}"))
+                ValidationError::invalid(
+                    &format!("tiers.{name}"),
+                    format!("is not a valid tier name: {r}"),
+                )
             })?;
-            let limits = changes.apply(limits);
+            let limits = std::sync::Arc::new(changes.apply(limits));
             out.insert(tier, Tier { changes, limits });
         }
         Ok(Self(out))
@@ -378,17 +404,27 @@ mod tests {
     }
 
     fn limits() -> Vec<Limit> {
-        api().rate().map(|r| r.limits().to_vec()).unwrap_or_default()
+        api()
+            .rate()
+            .map(|r| r.limits().to_vec())
+            .unwrap_or_default()
     }
 
     #[test]
     fn changes_replace_only_the_named_fields_of_the_named_limits() {
         let limits = limits();
-        let c = Changes::parse(&json!({"minute": {"rate": 1000, "burst": 200}}), &limits, "t")
-            .expect("valid");
+        let c = Changes::parse(
+            &json!({"minute": {"rate": 1000, "burst": 200}}),
+            &limits,
+            "t",
+        )
+        .expect("valid");
         let changed = c.apply(&limits);
-        let fields: Vec<Vec<(&str, u64)>> =
-            changed.limits().iter().map(|l| l.fields().collect()).collect();
+        let fields: Vec<Vec<(&str, u64)>> = changed
+            .limits()
+            .iter()
+            .map(|l| l.fields().collect())
+            .collect();
         assert_eq!(
             fields,
             vec![
@@ -409,18 +445,46 @@ mod tests {
     fn errors_name_the_field_below_the_place() {
         let limits = limits();
         for (v, field, malformed) in [
-            (json!({"minute": {"rate": 0}}), "tiers.pro.minute.rate", false),
-            (json!({"minute": {"rate": 1.5}}), "tiers.pro.minute.rate", false),
-            (json!({"minute": {"rate": "9"}}), "tiers.pro.minute.rate", true),
-            (json!({"minute": {"limit": 9}}), "tiers.pro.minute.limit", false),
-            (json!({"minute": {"colour": 9}}), "tiers.pro.minute.colour", false),
-            (json!({"minute": {"algorithm": "token_bucket"}}), "tiers.pro.minute.algorithm", false),
+            (
+                json!({"minute": {"rate": 0}}),
+                "tiers.pro.minute.rate",
+                false,
+            ),
+            (
+                json!({"minute": {"rate": 1.5}}),
+                "tiers.pro.minute.rate",
+                false,
+            ),
+            (
+                json!({"minute": {"rate": "9"}}),
+                "tiers.pro.minute.rate",
+                true,
+            ),
+            (
+                json!({"minute": {"limit": 9}}),
+                "tiers.pro.minute.limit",
+                false,
+            ),
+            (
+                json!({"minute": {"colour": 9}}),
+                "tiers.pro.minute.colour",
+                false,
+            ),
+            (
+                json!({"minute": {"algorithm": "token_bucket"}}),
+                "tiers.pro.minute.algorithm",
+                false,
+            ),
             (json!({"hourly": {"limit": 9}}), "tiers.pro.hourly", false),
             (json!({"minute": 5}), "tiers.pro.minute", true),
             (json!([1]), "tiers.pro", true),
         ] {
             let e = Changes::parse(&v, &limits, "tiers.pro").expect_err("refused");
-            assert_eq!((e.field(), e.is_malformed()), (Some(field), malformed), "{v}: {e}");
+            assert_eq!(
+                (e.field(), e.is_malformed()),
+                (Some(field), malformed),
+                "{v}: {e}"
+            );
         }
     }
 
@@ -432,12 +496,21 @@ mod tests {
                        "free": {}});
         let tiers = Tiers::parse(&v, &limits).expect("valid");
         assert_eq!(serde_json::to_value(&tiers).expect("serializes"), v);
-        assert_eq!(tiers.get("enterprise").map(|t| t.limits.params()[1].quota()), Some(5_000_000));
-        assert_eq!(tiers.get("free").map(|t| &t.limits.limits()[..]), Some(&limits[..]));
+        assert_eq!(
+            tiers
+                .get("enterprise")
+                .map(|t| t.limits.params()[1].quota()),
+            Some(5_000_000)
+        );
+        assert_eq!(
+            tiers.get("free").map(|t| t.limits.limits()),
+            Some(&limits[..])
+        );
         let e = Tiers::parse(&json!({"a:b": {}}), &limits).expect_err("refused");
         assert_eq!(e.field(), Some("tiers.a:b"));
-        let many: serde_json::Map<String, Value> =
-            (0..=MAX_TIERS).map(|i| (format!("t{i}"), json!({}))).collect();
+        let many: serde_json::Map<String, Value> = (0..=MAX_TIERS)
+            .map(|i| (format!("t{i}"), json!({})))
+            .collect();
         let e = Tiers::parse(&Value::Object(many), &limits).expect_err("refused");
         assert_eq!(e.field(), Some("tiers"));
     }
@@ -445,8 +518,12 @@ mod tests {
     #[test]
     fn changes_for_a_policy_changed_since_pass_over_what_it_lost() {
         let limits = limits();
-        let c = Changes::parse(&json!({"minute": {"rate": 1000}, "daily": {"limit": 7}}), &limits, "t")
-            .expect("valid");
+        let c = Changes::parse(
+            &json!({"minute": {"rate": 1000}, "daily": {"limit": 7}}),
+            &limits,
+            "t",
+        )
+        .expect("valid");
         let only_daily: Vec<Limit> = limits[1..].to_vec();
         let applied = c.apply(&only_daily);
         assert_eq!(applied.params()[0].quota(), 7);

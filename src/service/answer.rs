@@ -3,9 +3,10 @@
 
 use std::sync::Arc;
 
+use super::cache::{Applied, Effect};
 use super::Ticket;
 use crate::limiter::{Op, Verdict};
-use crate::policy::Policy;
+use crate::policy::{Limit, Policy, Rate};
 use crate::store::Etag;
 
 /// Who decided an acquire: the answer's `decided_by`. [`DecidedBy::Redis`] and
@@ -28,6 +29,9 @@ pub enum DecidedBy {
     /// This instance answered a denial that Redis decided for the same subject and policy
     /// version, before the retry time Redis gave (the local denial cache): exact, not degraded.
     LocalCache,
+    /// An override of the subject decided without the store: `unlimited` (allowed) or `block`
+    /// (denied).
+    Override,
 }
 
 impl DecidedBy {
@@ -38,6 +42,7 @@ impl DecidedBy {
             DecidedBy::FailOpen => "fail_open",
             DecidedBy::FailLocal => "fail_local",
             DecidedBy::LocalCache => "local_cache",
+            DecidedBy::Override => "override",
         }
     }
 
@@ -65,9 +70,27 @@ pub struct Acquired {
     pub shadow: bool,
     /// What an allowed acquire or a report took, for a refund; `None` when nothing was taken.
     pub ticket: Option<Ticket>,
+    /// The override that applied to the subject, if one did.
+    pub applied: Option<Arc<Applied>>,
 }
 
 impl Acquired {
+    /// The limits the subject was decided with, in policy order: an override's, or the policy's.
+    pub fn limits(&self) -> &[Limit] {
+        match self.applied.as_deref().map(|a| &a.effect) {
+            Some(Effect::Limits { limits, .. }) => limits.limits(),
+            _ => self.policy.rate().map_or(&[], Rate::limits),
+        }
+    }
+
+    /// The tier the subject was decided with, if an override gave it one.
+    pub fn tier(&self) -> Option<&str> {
+        match self.applied.as_deref().map(|a| &a.effect) {
+            Some(Effect::Limits { tier: Some(t), .. }) => Some(t.as_str()),
+            _ => None,
+        }
+    }
+
     /// Whether the answer allows: the verdict, or always in shadow mode.
     pub fn allowed(&self) -> bool {
         self.shadow || self.verdict.allowed

@@ -13,12 +13,17 @@
 //! Reads take a shared lock for one hash lookup and three reference-count increments (the
 //! policy, its generation, and its decision counters, which so need no lock of their own).
 
+mod overrides;
+
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
+pub use self::overrides::{Applied, Effect, PolicyOverrides};
 use super::counters::Counted;
+use crate::policy::overrides::OverrideId;
 use crate::policy::Policy;
-use crate::store::{Change, Etag};
+use crate::store::overrides::parse_member;
+use crate::store::{Change, Entry as Item, Etag};
 
 /// What the cache holds for one name.
 #[derive(Debug, Clone)]
@@ -37,6 +42,9 @@ pub struct Found {
     pub policy: Arc<Policy>,
     pub etag: Etag,
     pub(super) counters: Counted,
+    /// The version of the newest change to the policy's overrides (0: none), which the denial
+    /// cache keys the policy's subjects by beside the policy's own.
+    pub overrides_changed: u64,
 }
 
 #[derive(Debug, Default)]
@@ -57,6 +65,8 @@ struct Inner {
     /// The live policies that serve Envoy descriptors, by `Descriptor::index_key` (domain and
     /// entry keys), in no order.
     descriptors: HashMap<String, Vec<Arc<Policy>>>,
+    /// Each policy's overrides, by policy name; a policy without any has no entry.
+    overrides: HashMap<Arc<str>, PolicyOverrides>,
 }
 
 /// Where the cache stands in the store's change log.
@@ -67,19 +77,60 @@ pub struct Position {
 }
 
 impl Inner {
-    /// Applies one change newer than `applied`, unless the entry is newer still.
+    /// Applies one change of the log (a policy's or an override's) newer than `applied`.
+    fn apply_change(&mut self, name: &str, version: u64, item: Option<Item>) {
+        match (parse_member(name), item) {
+            (Some((policy, id)), Some(Item::Override(o))) => {
+                self.apply_override(policy, id, version, Some(o))
+            }
+            (Some((policy, id)), None) => self.apply_override(policy, id, version, None),
+            (None, Some(Item::Policy(p))) => self.apply(name, version, Some(p)),
+            (None, None) => self.apply(name, version, None),
+            // A name of one kind holding the other: not written by any store.
+            (_, Some(_)) => {}
+        }
+    }
+
+    /// Applies one override change, unless the override's entry is newer still.
+    fn apply_override(
+        &mut self,
+        policy: &str,
+        id: &str,
+        version: u64,
+        over: Option<crate::policy::overrides::Override>,
+    ) {
+        let Some(id) = OverrideId::parse(id) else {
+            return;
+        };
+        let live = self.entries.get(policy).and_then(|e| e.policy.clone());
+        let deleted = over.is_none();
+        let set = self.overrides.entry(Arc::from(policy)).or_default();
+        if set.apply(id.clone(), version, over, live.as_deref()) && deleted {
+            if version > self.applied {
+                let member = crate::store::overrides::member(policy, id.as_str());
+                self.tombstones.insert(Arc::from(member), version);
+            } else {
+                set.forget(&id, version);
+            }
+        }
+        if set.is_empty() {
+            self.overrides.remove(policy);
+        }
+    }
+
+    /// Applies one policy change newer than `applied`, unless the entry is newer still.
     fn apply(&mut self, name: &str, version: u64, policy: Option<Policy>) {
         if let Some(e) = self.entries.get(name) {
             if e.version >= version {
                 return;
             }
         }
-        let name: Arc<str> = Arc::from(name);
-        self.tombstones.remove(&name);
+        let owned: Arc<str> = Arc::from(name);
+        self.tombstones.remove(&owned);
         let policy = policy.map(Arc::new);
         let old = match &policy {
             Some(p) => self.entries.insert(
-                name,
+                owned,
                 Entry {
                     policy: Some(p.clone()),
                     version,
@@ -87,9 +138,9 @@ impl Inner {
                 },
             ),
             None if version > self.applied => {
-                self.tombstones.insert(name.clone(), version);
+                self.tombstones.insert(owned.clone(), version);
                 self.entries.insert(
-                    name,
+                    owned,
                     Entry {
                         policy: None,
                         version,
@@ -99,10 +150,27 @@ impl Inner {
             }
             // Known deleted up to `applied`: nothing older can be applied any more, so no
             // tombstone is needed.
-            None => self.entries.remove(&name),
+            None => self.entries.remove(&owned),
         };
         let old = old.and_then(|e| e.policy);
         self.live = self.live - usize::from(old.is_some()) + usize::from(policy.is_some());
+        // A deleted policy's overrides went with it, and so did those of a policy that came back
+        // as another incarnation (of another kind); a replaced one's are compiled again.
+        match (&old, &policy) {
+            (Some(o), Some(p)) if o.incarnation() == p.incarnation() => {
+                if let Some(set) = self.overrides.get_mut(name) {
+                    set.rebuild(p);
+                }
+            }
+            (None, Some(p)) => {
+                if let Some(set) = self.overrides.get_mut(name) {
+                    set.rebuild(p);
+                }
+            }
+            _ => {
+                self.overrides.remove(name);
+            }
+        }
         if let Some((old, d)) = old.as_ref().and_then(|o| Some((o, o.descriptor()?))) {
             let index = d.index_key();
             if let Some(list) = self.descriptors.get_mut(&index) {
@@ -125,9 +193,19 @@ impl Inner {
         self.applied = self.applied.max(applied);
         let applied = self.applied;
         let entries = &mut self.entries;
+        let overrides = &mut self.overrides;
         self.tombstones.retain(|name, version| {
             if *version > applied {
                 return true;
+            }
+            if let Some((policy, id)) = parse_member(name) {
+                if let (Some(set), Some(id)) = (overrides.get_mut(policy), OverrideId::parse(id)) {
+                    set.forget(&id, *version);
+                    if set.is_empty() {
+                        overrides.remove(policy);
+                    }
+                }
+                return false;
             }
             if entries
                 .get(name)
@@ -154,6 +232,10 @@ impl PolicyCache {
                 version: entry.version,
             },
             counters: entry.counters.clone(),
+            overrides_changed: inner
+                .overrides
+                .get(name)
+                .map_or(0, PolicyOverrides::changed),
         })
     }
 
@@ -184,6 +266,10 @@ impl PolicyCache {
         let policy = best?.clone();
         let entry = inner.entries.get(policy.name.as_str())?;
         let generation = inner.generation.clone()?;
+        let changed = inner
+            .overrides
+            .get(policy.name.as_str())
+            .map_or(0, PolicyOverrides::changed);
         Some(Found {
             policy,
             etag: Etag {
@@ -191,6 +277,7 @@ impl PolicyCache {
                 version: entry.version,
             },
             counters: entry.counters.clone(),
+            overrides_changed: changed,
         })
     }
 
@@ -263,6 +350,67 @@ impl PolicyCache {
         inner.apply(name, etag.version, policy);
     }
 
+    /// Applies an override change this instance made itself, as the store answered it; ignored
+    /// as [`PolicyCache::apply_own`] ignores a policy change.
+    pub fn apply_own_override(
+        &self,
+        etag: &Etag,
+        policy: &str,
+        id: &OverrideId,
+        over: Option<crate::policy::overrides::Override>,
+    ) {
+        let mut inner = self.write();
+        if inner.generation.as_deref() != Some(&*etag.generation) || etag.version <= inner.applied {
+            return;
+        }
+        inner.apply_override(policy, id.as_str(), etag.version, over);
+    }
+
+    /// The policy and the override that applies to its subject `key` at `now_us`, if any: one
+    /// lookup under one lock, as [`PolicyCache::get`].
+    pub fn get_for(
+        &self,
+        name: &str,
+        key: &str,
+        now_us: u64,
+    ) -> Option<(Found, Option<Arc<Applied>>)> {
+        let inner = self.read();
+        let entry = inner.entries.get(name)?;
+        let policy = entry.policy.clone()?;
+        let generation = inner.generation.clone()?;
+        let (applied, changed) = match inner.overrides.get(name) {
+            None => (None, 0),
+            Some(set) => (set.find(key, now_us).cloned(), set.changed()),
+        };
+        Some((
+            Found {
+                policy,
+                etag: Etag {
+                    generation,
+                    version: entry.version,
+                },
+                counters: entry.counters.clone(),
+                overrides_changed: changed,
+            },
+            applied,
+        ))
+    }
+
+    /// The override of the policy named `name` that applies to its subject `key` at `now_us`.
+    pub fn override_for(&self, name: &str, key: &str, now_us: u64) -> Option<Arc<Applied>> {
+        self.read().overrides.get(name)?.find(key, now_us).cloned()
+    }
+
+    /// Runs `f` on the policy's overrides (none: `f(None)`).
+    pub fn with_overrides<T>(
+        &self,
+        policy: &str,
+        f: impl FnOnce(Option<&PolicyOverrides>) -> T,
+    ) -> T {
+        let inner = self.read();
+        f(inner.overrides.get(policy))
+    }
+
     /// Applies one page of the change log, read after `applied`, and moves `applied` to
     /// `upto` (the version of its last change, or the store's version when the page was the
     /// last one). Ignored when the generation is not the cache's.
@@ -273,7 +421,7 @@ impl PolicyCache {
         }
         for c in changes {
             if c.version > inner.applied {
-                inner.apply(&c.name, c.version, c.policy);
+                inner.apply_change(&c.name, c.version, c.entry);
             }
         }
         inner.advance(upto);
@@ -286,12 +434,18 @@ impl PolicyCache {
             applied,
             ..Inner::default()
         };
-        for c in policies.into_iter().filter(|c| c.policy.is_some()) {
-            fresh.apply(&c.name, c.version, c.policy);
+        // Policies first, so that each override is compiled against its policy as it arrives.
+        let (policies, overrides): (Vec<Change>, Vec<Change>) = policies
+            .into_iter()
+            .filter(|c| c.entry.is_some())
+            .partition(|c| !c.is_override());
+        for c in policies.into_iter().chain(overrides) {
+            fresh.apply_change(&c.name, c.version, c.entry);
         }
         let mut inner = self.write();
         // Changes this instance made itself while the pages were being read are newer than
-        // the load: keep them.
+        // the load: keep them. (Its own override writes meanwhile are in the log: the next
+        // refresh applies them.)
         if inner.generation.as_deref() == Some(&*generation) {
             for (name, e) in inner.entries.drain().filter(|(_, e)| e.version > applied) {
                 fresh.apply(&name, e.version, e.policy.map(|p| (*p).clone()));
@@ -330,7 +484,7 @@ mod tests {
         Change {
             name: "p".into(),
             version,
-            policy: limit.map(policy),
+            entry: limit.map(|l| Item::Policy(policy(l))),
         }
     }
 

@@ -5,6 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use metrics::Counter;
 
+use super::cache::{Applied, Effect};
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
 
@@ -22,6 +23,9 @@ pub(super) struct DecisionCounters {
     pub(super) reported_units: Counter,
     pub(super) refunded_units: Counter,
     pub(super) cache_hits: Counter,
+    /// Decisions by the kind of the override's match (`none`, `exact`, `prefix`, `cidr`) and what
+    /// it set (`none`, `tier`, `limits`, `unlimited`, `block`): bounded, never a key or an id.
+    by_override: [[Counter; 5]; 4],
 }
 
 impl DecisionCounters {
@@ -53,6 +57,23 @@ impl DecisionCounters {
         }
     }
 
+    /// Counts one decision by the override that applied to it.
+    pub(super) fn count_override(&self, applied: Option<&Applied>) {
+        let (source, effect) = match applied {
+            None => (0, 0),
+            Some(a) => (
+                1 + a.over.matches.kind() as usize,
+                match &a.effect {
+                    Effect::Limits { tier: Some(_), .. } => 1,
+                    Effect::Limits { tier: None, .. } | Effect::Stale(_) => 2,
+                    Effect::Unlimited => 3,
+                    Effect::Block => 4,
+                },
+            ),
+        };
+        self.by_override[source][effect].increment(1);
+    }
+
     pub(super) fn new(policy: &str) -> Self {
         let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
         let op = |op: &'static str| metrics::counter!(m::OPERATIONS, "policy" => policy.to_owned(), "operation" => op);
@@ -70,6 +91,11 @@ impl DecisionCounters {
             reported_units: units("report"),
             refunded_units: units("refund"),
             cache_hits: metrics::counter!(m::DENIAL_CACHE_HITS, "policy" => policy.to_owned()),
+            by_override: ["none", "exact", "prefix", "cidr"].map(|source| {
+                ["none", "tier", "limits", "unlimited", "block"].map(|effect| {
+                    metrics::counter!(m::OVERRIDE_DECISIONS, "policy" => policy.to_owned(), "source" => source, "effect" => effect)
+                })
+            }),
         }
     }
 }

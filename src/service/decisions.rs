@@ -51,7 +51,11 @@ impl RateLimiter {
         started: Instant,
     ) -> Result<Acquired, ServiceError> {
         let plan = resolved.plan(key, self.clock.at_us());
-        let result = self.ask_store(&plan, &resolved, started).await;
+        // An `unlimited` or `block` override is decided here: the store is never asked.
+        let result = match resolved.without_store(self.clock.now_us()) {
+            Some(verdict) => Ok((verdict, DecidedBy::Override)),
+            None => self.ask_store(&plan, &resolved, started).await,
+        };
         let (op, cost) = (plan.op(), plan.cost());
         if op == Op::Acquire {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
@@ -62,6 +66,7 @@ impl RateLimiter {
             etag,
             shadow,
             counters,
+            applied,
             ..
         } = resolved;
         let degraded = decided_by.is_degraded();
@@ -78,6 +83,7 @@ impl RateLimiter {
             self.invalidate_denials(&policy, key).await;
         }
         counters.count(op, cost, &verdict, degraded, shadow);
+        counters.count_override(applied.as_deref());
         // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.
         // A fail-open answer took nothing.
         let taken = match op {
@@ -85,12 +91,14 @@ impl RateLimiter {
             Op::Report => verdict.units().iter().copied().max().unwrap_or(0),
             _ => 0,
         };
-        let ticket = (taken > 0 && decided_by != DecidedBy::FailOpen)
-            .then(|| {
-                let id = mix(self.ticket_seed ^ self.ticket_count.fetch_add(1, Ordering::Relaxed));
-                self.tickets.issue(&policy, key, taken, &verdict, id)
-            })
-            .flatten();
+        // Nothing an override decided alone was taken from the store, so nothing can be refunded.
+        let ticket = (taken > 0
+            && !matches!(decided_by, DecidedBy::FailOpen | DecidedBy::Override))
+        .then(|| {
+            let id = mix(self.ticket_seed ^ self.ticket_count.fetch_add(1, Ordering::Relaxed));
+            self.tickets.issue(&policy, key, taken, &verdict, id)
+        })
+        .flatten();
         Ok(Acquired {
             op,
             policy,
@@ -100,6 +108,7 @@ impl RateLimiter {
             decided_by,
             shadow,
             ticket,
+            applied,
         })
     }
 
@@ -113,22 +122,20 @@ impl RateLimiter {
     ) -> Result<(Verdict, DecidedBy), ServiceError> {
         // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
         // `denials`: a larger cost's retry time is its own).
-        let denials = match &self.denials {
-            Some(d)
+        let denials = match (&self.denials, resolved.denial_version) {
+            (Some(d), Some(version))
                 if plan.op() == Op::Acquire
                     && plan.cost() == 1
                     && !resolved.shadow
                     && plan.params.len() == 1 =>
             {
-                Some(d)
+                Some((d, version))
             }
             _ => None,
         };
-        let (name, version, key) = (
-            plan.policy.name.as_str(),
-            resolved.etag.version,
-            plan.key.as_str(),
-        );
+        let (name, key) = (plan.policy.name.as_str(), plan.key.as_str());
+        let version = denials.map_or(0, |(_, v)| v);
+        let denials = denials.map(|(d, _)| d);
         let lookup = denials.map(|d| d.check(name, version, key, started));
         if let Some(Lookup::Hit(denied)) = lookup {
             return Ok((

@@ -236,6 +236,19 @@ pub fn message(policy: &str, key: &str) -> String {
     format!("{policy}:{key}")
 }
 
+/// The message that tells every instance that a policy's overrides changed: `<policy>/` (no
+/// subject message ends so without a `:` first, which [`parse_message`] needs).
+pub fn overrides_message(policy: &str) -> String {
+    format!("{policy}/")
+}
+
+/// The policy of an [`overrides_message`].
+pub fn parse_overrides_message(message: &[u8]) -> Option<&str> {
+    let text = std::str::from_utf8(message).ok()?;
+    let policy = text.strip_suffix('/')?;
+    (!policy.contains(':') && !policy.contains('/')).then_some(policy)
+}
+
 /// A message's policy and key.
 pub fn parse_message(message: &[u8]) -> Option<(&str, &str)> {
     std::str::from_utf8(message).ok()?.split_once(':')

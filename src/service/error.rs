@@ -2,7 +2,8 @@
 //! API maps in `api/errors.rs` and the gRPC service in `grpc.rs`.
 
 use super::lease_id;
-use crate::store::{Etag, StoreError};
+use crate::policy::ValidationError;
+use crate::store::{Etag, OverrideCaps, StoreError};
 
 /// Why a service call did not produce its answer.
 #[derive(Debug, thiserror::Error)]
@@ -16,10 +17,11 @@ pub enum ServiceError {
     DescriptorClaimed { domain: String, other: String },
     #[error("the store holds {0} policies already, the most `limits.max_policies` allows")]
     TooManyPolicies(u64),
-    /// `If-Match` or `If-None-Match` did not hold; `current` is the policy's ETag now.
+    /// `If-Match` or `If-None-Match` did not hold; `current` is the ETag of the policy (or the
+    /// override) now.
     #[error("{}", match current {
-        Some(etag) => format!("the policy's ETag is \"{etag}\", not the one the request names"),
-        None => "the policy does not exist".to_owned(),
+        Some(etag) => format!("the ETag is \"{etag}\", not the one the request names"),
+        None => "it does not exist".to_owned(),
     })]
     PreconditionFailed { current: Option<Etag> },
     /// `limit` is the limit's name in a policy of several limits.
@@ -57,6 +59,19 @@ pub enum ServiceError {
     /// The operating system gave no random bytes for a lease id.
     #[error(transparent)]
     NoRandomness(#[from] lease_id::NoRandomness),
+    /// Client input that only the service can check (an override against its policy).
+    #[error(transparent)]
+    Invalid(ValidationError),
+    #[error("no override `{0}` of this policy")]
+    UnknownOverride(String),
+    /// Another override of the policy has the same match.
+    #[error("`match` is the match of override `{other}` already: two overrides of one policy never have the same match, so that which applies never depends on order")]
+    OverrideConflict { other: String },
+    #[error("the policy has as many overrides of this kind as it may: {} exact keys (limits.max_exact_overrides) and {} prefixes and ranges (limits.max_pattern_overrides)", .0.exact, .0.patterns)]
+    TooManyOverrides(OverrideCaps),
+    /// The policy kept changing while an override of it was checked and written.
+    #[error("policy `{0}` changed while the override was being written; try again")]
+    PolicyChanging(String),
     /// The store failed on a policy whose fail mode is `closed`, or on a policy write or a
     /// reset.
     #[error(transparent)]

@@ -17,7 +17,7 @@
 //! is decided after the others, on its own (it answers allowed whatever it decides), taking only
 //! when they allowed; a cost above a limit's quota denies without asking the store.
 
-use super::cache::Found;
+use super::cache::{Effect, Found};
 use std::time::Instant;
 
 use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
@@ -83,11 +83,7 @@ impl RateLimiter {
         let kinds: Vec<Kind> = subjects
             .iter()
             .map(|s| {
-                let quota = s
-                    .found
-                    .policy
-                    .rate()
-                    .map_or(0, |r| r.tightest().params.quota());
+                let quota = self.quota_of(&s.found, &s.key);
                 if s.cost == 0 {
                     Kind::Peek
                 } else if self.shadow || s.found.policy.mode() == Mode::Shadow {
@@ -122,7 +118,7 @@ impl RateLimiter {
                     let mut a = self.look(s).await?;
                     // Nothing can admit this cost: the limits it exceeds deny.
                     let mut verdict = Verdict::at(a.verdict.at_us);
-                    let limits = s.found.policy.rate().map_or(&[][..], |r| r.limits());
+                    let limits = a.limits().to_vec();
                     for (l, d) in limits.iter().zip(a.verdict.limits()) {
                         let exceeds = s.cost > l.params.quota();
                         verdict.push(Decision {
@@ -142,12 +138,7 @@ impl RateLimiter {
                 }
                 Kind::Shadow => {
                     let op = if allowed { Op::Acquire } else { Op::Peek };
-                    let cost = s.cost.min(
-                        s.found
-                            .policy
-                            .rate()
-                            .map_or(1, |r| r.tightest().params.quota()),
-                    );
+                    let cost = s.cost.min(self.quota_of(&s.found, &s.key));
                     let cost = cost.max(1);
                     let ask = match op {
                         Op::Acquire => Ask::Acquire { cost },
@@ -165,6 +156,27 @@ impl RateLimiter {
             .into_iter()
             .filter_map(|i| answers[i].clone())
             .collect())
+    }
+
+    /// The most units the subject can be granted at once: the tightest of the limits it is
+    /// decided with (an override's, or its policy's); unbounded under an `unlimited` or `block`
+    /// override, which no cost exceeds.
+    fn quota_of(&self, found: &Found, key: &LimitKey) -> u64 {
+        let now = self.clock.now_us();
+        let applied = (found.overrides_changed > 0)
+            .then(|| {
+                self.cache
+                    .override_for(found.policy.name.as_str(), key.as_str(), now)
+            })
+            .flatten();
+        match applied.as_deref().map(|a| &a.effect) {
+            Some(Effect::Limits { limits, .. }) => limits.tightest().params.quota(),
+            Some(Effect::Unlimited | Effect::Block) => u64::MAX,
+            _ => found
+                .policy
+                .rate()
+                .map_or(0, |r| r.tightest().params.quota()),
+        }
     }
 
     /// What an acquire of 1 unit would answer for the subject, taking nothing.
@@ -206,6 +218,12 @@ impl RateLimiter {
             let r = self.resolve_with(s.found.clone(), &s.key, ask).await?;
             resolved.push(r);
         }
+        // Subjects an override decides alone (`unlimited`, `block`) take no part in the joint
+        // step: a block denies the whole request (the others are only looked at), an unlimited
+        // subject is allowed beside whatever the others decide.
+        if resolved.iter().any(|r| r.without_store(0).is_some()) {
+            return self.decide_in_turn(subjects, which, answers).await;
+        }
         let at_us = self.clock.at_us();
         let plans: Vec<Plan<'_>> = which
             .iter()
@@ -223,6 +241,10 @@ impl RateLimiter {
             Err(e) => self.fail_modes.joint(&plans, e, self.clock.now_us())?,
         };
         let allowed = decided.iter().all(|(v, _)| v.allowed);
+        let mut resolved_applied = vec![None; subjects.len()];
+        for (&i, r) in which.iter().zip(&resolved) {
+            resolved_applied[i] = r.applied.clone();
+        }
         for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
             let s = &subjects[i];
             let counters = s.found.counters.of(s.found.policy.name.as_str());
@@ -240,6 +262,7 @@ impl RateLimiter {
                 decided_by,
                 shadow: false,
                 ticket: None,
+                applied: resolved_applied[i].clone(),
             });
         }
         Ok(allowed)

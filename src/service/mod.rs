@@ -28,6 +28,7 @@ pub mod fail_mode;
 pub mod joint;
 pub mod lease_id;
 pub mod leases;
+pub mod overrides;
 pub mod policies;
 pub mod readiness;
 pub mod resolve;
@@ -89,6 +90,8 @@ pub struct RateLimiter {
     ticket_keys_read: Mutex<Option<Instant>>,
     /// `limits.ticketless_refunds`.
     ticketless_refunds: bool,
+    /// `limits.max_exact_overrides` and `limits.max_pattern_overrides`.
+    override_caps: crate::store::OverrideCaps,
 }
 
 impl RateLimiter {
@@ -146,6 +149,10 @@ impl RateLimiter {
             ticket_count: AtomicU64::new(0),
             ticket_keys_read: Mutex::new(None),
             ticketless_refunds: limits.ticketless_refunds,
+            override_caps: crate::store::OverrideCaps {
+                exact: limits.max_exact_overrides,
+                patterns: limits.max_pattern_overrides,
+            },
         }
     }
 

@@ -236,7 +236,7 @@ impl RateLimiter {
         }
         policies.sort_by(|a, b| a.name.cmp(&b.name).then(b.version.cmp(&a.version)));
         policies.dedup_by(|later, first| later.name == first.name);
-        let count = policies.iter().filter(|c| c.policy.is_some()).count();
+        let count = policies.iter().filter(|c| c.policy().is_some()).count();
         tracing::info!(%generation, version = since, policies = count, "loaded every policy");
         self.cache.replace_all(generation, policies, since);
         Ok(())

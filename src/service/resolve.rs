@@ -4,17 +4,21 @@
 //!
 //! Everything a store decides is a [`Plan`] built here (or, for a joint acquire's subjects, from
 //! a [`Resolved`] too), so a capability that changes what a request is decided with (the limits
-//! of one subject, a calendar window's boundaries) has this one home.
+//! of one subject, a calendar window's boundaries) has this one home. The override that applies
+//! to the subject ([`Applied`]) is found here: its limits replace the policy's in the plan, and
+//! the cost is bounded by them; an `unlimited` or `block` override is decided without a plan
+//! ([`Resolved::without_store`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::cache::Found;
+use super::cache::{Applied, Effect, Found};
 use super::counters::Counted;
 use super::{RateLimiter, ServiceError, Ticket};
 use crate::limiter::concurrency::Params as LeaseParams;
+use crate::limiter::{Decision, Verdict};
 use crate::limiter::{Op, MAX_LIMITS};
-use crate::policy::{Kind, LimitKey, Mode, Policy};
+use crate::policy::{Kind, LimitKey, Limits, Mode, Policy};
 use crate::store::{Ask, Claim, Etag, Plan};
 
 /// A rate policy's request, resolved: the policy as this instance has it, the operation with its
@@ -35,9 +39,46 @@ pub struct Resolved {
     /// The policy is in shadow mode (its own `mode`, or `limits.shadow`), and this is an acquire
     /// or a peek: the answer is allowed whatever the store decides.
     pub shadow: bool,
+    /// The override that applies to the subject, if one does.
+    pub applied: Option<Arc<Applied>>,
+    /// What the denial cache keys the subject's denials by: the newer of the policy's version
+    /// and its overrides' newest change; `None` when no denial may be cached (the override that
+    /// applies ends by itself, and a denial under it could outlive it).
+    pub denial_version: Option<u64>,
 }
 
 impl Resolved {
+    /// The limits the subject is decided with: an override's, or the policy's own.
+    pub fn limits(&self) -> &Limits {
+        limits_of(&self.policy, self.applied.as_deref())
+    }
+
+    /// The verdict of an `unlimited` or `block` override, which the store is not asked for, at
+    /// `now_us`: every limit allowed with its whole quota left, or denied with nothing left
+    /// until the override's expiry (0 without one). `None` for any other request.
+    pub fn without_store(&self, now_us: u64) -> Option<Verdict> {
+        let applied = self.applied.as_deref()?;
+        let allowed = match applied.effect {
+            Effect::Unlimited => true,
+            Effect::Block => false,
+            Effect::Limits { .. } | Effect::Stale(_) => return None,
+        };
+        let wait = match (allowed, applied.over.expires_at_us) {
+            (false, Some(e)) => e.saturating_sub(now_us),
+            _ => 0,
+        };
+        let mut verdict = Verdict::at(now_us);
+        for p in self.limits().params() {
+            verdict.push(Decision {
+                allowed,
+                remaining: if allowed { p.quota() } else { 0 },
+                reset_after_us: wait,
+                retry_after_us: wait,
+            });
+        }
+        Some(verdict)
+    }
+
     /// The resolved request for the subject `key`, as a store decides it.
     pub fn plan<'a>(&'a self, key: &'a LimitKey, at_us: Option<u64>) -> Plan<'a> {
         let claim = self.ticket.as_ref().map(|t| Claim {
@@ -50,9 +91,20 @@ impl Resolved {
             policy: &self.policy,
             key,
             ask: self.ask.with_ticket(claim),
-            params: self.policy.params(),
+            params: self.limits().params(),
             at_us,
         }
+    }
+}
+
+/// The limits `applied` gives the policy's subject, or the policy's own.
+fn limits_of<'a>(policy: &'a Policy, applied: Option<&'a Applied>) -> &'a Limits {
+    static NONE: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
+    match applied.map(|a| &a.effect) {
+        Some(Effect::Limits { limits, .. }) => limits,
+        _ => policy
+            .rate()
+            .map_or_else(|| NONE.get_or_init(Limits::empty), crate::policy::Rate::own),
     }
 }
 
@@ -82,6 +134,7 @@ impl RateLimiter {
             policy,
             etag,
             counters,
+            overrides_changed,
         } = found;
         let rate = match &policy.kind {
             Kind::Rate(rate) => rate,
@@ -89,9 +142,24 @@ impl RateLimiter {
                 return Err(ServiceError::ConcurrencyPolicy(policy.name.to_string()))
             }
         };
+        // A policy without overrides costs nothing more: no lookup.
+        let applied = (overrides_changed > 0)
+            .then(|| {
+                self.cache
+                    .override_for(policy.name.as_str(), key.as_str(), self.clock.now_us())
+            })
+            .flatten();
+        let denial_version = match applied.as_deref() {
+            Some(a) if a.over.expires_at_us.is_some() => None,
+            _ => Some(etag.version.max(overrides_changed)),
+        };
+        let limits = limits_of(&policy, applied.as_deref());
+        let decided_alone = applied
+            .as_deref()
+            .is_some_and(|a| matches!(a.effect, Effect::Unlimited | Effect::Block));
         let mut cost = ask.cost();
-        if matches!(ask.op(), Op::Acquire | Op::Peek) {
-            let tightest = rate.tightest();
+        if matches!(ask.op(), Op::Acquire | Op::Peek) && !decided_alone {
+            let tightest = limits.tightest();
             let quota = tightest.params.quota();
             if cost > quota {
                 return Err(ServiceError::CostAboveQuota {
@@ -127,6 +195,8 @@ impl RateLimiter {
             ticket,
             marks,
             shadow,
+            applied,
+            denial_version,
         })
     }
 

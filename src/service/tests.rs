@@ -12,6 +12,8 @@ use crate::store::{Etag, Precondition, WriteKind, WriteStatus, Written};
 fn limits(max_policies: u64, max_embedded_subjects: u64) -> LimitsSettings {
     LimitsSettings {
         max_policies,
+        max_exact_overrides: 100,
+        max_pattern_overrides: 10,
         max_embedded_subjects,
         shadow: false,
         denial_cache: true,

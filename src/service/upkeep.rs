@@ -113,7 +113,23 @@ async fn listen_for_invalidations(limiter: std::sync::Weak<RateLimiter>) {
                 tracing::debug!("denial cache subscribed to its invalidations");
                 let received = metrics::counter!(m::DENIAL_CACHE_INVALIDATIONS);
                 while let Some(message) = messages.next().await {
-                    if let Some((policy, key)) = denials::parse_message(&message) {
+                    if let Some(policy) = denials::parse_overrides_message(&message) {
+                        // Another instance changed the policy's overrides: read the change now,
+                        // which also moves the policy's denials to a new version (none cached
+                        // before it is answered after it).
+                        if let Some(this) = limiter.upgrade() {
+                            tracing::debug!(
+                                policy,
+                                "overrides changed on another instance; refreshing"
+                            );
+                            tokio::spawn(async move {
+                                if let Err(e) = this.refresh().await {
+                                    tracing::debug!(error = %e, "could not refresh after an override change");
+                                }
+                            });
+                        }
+                        received.increment(1);
+                    } else if let Some((policy, key)) = denials::parse_message(&message) {
                         cache.invalidate(policy, key);
                         received.increment(1);
                     }

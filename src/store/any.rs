@@ -8,11 +8,12 @@ use futures_util::StreamExt;
 
 use super::redis::breaker::BreakerState;
 use super::{
-    ChangePage, Etag, LeasePlan, LeasedLedger, MemoryStore, Plan, PolicyWrite, RedisStore, Store,
-    StoreError, Written,
+    ChangePage, Etag, LeasePlan, LeasedLedger, MemoryStore, OverrideWrite, OverrideWritten, Plan,
+    PolicyWrite, RedisStore, Store, StoreError, Written,
 };
 use crate::limiter::concurrency::LeaseAnswer;
 use crate::limiter::Verdict;
+use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 /// The store chosen at start-up.
@@ -248,6 +249,18 @@ impl Store for AnyStore {
 
     async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
         dispatch!(self, s => s.read_policy(name))
+    }
+
+    async fn write_override(&self, w: OverrideWrite<'_>) -> Result<OverrideWritten, StoreError> {
+        dispatch!(self, s => s.write_override(w))
+    }
+
+    async fn read_override(
+        &self,
+        policy: &PolicyName,
+        id: &OverrideId,
+    ) -> Result<Option<(Override, Etag)>, StoreError> {
+        dispatch!(self, s => s.read_override(policy, id))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

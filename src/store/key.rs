@@ -212,6 +212,23 @@ impl PolicyKeys {
     pub fn hash(&self, name: &str) -> String {
         format!("{}{name}", self.hash_prefix)
     }
+
+    /// The hash holding one override of a policy: the policy's hash key, `/`, the id (see
+    /// `store::overrides`).
+    pub fn override_hash(&self, policy: &str, id: &str) -> String {
+        format!("{}{policy}/{id}", self.hash_prefix)
+    }
+
+    /// The keys of one policy's overrides: the ids of their matches, and the matches of each
+    /// class (see `lua/override_write.lua`).
+    pub fn overrides_of(&self, policy: &str) -> [String; 3] {
+        let base = &self.hash_prefix[..self.hash_prefix.len() - "policy:".len()];
+        [
+            format!("{base}overrides:{policy}"),
+            format!("{base}matches:{policy}:exact"),
+            format!("{base}matches:{policy}:pattern"),
+        ]
+    }
 }
 
 /// The hash tag of a key as Redis Cluster computes it: the bytes between the first `{` and the

@@ -25,6 +25,7 @@ pub mod redis;
 
 mod any;
 mod error;
+pub mod overrides;
 
 use std::fmt;
 use std::future::Future;
@@ -32,11 +33,15 @@ use std::sync::Arc;
 
 use crate::limiter::concurrency::LeaseAnswer;
 use crate::limiter::Verdict;
+use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 pub use self::any::{AnyStore, StoreStatus};
 pub use self::error::{BoxedError, Cause, ErrorClass, StoreError};
 pub use self::memory::MemoryStore;
+pub use self::overrides::{
+    OverrideCaps, OverrideOp, OverrideStatus, OverrideWrite, OverrideWritten,
+};
 pub use self::plan::{Ask, Claim, LeasePlan, Plan};
 // The Redis store's parts, at the paths they had before it had a folder of its own.
 pub use self::redis::RedisStore;
@@ -171,14 +176,37 @@ pub struct Written {
     pub claimed_by: Option<String>,
 }
 
-/// One policy changed after a given version: its state now.
+/// One policy or override changed after a given version: its state now.
 #[derive(Debug, Clone)]
 pub struct Change {
+    /// A policy's name, or an override's `<policy>/<id>` ([`overrides::member`]).
     pub name: String,
     /// The version of the change.
     pub version: u64,
-    /// The policy, or `None` when it was deleted.
-    pub policy: Option<Policy>,
+    /// What the name holds now, or `None` when it was deleted.
+    pub entry: Option<Entry>,
+}
+
+/// What a change log name holds.
+#[derive(Debug, Clone)]
+pub enum Entry {
+    Policy(Policy),
+    Override(Override),
+}
+
+impl Change {
+    /// The policy this change leaves, if it is a policy's and not a deletion.
+    pub fn policy(&self) -> Option<&Policy> {
+        match &self.entry {
+            Some(Entry::Policy(p)) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Whether the name is an override's.
+    pub fn is_override(&self) -> bool {
+        overrides::parse_member(&self.name).is_some()
+    }
 }
 
 /// A page of the changes made to the policy set after a version, oldest first.
@@ -297,6 +325,20 @@ pub trait Store: Send + Sync {
         &self,
         name: &PolicyName,
     ) -> impl Future<Output = Result<Option<(Policy, Etag)>, StoreError>> + Send;
+
+    /// Writes (or refuses to write) one override of a policy, atomically with the change
+    /// tracking, the uniqueness of its match and the caps ([`overrides`]).
+    fn write_override(
+        &self,
+        write: OverrideWrite<'_>,
+    ) -> impl Future<Output = Result<OverrideWritten, StoreError>> + Send;
+
+    /// One override and its ETag, in one consistent read.
+    fn read_override(
+        &self,
+        policy: &PolicyName,
+        id: &OverrideId,
+    ) -> impl Future<Output = Result<Option<(Override, Etag)>, StoreError>> + Send;
 
     /// Whether the store answers at all.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

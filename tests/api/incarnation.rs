@@ -103,7 +103,7 @@ impl Lab {
         page.changes
             .into_iter()
             .find(|c| c.name == name.as_str())
-            .and_then(|c| c.policy)
+            .and_then(|c| c.policy().cloned())
             .map(|p| p.incarnation())
     }
 

@@ -30,6 +30,7 @@ mod limits;
 mod openapi;
 mod operations;
 mod outcomes;
+mod overrides;
 mod policies;
 mod policy_sync;
 mod scripts;

@@ -40,8 +40,10 @@ pub struct OverrideId(Arc<str>);
 
 impl OverrideId {
     pub fn parse(s: &str) -> Option<Self> {
-        (s.len() == 16 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-            .then(|| Self(Arc::from(s)))
+        (s.len() == 16
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| Self(Arc::from(s)))
     }
 
     /// A fresh random id.
@@ -54,8 +56,10 @@ impl OverrideId {
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos() as u64);
-            bytes = (t ^ COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed).rotate_left(40))
-                .to_be_bytes();
+            bytes = (t ^ COUNT
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .rotate_left(40))
+            .to_be_bytes();
         }
         Self(Arc::from(format!("{:016x}", u64::from_be_bytes(bytes))))
     }
@@ -141,7 +145,10 @@ impl Override {
     pub fn to_stored(&self) -> String {
         let mut doc = Map::new();
         doc.insert("id".into(), Value::from(self.id.as_str()));
-        doc.insert("match".into(), serde_json::to_value(&self.matches).unwrap_or(Value::Null));
+        doc.insert(
+            "match".into(),
+            serde_json::to_value(&self.matches).unwrap_or(Value::Null),
+        );
         doc.insert(self.sets.as_str().into(), sets_value(&self.sets));
         if let Some(e) = self.expires_at_us {
             doc.insert("expires_at_us".into(), Value::from(e));
@@ -175,13 +182,18 @@ impl Override {
         let id = OverrideId::parse(&s.id)
             .ok_or_else(|| ValidationError::invalid("id", "is not an override id"))?;
         let sets = match (s.tier, s.limits, s.unlimited, s.block) {
-            (Some(t), None, None, None) => Sets::Tier(
-                PolicyName::parse(&t).map_err(|r| ValidationError::invalid("tier", r))?,
-            ),
+            (Some(t), None, None, None) => {
+                Sets::Tier(PolicyName::parse(&t).map_err(|r| ValidationError::invalid("tier", r))?)
+            }
             (None, Some(l), None, None) => Sets::Limits(Changes::kept(l)),
             (None, None, Some(true), None) => Sets::Unlimited,
             (None, None, None, Some(true)) => Sets::Block,
-            _ => return Err(ValidationError::invalid("override", "sets nothing, or several")),
+            _ => {
+                return Err(ValidationError::invalid(
+                    "override",
+                    "sets nothing, or several",
+                ))
+            }
         };
         Ok(Self {
             id,
@@ -330,8 +342,8 @@ pub fn parse_override(
             },
             ("tier", _) => return Err(wrong_type("tier", "a string")),
             ("limits", v) => Sets::Limits(Changes::parse(v, rate.limits(), "limits")?),
-            (flag, Value::Bool(true)) if flag == "unlimited" => Sets::Unlimited,
-            (flag, Value::Bool(true)) if flag == "block" => Sets::Block,
+            ("unlimited", Value::Bool(true)) => Sets::Unlimited,
+            ("block", Value::Bool(true)) => Sets::Block,
             (flag, Value::Bool(false)) => {
                 return Err(ValidationError::invalid(
                     flag,
@@ -376,12 +388,17 @@ fn expiry(text: &str, now_us: u64) -> Result<u64, ValidationError> {
     let t: jiff::Timestamp = text.parse().map_err(|_| {
         ValidationError::invalid(
             "expires_at",
-            format!("`{text}` is not an RFC 3339 time with an offset, such as 2027-01-31T00:00:00Z"),
+            format!(
+                "`{text}` is not an RFC 3339 time with an offset, such as 2027-01-31T00:00:00Z"
+            ),
         )
     })?;
     let us = u64::try_from(t.as_microsecond()).unwrap_or(0);
     if us <= now_us {
-        return Err(ValidationError::invalid("expires_at", "must be in the future"));
+        return Err(ValidationError::invalid(
+            "expires_at",
+            "must be in the future",
+        ));
     }
     if us - now_us > MAX_EXPIRY_US {
         return Err(ValidationError::invalid(
@@ -454,18 +471,51 @@ mod tests {
             (json!({"match": {"key": "a"}}), "tier"),
             (json!({"match": {"key": "a"}, "tier": "gold"}), "tier"),
             (json!({"match": {"key": "a"}, "tier": 5}), "tier"),
-            (json!({"match": {"key": "a"}, "tier": "pro", "block": true}), "block"),
-            (json!({"match": {"key": "a"}, "unlimited": false}), "unlimited"),
+            (
+                json!({"match": {"key": "a"}, "tier": "pro", "block": true}),
+                "block",
+            ),
+            (
+                json!({"match": {"key": "a"}, "unlimited": false}),
+                "unlimited",
+            ),
             (json!({"match": {"key": "a"}, "block": "yes"}), "block"),
-            (json!({"match": {"key": "a"}, "limits": {"hourly": {"limit": 5}}}), "limits.hourly"),
-            (json!({"match": {"key": "a"}, "limits": {"daily": {"limit": 0}}}), "limits.daily.limit"),
-            (json!({"match": {"key": "a"}, "block": true, "expires_at": "tomorrow"}), "expires_at"),
-            (json!({"match": {"key": "a"}, "block": true, "expires_at": "2026-11-30T00:00:00Z"}), "expires_at"),
-            (json!({"match": {"key": "a"}, "block": true, "expires_at": "2028-01-01T00:00:00Z"}), "expires_at"),
-            (json!({"match": {"key": "a"}, "block": true, "reason": "x".repeat(1025)}), "reason"),
-            (json!({"match": {"key": "a"}, "block": true, "colour": 1}), "colour"),
-            (json!({"match": {"key": "a"}, "block": true, "id": "0123456789abcdef"}), "id"),
-            (json!({"match": {"cidr": "203.0.113.7/24"}, "block": true}), "match.cidr"),
+            (
+                json!({"match": {"key": "a"}, "limits": {"hourly": {"limit": 5}}}),
+                "limits.hourly",
+            ),
+            (
+                json!({"match": {"key": "a"}, "limits": {"daily": {"limit": 0}}}),
+                "limits.daily.limit",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "expires_at": "tomorrow"}),
+                "expires_at",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "expires_at": "2026-11-30T00:00:00Z"}),
+                "expires_at",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "expires_at": "2028-01-01T00:00:00Z"}),
+                "expires_at",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "reason": "x".repeat(1025)}),
+                "reason",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "colour": 1}),
+                "colour",
+            ),
+            (
+                json!({"match": {"key": "a"}, "block": true, "id": "0123456789abcdef"}),
+                "id",
+            ),
+            (
+                json!({"match": {"cidr": "203.0.113.7/24"}, "block": true}),
+                "match.cidr",
+            ),
         ] {
             let e = parse(v.clone()).expect_err("refused");
             let named = e.field().map(|f| f.starts_with(field)).unwrap_or(false);
@@ -480,8 +530,13 @@ mod tests {
             None,
         )
         .expect("valid");
-        let e = parse_override(&json!({"match": {"key": "a"}, "block": true}), &c, None, NOW)
-            .expect_err("refused");
+        let e = parse_override(
+            &json!({"match": {"key": "a"}, "block": true}),
+            &c,
+            None,
+            NOW,
+        )
+        .expect_err("refused");
         assert_eq!(e.field(), Some("policy"));
     }
 
@@ -490,7 +545,13 @@ mod tests {
         let id = OverrideId::random();
         assert_eq!(OverrideId::parse(id.as_str()), Some(id.clone()));
         assert_ne!(OverrideId::random(), id);
-        for bad in ["", "0123456789ABCDEF", "0123456789abcde", "0123456789abcdefg", "../../etc"] {
+        for bad in [
+            "",
+            "0123456789ABCDEF",
+            "0123456789abcde",
+            "0123456789abcdefg",
+            "../../etc",
+        ] {
             assert_eq!(OverrideId::parse(bad), None, "{bad}");
         }
     }

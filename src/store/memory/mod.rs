@@ -34,10 +34,14 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use self::policy_set::PolicySet;
-use super::{key, ChangePage, Etag, LeasePlan, Plan, PolicyWrite, Store, StoreError, Written};
+use super::{
+    key, ChangePage, Etag, LeasePlan, OverrideWrite, OverrideWritten, Plan, PolicyWrite, Store,
+    StoreError, Written,
+};
 use crate::limiter::concurrency::{self, LeaseAnswer};
 use crate::limiter::{decide_op, State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
+use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{LimitKey, Policy, PolicyName};
 use crate::telemetry::Summarized;
 
@@ -436,6 +440,18 @@ impl Store for MemoryStore {
 
     async fn read_policy(&self, name: &PolicyName) -> Result<Option<(Policy, Etag)>, StoreError> {
         Ok(lock(&self.policies).read(name))
+    }
+
+    async fn write_override(&self, w: OverrideWrite<'_>) -> Result<OverrideWritten, StoreError> {
+        Ok(lock(&self.policies).write_override(w))
+    }
+
+    async fn read_override(
+        &self,
+        policy: &PolicyName,
+        id: &OverrideId,
+    ) -> Result<Option<(Override, Etag)>, StoreError> {
+        Ok(lock(&self.policies).read_override(policy, id))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

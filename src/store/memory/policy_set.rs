@@ -6,14 +6,47 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{Policy, PolicyName};
+use crate::store::overrides::{
+    self as ov, OverrideOp, OverrideStatus, OverrideWrite, OverrideWritten,
+};
 use crate::store::{
-    new_generation, Change, ChangePage, Etag, PolicyWrite, Precondition, WriteKind,
+    new_generation, Change, ChangePage, Entry, Etag, PolicyWrite, Precondition, WriteKind,
 };
 use crate::store::{WriteStatus, Written};
 
 /// Deletions remembered, as in `policy_write.lua`.
 const MAX_DELETED: usize = 10_000;
+
+/// One policy's overrides: by id (with the version of each one's last write), and the id of each
+/// match, for the refusal of a second override of the same match.
+#[derive(Debug, Default)]
+struct Overrides {
+    by_id: HashMap<OverrideId, (Override, u64)>,
+    matches: HashMap<String, OverrideId>,
+    exact: u64,
+    patterns: u64,
+}
+
+impl Overrides {
+    fn count(&mut self, m: &crate::policy::overrides::Match, by: i64) {
+        let n = if ov::class(m) == "exact" {
+            &mut self.exact
+        } else {
+            &mut self.patterns
+        };
+        *n = n.saturating_add_signed(by);
+    }
+
+    fn counted(&self, m: &crate::policy::overrides::Match) -> u64 {
+        if ov::class(m) == "exact" {
+            self.exact
+        } else {
+            self.patterns
+        }
+    }
+}
 
 #[derive(Debug)]
 pub struct PolicySet {
@@ -22,9 +55,14 @@ pub struct PolicySet {
     floor: u64,
     /// Live policies, each carrying its incarnation, and the version of its last write.
     live: HashMap<PolicyName, (Policy, u64)>,
-    /// Deleted names by the version of their deletion, and the reverse.
-    deleted: BTreeMap<u64, PolicyName>,
-    deleted_at: HashMap<PolicyName, u64>,
+    /// Deleted names (a policy's, or an override's `<policy>/<id>`) by the version of their
+    /// deletion, and the reverse.
+    deleted: BTreeMap<u64, String>,
+    deleted_at: HashMap<String, u64>,
+    /// Each policy's overrides, as `lua/override_write.lua` keeps them.
+    overrides: HashMap<PolicyName, Overrides>,
+    /// Live overrides by the version of their last write.
+    override_log: BTreeMap<u64, (PolicyName, OverrideId)>,
     seeded: HashSet<PolicyName>,
     /// Descriptor shape -> the live policy that claims it.
     shapes: HashMap<String, PolicyName>,
@@ -39,6 +77,8 @@ impl Default for PolicySet {
             live: HashMap::new(),
             deleted: BTreeMap::new(),
             deleted_at: HashMap::new(),
+            overrides: HashMap::new(),
+            override_log: BTreeMap::new(),
             seeded: HashSet::new(),
             shapes: HashMap::new(),
         }
@@ -91,15 +131,9 @@ impl PolicySet {
                 if let Some((old, _)) = self.live.remove(w.name) {
                     self.release(old.shape(), w.name);
                 }
+                self.drop_overrides(w.name);
                 self.version += 1;
-                self.deleted.insert(self.version, w.name.clone());
-                self.deleted_at.insert(w.name.clone(), self.version);
-                if self.deleted.len() > MAX_DELETED {
-                    if let Some((v, name)) = self.deleted.pop_first() {
-                        self.deleted_at.remove(&name);
-                        self.floor = v;
-                    }
-                }
+                self.remember_deleted(w.name.to_string());
                 return done(WriteStatus::Deleted, self.version);
             }
             (WriteKind::Seed, _) if current.is_some() || self.seeded.contains(w.name) => {
@@ -140,6 +174,10 @@ impl PolicySet {
             Some(_) => (WriteStatus::Replaced, self.version),
             None => (WriteStatus::Created, self.version),
         };
+        if old.is_some_and(|o| o.kind_name() != policy.kind_name()) {
+            // A new incarnation of another kind has none of the old one's overrides.
+            self.drop_overrides(w.name);
+        }
         if old_shape != shape {
             self.release(old_shape, w.name);
         }
@@ -148,13 +186,139 @@ impl PolicySet {
         }
         let policy = policy.clone().with_incarnation(incarnation);
         self.live.insert(w.name.clone(), (policy, self.version));
-        if let Some(v) = self.deleted_at.remove(w.name) {
+        if let Some(v) = self.deleted_at.remove(w.name.as_str()) {
             self.deleted.remove(&v);
         }
         Written {
             incarnation,
             ..done(status, self.version)
         }
+    }
+
+    /// Records the deletion of `name` at the current version, forgetting the oldest beyond
+    /// [`MAX_DELETED`].
+    fn remember_deleted(&mut self, name: String) {
+        self.deleted.insert(self.version, name.clone());
+        self.deleted_at.insert(name, self.version);
+        if self.deleted.len() > MAX_DELETED {
+            if let Some((v, name)) = self.deleted.pop_first() {
+                self.deleted_at.remove(&name);
+                self.floor = v;
+            }
+        }
+    }
+
+    /// Deletes every override of the policy `name`, without a deletion each in the log: the
+    /// policy's deletion or change of kind is what every instance applies them with.
+    fn drop_overrides(&mut self, name: &PolicyName) {
+        if let Some(gone) = self.overrides.remove(name) {
+            for (_, v) in gone.by_id.values() {
+                self.override_log.remove(v);
+            }
+        }
+    }
+
+    /// Writes one override, as `lua/override_write.lua` does.
+    pub fn write_override(&mut self, w: OverrideWrite<'_>) -> OverrideWritten {
+        let member = ov::member(w.policy.as_str(), w.id.as_str());
+        let current = self
+            .overrides
+            .get(w.policy)
+            .and_then(|o| o.by_id.get(w.id))
+            .map(|(_, v)| *v);
+        let generation = self.generation.clone();
+        let answer = |status, version, other: Option<&OverrideId>| OverrideWritten {
+            status,
+            etag: Etag {
+                generation: generation.clone(),
+                version,
+            },
+            other: other.map(|o| o.to_string()),
+        };
+        let refuse = |status| answer(status, current.unwrap_or(0), None);
+        let policy_version = match self.live.get(w.policy) {
+            Some((p, v)) if p.rate().is_some() => *v,
+            _ => return refuse(OverrideStatus::NoPolicy),
+        };
+        match w.precondition {
+            Precondition::None => {}
+            Precondition::Absent if current.is_some() => {
+                return refuse(OverrideStatus::PreconditionFailed)
+            }
+            Precondition::Absent => {}
+            Precondition::Exists if current.is_none() => {
+                return refuse(OverrideStatus::PreconditionFailed)
+            }
+            Precondition::Exists => {}
+            Precondition::Matches(etag) => {
+                if current.is_none_or(|v| *etag != format!("{generation}.{v}")) {
+                    return refuse(OverrideStatus::PreconditionFailed);
+                }
+            }
+        }
+        match (w.op, current) {
+            (OverrideOp::Create, Some(_)) => return refuse(OverrideStatus::Exists),
+            (OverrideOp::Replace | OverrideOp::Delete, None) => {
+                return refuse(OverrideStatus::Missing)
+            }
+            _ => {}
+        }
+        if w.op == OverrideOp::Delete {
+            let set = self.overrides.entry(w.policy.clone()).or_default();
+            if let Some((old, v)) = set.by_id.remove(w.id) {
+                set.matches.remove(&ov::canonical(&old.matches));
+                set.count(&old.matches, -1);
+                self.override_log.remove(&v);
+            }
+            self.version += 1;
+            self.remember_deleted(member);
+            return answer(OverrideStatus::Deleted, self.version, None);
+        }
+        let Some(doc) = w.doc else {
+            return refuse(OverrideStatus::Missing);
+        };
+        if w.policy_version != policy_version {
+            return refuse(OverrideStatus::PolicyChanged);
+        }
+        let set = self.overrides.entry(w.policy.clone()).or_default();
+        let canonical = ov::canonical(&doc.matches);
+        let old = set.by_id.get(w.id).map(|(o, _)| o.matches.clone());
+        if let Some(other) = set.matches.get(&canonical).filter(|o| *o != w.id) {
+            let other = other.clone();
+            return answer(OverrideStatus::Conflict, current.unwrap_or(0), Some(&other));
+        }
+        let same_class = old
+            .as_ref()
+            .is_some_and(|o| ov::class(o) == ov::class(&doc.matches));
+        if !same_class && set.counted(&doc.matches) >= w.caps.of(&doc.matches) {
+            return refuse(OverrideStatus::Full);
+        }
+        if let Some(old) = &old {
+            set.matches.remove(&ov::canonical(old));
+            set.count(old, -1);
+        }
+        set.matches.insert(canonical, w.id.clone());
+        set.count(&doc.matches, 1);
+        self.version += 1;
+        if let Some((_, v)) = set.by_id.insert(w.id.clone(), (doc.clone(), self.version)) {
+            self.override_log.remove(&v);
+        }
+        self.override_log
+            .insert(self.version, (w.policy.clone(), w.id.clone()));
+        if let Some(v) = self.deleted_at.remove(&member) {
+            self.deleted.remove(&v);
+        }
+        let status = if current.is_some() {
+            OverrideStatus::Replaced
+        } else {
+            OverrideStatus::Created
+        };
+        answer(status, self.version, None)
+    }
+
+    pub fn read_override(&self, policy: &PolicyName, id: &OverrideId) -> Option<(Override, Etag)> {
+        let (o, v) = self.overrides.get(policy)?.by_id.get(id)?;
+        Some((o.clone(), self.etag(*v)))
     }
 
     /// Gives up `name`'s claim on `shape`, if it holds it.
@@ -173,13 +337,22 @@ impl PolicySet {
                 |(name, (policy, v))| Change {
                     name: name.to_string(),
                     version: *v,
-                    policy: Some(policy.clone()),
+                    entry: Some(Entry::Policy(policy.clone())),
                 },
             ));
             changes.extend(self.deleted.range(since + 1..).map(|(v, name)| Change {
-                name: name.to_string(),
+                name: name.clone(),
                 version: *v,
-                policy: None,
+                entry: None,
+            }));
+            let overrides = self.override_log.range(since + 1..).take(max);
+            changes.extend(overrides.filter_map(|(v, (policy, id))| {
+                let (o, _) = self.overrides.get(policy)?.by_id.get(id)?;
+                Some(Change {
+                    name: ov::member(policy.as_str(), id.as_str()),
+                    version: *v,
+                    entry: Some(Entry::Override(o.clone())),
+                })
             }));
             changes.sort_unstable_by_key(|c| c.version);
             changes.truncate(max);
@@ -235,7 +408,7 @@ mod tests {
             .changes
             .into_iter()
             .find(|c| c.name == n)
-            .and_then(|c| c.policy)
+            .and_then(|c| c.policy().cloned())
             .map(|p| p.incarnation());
         (read, changed)
     }

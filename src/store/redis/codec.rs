@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use redis::Value;
 
+use crate::policy::overrides::Override;
 use crate::policy::stored::{self, StoredDoc};
 use crate::policy::Policy;
 use crate::store::StoreError;
@@ -41,6 +42,15 @@ pub(super) fn decode(mut fields: Vec<(String, String)>) -> Result<Policy, StoreE
     };
     fields.retain(|(k, _)| !KEPT_FIELDS.contains(&k.as_str()));
     Ok(decode_doc(fields)?.with_incarnation(incarnation))
+}
+
+/// An override from its hash: its document in `doc`.
+pub(super) fn decode_override(fields: Vec<(String, String)>) -> Result<Override, StoreError> {
+    let doc = fields
+        .iter()
+        .find(|(k, _)| k == DOC_FIELD)
+        .ok_or_else(|| StoreError::corrupt("override hash without `doc`"))?;
+    Override::from_stored(&doc.1).map_err(|e| StoreError::corrupt(format!("override hash: {e}")))
 }
 
 /// The document part of [`decode`]: the fields without `born`.

@@ -30,11 +30,13 @@ use self::argv::{read_only, script_argv, verdict, Arg};
 use self::batch::{Batches, Job, DEFAULT_BATCH_MAX};
 use self::breaker::Breaker;
 use self::calls::Calls;
-use self::codec::{decode, encode, read_reply, ReadReply};
+use self::codec::{decode, decode_override, encode, read_reply, ReadReply};
 use self::connection::{Conn, ConnectionMode, Connections};
 use self::scripts::Scripts;
 use self::topology::Topology;
 use super::key::{self, PolicyKeys};
+use super::overrides::{self, OverrideStatus, OverrideWrite, OverrideWritten};
+use super::Entry;
 use super::{
     new_generation, Change, ChangePage, Etag, LeasePlan, LeasedLedger, Plan, PolicyWrite,
     Precondition, Store, StoreError, WriteStatus, Written, MAX_JOINT_LIMITS,
@@ -42,6 +44,7 @@ use super::{
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
 use crate::limiter::{Op, Params, Verdict};
 use crate::metrics as m;
+use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{LimitKey, Policy, PolicyName};
 
 pub use self::error::redact_url;
@@ -320,6 +323,7 @@ impl Store for RedisStore {
     async fn write_policy(&self, w: PolicyWrite<'_>) -> Result<Written, StoreError> {
         let keys = &self.policy_keys;
         let hash = keys.hash(w.name.as_str());
+        let overrides = keys.overrides_of(w.name.as_str());
         let precondition = match w.precondition {
             Precondition::None => "",
             Precondition::Absent => "*",
@@ -343,6 +347,9 @@ impl Store for RedisStore {
                     .key(&keys.legacy_index)
                     .key(&keys.legacy_version)
                     .key(&keys.shapes)
+                    .key(&overrides[0])
+                    .key(&overrides[1])
+                    .key(&overrides[2])
                     .arg(w.kind.as_str())
                     .arg(w.name.as_str())
                     .arg(precondition)
@@ -379,11 +386,19 @@ impl Store for RedisStore {
         let changes = entries
             .into_iter()
             .map(|(name, version, fields)| {
-                let policy = if fields.is_empty() {
+                let entry = if fields.is_empty() {
                     None
+                } else if overrides::parse_member(&name).is_some() {
+                    match decode_override(fields) {
+                        Ok(o) => Some(Entry::Override(o)),
+                        Err(e) => {
+                            tracing::error!(r#override = %name, error = %e, "ignoring a stored override that does not decode");
+                            None
+                        }
+                    }
                 } else {
                     match decode(fields) {
-                        Ok(p) => Some(p),
+                        Ok(p) => Some(Entry::Policy(p)),
                         Err(e) => {
                             // One bad hash must not stop every other change from loading.
                             tracing::error!(policy = %name, error = %e, "ignoring a stored policy that does not decode");
@@ -394,7 +409,7 @@ impl Store for RedisStore {
                 Change {
                     name,
                     version,
-                    policy,
+                    entry,
                 }
             })
             .collect();
@@ -412,6 +427,82 @@ impl Store for RedisStore {
         match (generation, entries.into_iter().next()) {
             (Some(generation), Some((_, version, fields))) if !fields.is_empty() => Ok(Some((
                 decode(fields)?,
+                Etag {
+                    generation,
+                    version,
+                },
+            ))),
+            _ => Ok(None),
+        }
+    }
+
+    async fn write_override(&self, w: OverrideWrite<'_>) -> Result<OverrideWritten, StoreError> {
+        let keys = &self.policy_keys;
+        let [ids, exact, pattern] = keys.overrides_of(w.policy.as_str());
+        let doc_key = keys.override_hash(w.policy.as_str(), w.id.as_str());
+        let policy_hash = keys.hash(w.policy.as_str());
+        let precondition = match w.precondition {
+            Precondition::None => "",
+            Precondition::Absent => "*",
+            Precondition::Exists => "+",
+            Precondition::Matches(etag) => etag.as_str(),
+        };
+        let (canonical, class, cap, doc) = match w.doc {
+            Some(o) => (
+                overrides::canonical(&o.matches),
+                overrides::class(&o.matches),
+                w.caps.of(&o.matches),
+                o.to_stored(),
+            ),
+            None => (String::new(), "", 0, String::new()),
+        };
+        let (status, generation, version, other): (String, String, u64, String) = self
+            .with_conn_on(Some(&keys.meta), async |conn| {
+                let mut call = self.scripts.override_write.prepare_invoke();
+                call.key(&keys.meta)
+                    .key(&keys.names)
+                    .key(&keys.deleted)
+                    .key(&ids)
+                    .key(&exact)
+                    .key(&pattern)
+                    .key(&doc_key)
+                    .key(&policy_hash)
+                    .arg(w.op.as_str())
+                    .arg(w.policy.as_str())
+                    .arg(w.id.as_str())
+                    .arg(w.policy_version)
+                    .arg(precondition)
+                    .arg(&canonical)
+                    .arg(class)
+                    .arg(cap)
+                    .arg(&doc);
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        let status = OverrideStatus::parse(&status).ok_or_else(|| {
+            StoreError::corrupt(format!("override_write.lua answered {status:?}"))
+        })?;
+        Ok(OverrideWritten {
+            status,
+            etag: Etag {
+                generation: generation.into(),
+                version,
+            },
+            other: (status == OverrideStatus::Conflict).then_some(other),
+        })
+    }
+
+    async fn read_override(
+        &self,
+        policy: &PolicyName,
+        id: &OverrideId,
+    ) -> Result<Option<(Override, Etag)>, StoreError> {
+        let member = overrides::member(policy.as_str(), id.as_str());
+        let hash = self.policy_keys.override_hash(policy.as_str(), id.as_str());
+        let (generation, _, _, entries) = self.policy_read(&["one", &member, &hash]).await?;
+        match (generation, entries.into_iter().next()) {
+            (Some(generation), Some((_, version, fields))) if !fields.is_empty() => Ok(Some((
+                decode_override(fields)?,
                 Etag {
                     generation,
                     version,

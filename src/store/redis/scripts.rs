@@ -378,6 +378,7 @@ pub fn lease_sources() -> (String, String) {
 /// The policy scripts, which are not composed.
 const POLICY_WRITE: &str = include_str!("../../../lua/policy_write.lua");
 const POLICY_READ: &str = include_str!("../../../lua/policy_read.lua");
+const OVERRIDE_WRITE: &str = include_str!("../../../lua/override_write.lua");
 
 /// The source of every script loaded at start-up: the one-limit decision scripts, the batch
 /// scripts and the policy scripts. (Decision scripts of several limits are loaded on first use.)
@@ -388,6 +389,7 @@ pub fn sources() -> impl Iterator<Item = String> {
         .chain([
             POLICY_WRITE.to_owned(),
             POLICY_READ.to_owned(),
+            OVERRIDE_WRITE.to_owned(),
             batch_source(false),
             batch_source(true),
         ])
@@ -412,6 +414,7 @@ pub struct Scripts {
     joint: RwLock<HashMap<u32, Arc<Script>>>,
     pub policy_write: Script,
     pub policy_read: Script,
+    pub override_write: Script,
     /// A concurrency limit's look (no writes, `EVALSHA_RO`).
     pub lease_look: Script,
     /// A concurrency limit's take, renew and release.
@@ -447,6 +450,7 @@ impl Scripts {
             joint: RwLock::default(),
             policy_write: Script::new(POLICY_WRITE),
             policy_read: Script::new(POLICY_READ),
+            override_write: Script::new(OVERRIDE_WRITE),
             lease_look: Script::new(&lease_sources().0),
             lease_change: Script::new(&lease_sources().1),
         }

@@ -1,0 +1,209 @@
+//! One policy's overrides as this instance enforces them: each as the change log last gave it,
+//! and an index of the live ones, each compiled against the policy as it is now into what it
+//! does ([`Effect`]), so that a decision only looks it up.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::policy::overrides::{Match, Override, OverrideId, OverrideIndex, Sets};
+use crate::policy::{Limits, Policy, PolicyName};
+
+/// What an override does to the subjects it matches, against the policy as it is now.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// Decided with these limits: a tier's (named), or the override's own `limits`.
+    Limits {
+        tier: Option<PolicyName>,
+        limits: Arc<Limits>,
+    },
+    Unlimited,
+    Block,
+    /// It no longer applies: the policy lost the tier it names (or is no longer a rate policy).
+    Stale(String),
+}
+
+/// An override compiled against its policy.
+#[derive(Debug, Clone)]
+pub struct Applied {
+    pub over: Arc<Override>,
+    /// The version of its last write.
+    pub version: u64,
+    pub effect: Effect,
+    /// What of its `limits` the policy no longer has (passed over).
+    pub passed_over: Vec<String>,
+}
+
+impl Applied {
+    pub fn compile(policy: &Policy, over: Arc<Override>, version: u64) -> Self {
+        let mut passed_over = Vec::new();
+        let effect = match (policy.rate(), &over.sets) {
+            (None, _) => Effect::Stale("the policy is not a rate policy".into()),
+            (Some(rate), Sets::Tier(t)) => match rate.tiers().get(t.as_str()) {
+                Some(tier) => Effect::Limits {
+                    tier: Some(t.clone()),
+                    limits: tier.limits.clone(),
+                },
+                None => Effect::Stale(format!("the policy has no tier `{t}` any more")),
+            },
+            (Some(rate), Sets::Limits(changes)) => {
+                passed_over = changes.stale(rate.limits());
+                Effect::Limits {
+                    tier: None,
+                    limits: Arc::new(changes.apply(rate.limits())),
+                }
+            }
+            (Some(_), Sets::Unlimited) => Effect::Unlimited,
+            (Some(_), Sets::Block) => Effect::Block,
+        };
+        Self {
+            over,
+            version,
+            effect,
+            passed_over,
+        }
+    }
+
+    /// Whether it applies at `now_us`: live, and not stale.
+    pub fn applies(&self, now_us: u64) -> bool {
+        self.over.is_live(now_us) && !matches!(self.effect, Effect::Stale(_))
+    }
+}
+
+/// One policy's overrides.
+#[derive(Debug, Default)]
+pub struct PolicyOverrides {
+    /// By id: the override (`None`: deleted, a tombstone) and the version of its last change.
+    entries: HashMap<OverrideId, (Option<Arc<Override>>, u64)>,
+    index: OverrideIndex<Arc<Applied>>,
+    /// The newest version of any change applied here: what the denial cache keys this policy's
+    /// subjects by, so that no denial outlives a change of the overrides.
+    changed: u64,
+}
+
+impl PolicyOverrides {
+    /// Applies one change newer than the entry it replaces; `policy` is the policy as this
+    /// instance has it (`None` before it arrives: indexed when it does, [`Self::rebuild`]).
+    /// Returns whether it was applied.
+    pub fn apply(
+        &mut self,
+        id: OverrideId,
+        version: u64,
+        over: Option<Override>,
+        policy: Option<&Policy>,
+    ) -> bool {
+        if self.entries.get(&id).is_some_and(|(_, v)| *v >= version) {
+            return false;
+        }
+        self.changed = self.changed.max(version);
+        let over = over.map(Arc::new);
+        let old = self.entries.insert(id, (over.clone(), version));
+        if let Some((Some(old), _)) = old {
+            self.unindex(&old, policy);
+        }
+        if let (Some(new), Some(policy)) = (over, policy) {
+            self.index_one(Arc::new(Applied::compile(policy, new, version)));
+        }
+        true
+    }
+
+    /// Drops the tombstone of `id` at `version`, once the log has caught up with it.
+    pub fn forget(&mut self, id: &OverrideId, version: u64) {
+        if self
+            .entries
+            .get(id)
+            .is_some_and(|(o, v)| o.is_none() && *v <= version)
+        {
+            self.entries.remove(id);
+        }
+    }
+
+    /// Compiles every live override again against `policy` (it changed).
+    pub fn rebuild(&mut self, policy: &Policy) {
+        self.index = OverrideIndex::default();
+        let live: Vec<(Arc<Override>, u64)> = self
+            .entries
+            .values()
+            .filter_map(|(o, v)| o.clone().map(|o| (o, *v)))
+            .collect();
+        for (o, v) in live {
+            self.index_one(Arc::new(Applied::compile(policy, o, v)));
+        }
+    }
+
+    /// Indexes `applied`; when another override of the same match is indexed (a write of this
+    /// instance applied before the deletion it followed), the newer wins.
+    fn index_one(&mut self, applied: Arc<Applied>) {
+        let m = applied.over.matches.clone();
+        if let Some(there) = self.index.get(&m) {
+            if there.version > applied.version {
+                return;
+            }
+            self.index.remove(&m);
+        }
+        let _ = self.index.insert(m, applied);
+    }
+
+    /// Takes `old` out of the index if it is the one indexed for its match, and indexes the
+    /// newest other live override of that match, if any.
+    fn unindex(&mut self, old: &Override, policy: Option<&Policy>) {
+        let m: &Match = &old.matches;
+        if self.index.get(m).is_none_or(|a| a.over.id != old.id) {
+            return;
+        }
+        self.index.remove(m);
+        let next = self
+            .entries
+            .values()
+            .filter_map(|(o, v)| {
+                o.as_ref()
+                    .filter(|o| o.matches == *m)
+                    .map(|o| (o.clone(), *v))
+            })
+            .max_by_key(|(_, v)| *v);
+        if let (Some((o, v)), Some(policy)) = (next, policy) {
+            self.index_one(Arc::new(Applied::compile(policy, o, v)));
+        }
+    }
+
+    /// The override applying to `key` at `now_us`.
+    pub fn find(&self, key: &str, now_us: u64) -> Option<&Arc<Applied>> {
+        self.index
+            .find_where(key, |a| a.applies(now_us))
+            .map(|(_, a)| a)
+    }
+
+    /// Every override matching `key`, in order of precedence (the one that applies, if live,
+    /// among them): what `resolve` explains.
+    pub fn candidates(&self, key: &str) -> Vec<Arc<Applied>> {
+        self.index
+            .candidates(key)
+            .into_iter()
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
+
+    /// The live overrides (expired ones included), by id.
+    pub fn list(&self) -> Vec<(Arc<Override>, u64)> {
+        let mut all: Vec<(Arc<Override>, u64)> = self
+            .entries
+            .values()
+            .filter_map(|(o, v)| o.clone().map(|o| (o, *v)))
+            .collect();
+        all.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
+        all
+    }
+
+    pub fn get(&self, id: &OverrideId) -> Option<(Arc<Override>, u64)> {
+        self.entries
+            .get(id)
+            .and_then(|(o, v)| o.clone().map(|o| (o, *v)))
+    }
+
+    pub fn changed(&self) -> u64 {
+        self.changed
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
