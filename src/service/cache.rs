@@ -401,6 +401,33 @@ impl PolicyCache {
         self.read().overrides.get(name)?.find(key, now_us).cloned()
     }
 
+    /// Overrides expired by `now_us`, at most `max` over every policy: each with its policy's
+    /// name and its ETag.
+    pub fn expired_overrides(
+        &self,
+        now_us: u64,
+        max: usize,
+    ) -> Vec<(Arc<str>, Arc<crate::policy::overrides::Override>, Etag)> {
+        let inner = self.read();
+        let Some(generation) = inner.generation.clone() else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for (policy, set) in &inner.overrides {
+            if out.len() >= max {
+                break;
+            }
+            for (o, version) in set.expired(now_us, max - out.len()) {
+                let etag = Etag {
+                    generation: generation.clone(),
+                    version,
+                };
+                out.push((policy.clone(), o, etag));
+            }
+        }
+        out
+    }
+
     /// Runs `f` on the policy's overrides (none: `f(None)`).
     pub fn with_overrides<T>(
         &self,

@@ -22,6 +22,8 @@ use crate::store::{
 
 /// How many times a write is checked again against a policy that changed under it.
 const ATTEMPTS: usize = 3;
+/// The most expired overrides one sweep deletes.
+const SWEEP: usize = 100;
 
 /// What `resolve` answers for one subject.
 #[derive(Debug)]
@@ -197,6 +199,43 @@ impl RateLimiter {
         }
     }
 
+    /// Deletes overrides that have expired (at most [`SWEEP`] a call), each only if it is still
+    /// the version this instance has (another instance sweeping too, or a replacement that
+    /// extended it, makes the deletion a refusal that changes nothing). An expired override
+    /// already applies to nothing; this keeps the lists and the caps from filling with them.
+    pub async fn sweep_expired_overrides(&self) {
+        let now = self.clock.now_us();
+        for (policy, o, etag) in self.cache.expired_overrides(now, SWEEP) {
+            let Ok(name) = PolicyName::parse(&policy) else {
+                continue;
+            };
+            let precondition = Precondition::Matches(etag.to_string());
+            let written = self
+                .store
+                .write_override(OverrideWrite {
+                    op: OverrideOp::Delete,
+                    policy: &name,
+                    policy_version: 0,
+                    id: &o.id,
+                    doc: None,
+                    precondition: &precondition,
+                    caps: self.override_caps,
+                })
+                .await;
+            match written {
+                Ok(answer) => {
+                    if let Err(e) = self.written(&name, &o.id, None, answer).await {
+                        tracing::debug!(policy = %name, id = %o.id, error = %e, "an expired override was not swept");
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not sweep expired overrides; trying again later");
+                    return;
+                }
+            }
+        }
+    }
+
     /// One override of `policy` and its ETag, from the store; from the cache while the store is
     /// unreachable.
     pub async fn get_override(
@@ -255,25 +294,20 @@ impl RateLimiter {
             .position()
             .generation
             .unwrap_or_else(|| Arc::from(""));
-        let all = self.cache.with_overrides(policy.as_str(), |set| {
-            set.map(|s| s.list()).unwrap_or_default()
+        let (found, more) = self.cache.with_overrides(policy.as_str(), |set| {
+            set.map(|s| s.page(after, limit)).unwrap_or_default()
         });
-        let start = match after {
-            Some(after) => all.partition_point(|(o, _)| o.id.as_str() <= after),
-            None => 0,
-        };
-        let page: Vec<(Arc<Override>, Etag)> = all[start..]
-            .iter()
-            .take(limit)
+        let page: Vec<(Arc<Override>, Etag)> = found
+            .into_iter()
             .map(|(o, version)| {
                 let etag = Etag {
                     generation: generation.clone(),
-                    version: *version,
+                    version,
                 };
-                (o.clone(), etag)
+                (o, etag)
             })
             .collect();
-        let next = (start + page.len() < all.len())
+        let next = more
             .then(|| page.last().map(|(o, _)| o.id.to_string()))
             .flatten();
         Ok((page, next))

@@ -81,6 +81,7 @@ impl RateLimiter {
                         tracing::trace!(evicted, "evicted expired state");
                     }
                     this.sweep_leases().await;
+                    this.sweep_expired_overrides().await;
                     if let Err(e) = this.store.housekeeping().await {
                         tracing::debug!(error = %e, "could not read the cluster's slot map; keeping the last one");
                     }

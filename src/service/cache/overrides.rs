@@ -2,7 +2,7 @@
 //! and an index of the live ones, each compiled against the policy as it is now into what it
 //! does ([`Effect`]), so that a decision only looks it up.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::policy::overrides::{Match, Override, OverrideId, OverrideIndex, Sets};
@@ -72,9 +72,14 @@ impl Applied {
 /// One policy's overrides.
 #[derive(Debug, Default)]
 pub struct PolicyOverrides {
-    /// By id: the override (`None`: deleted, a tombstone) and the version of its last change.
-    entries: HashMap<OverrideId, (Option<Arc<Override>>, u64)>,
+    /// By id, in order (what a list pages through): the override (`None`: deleted, a
+    /// tombstone) and the version of its last change.
+    entries: BTreeMap<OverrideId, (Option<Arc<Override>>, u64)>,
     index: OverrideIndex<Arc<Applied>>,
+    /// Whether an override was ever indexed over another of the same match (this instance's own
+    /// write applied before the deletion it followed): only then can a removal uncover another
+    /// to index, which takes a scan.
+    shadowed: bool,
     /// The newest version of any change applied here: what the denial cache keys this policy's
     /// subjects by, so that no denial outlives a change of the overrides.
     changed: u64,
@@ -120,6 +125,7 @@ impl PolicyOverrides {
     /// Compiles every live override again against `policy` (it changed).
     pub fn rebuild(&mut self, policy: &Policy) {
         self.index = OverrideIndex::default();
+        self.shadowed = false;
         let live: Vec<(Arc<Override>, u64)> = self
             .entries
             .values()
@@ -135,6 +141,9 @@ impl PolicyOverrides {
     fn index_one(&mut self, applied: Arc<Applied>) {
         let m = applied.over.matches.clone();
         if let Some(there) = self.index.get(&m) {
+            if there.over.id != applied.over.id {
+                self.shadowed = true;
+            }
             if there.version > applied.version {
                 return;
             }
@@ -151,6 +160,9 @@ impl PolicyOverrides {
             return;
         }
         self.index.remove(m);
+        if !self.shadowed {
+            return;
+        }
         let next = self
             .entries
             .values()
@@ -182,15 +194,28 @@ impl PolicyOverrides {
             .collect()
     }
 
-    /// The live overrides (expired ones included), by id.
-    pub fn list(&self) -> Vec<(Arc<Override>, u64)> {
-        let mut all: Vec<(Arc<Override>, u64)> = self
+    /// At most `limit` overrides (expired ones included) after the id `after`, by id, and
+    /// whether more follow.
+    pub fn page(&self, after: Option<&str>, limit: usize) -> (Vec<(Arc<Override>, u64)>, bool) {
+        let mut live = self
             .entries
+            .iter()
+            .skip_while(|(id, _)| after.is_some_and(|a| id.as_str() <= a))
+            .filter_map(|(_, (o, v))| o.clone().map(|o| (o, *v)));
+        let page: Vec<_> = live.by_ref().take(limit).collect();
+        let more = live.next().is_some();
+        (page, more)
+    }
+
+    /// The overrides that have expired by `now_us`, at most `max`, with their versions: what
+    /// the sweep deletes.
+    pub fn expired(&self, now_us: u64, max: usize) -> Vec<(Arc<Override>, u64)> {
+        self.entries
             .values()
             .filter_map(|(o, v)| o.clone().map(|o| (o, *v)))
-            .collect();
-        all.sort_unstable_by(|a, b| a.0.id.cmp(&b.0.id));
-        all
+            .filter(|(o, _)| !o.is_live(now_us))
+            .take(max)
+            .collect()
     }
 
     pub fn get(&self, id: &OverrideId) -> Option<(Arc<Override>, u64)> {
