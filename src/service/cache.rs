@@ -67,6 +67,10 @@ struct Inner {
     descriptors: HashMap<String, Vec<Arc<Policy>>>,
     /// Each policy's overrides, by policy name; a policy without any has no entry.
     overrides: HashMap<Arc<str>, PolicyOverrides>,
+    /// The version of the newest change to each policy's overrides, kept when they are all
+    /// deleted (so that the denial cache never goes back to a version it keyed denials by
+    /// before them) and dropped with the policy.
+    override_epochs: HashMap<Arc<str>, u64>,
 }
 
 /// Where the cache stands in the store's change log.
@@ -104,6 +108,8 @@ impl Inner {
         };
         let live = self.entries.get(policy).and_then(|e| e.policy.clone());
         let deleted = over.is_none();
+        let epoch = self.override_epochs.entry(Arc::from(policy)).or_default();
+        *epoch = (*epoch).max(version);
         let set = self.overrides.entry(Arc::from(policy)).or_default();
         if set.apply(id.clone(), version, over, live.as_deref()) && deleted {
             if version > self.applied {
@@ -169,6 +175,7 @@ impl Inner {
             }
             _ => {
                 self.overrides.remove(name);
+                self.override_epochs.remove(name);
             }
         }
         if let Some((old, d)) = old.as_ref().and_then(|o| Some((o, o.descriptor()?))) {
@@ -232,10 +239,7 @@ impl PolicyCache {
                 version: entry.version,
             },
             counters: entry.counters.clone(),
-            overrides_changed: inner
-                .overrides
-                .get(name)
-                .map_or(0, PolicyOverrides::changed),
+            overrides_changed: inner.override_epochs.get(name).copied().unwrap_or(0),
         })
     }
 
@@ -267,9 +271,10 @@ impl PolicyCache {
         let entry = inner.entries.get(policy.name.as_str())?;
         let generation = inner.generation.clone()?;
         let changed = inner
-            .overrides
+            .override_epochs
             .get(policy.name.as_str())
-            .map_or(0, PolicyOverrides::changed);
+            .copied()
+            .unwrap_or(0);
         Some(Found {
             policy,
             etag: Etag {
@@ -378,10 +383,11 @@ impl PolicyCache {
         let entry = inner.entries.get(name)?;
         let policy = entry.policy.clone()?;
         let generation = inner.generation.clone()?;
-        let (applied, changed) = match inner.overrides.get(name) {
-            None => (None, 0),
-            Some(set) => (set.find(key, now_us).cloned(), set.changed()),
-        };
+        let applied = inner
+            .overrides
+            .get(name)
+            .and_then(|set| set.find(key, now_us).cloned());
+        let changed = inner.override_epochs.get(name).copied().unwrap_or(0);
         Some((
             Found {
                 policy,
@@ -601,5 +607,139 @@ mod tests {
         );
         assert_eq!(limit(&cache), Some(5));
         assert_eq!(cache.position().applied, 5);
+    }
+
+    fn over(id: &str, key: &str, tier: &str) -> crate::policy::overrides::Override {
+        use crate::policy::overrides::{Match, Override, OverrideId, Sets};
+        Override {
+            id: OverrideId::parse(id).expect("id"),
+            matches: Match::Key(crate::policy::LimitKey::parse(key.to_owned()).expect("key")),
+            sets: Sets::Tier(PolicyName::parse(tier).expect("tier")),
+            expires_at_us: None,
+            reason: None,
+            created_at_us: 0,
+        }
+    }
+
+    fn tiered(version: u64) -> Change {
+        let p = crate::policy::parse_policy(
+            &serde_json::json!({"name": "p", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000,
+                                "tiers": {"a": {"p": {"limit": 10}}, "b": {"p": {"limit": 20}}}}),
+            None,
+        )
+        .expect("valid");
+        Change {
+            name: "p".into(),
+            version,
+            entry: Some(Item::Policy(p)),
+        }
+    }
+
+    fn over_change(
+        version: u64,
+        id: &str,
+        o: Option<crate::policy::overrides::Override>,
+    ) -> Change {
+        Change {
+            name: format!("p/{id}"),
+            version,
+            entry: o.map(Item::Override),
+        }
+    }
+
+    const A: &str = "000000000000000a";
+    const B: &str = "000000000000000b";
+
+    /// The quota the override of `key` gives, if one applies.
+    fn quota_for(cache: &PolicyCache, key: &str) -> Option<u64> {
+        let a = cache.override_for("p", key, 0)?;
+        match &a.effect {
+            Effect::Limits { limits, .. } => Some(limits.params()[0].quota()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn overrides_follow_the_log_and_their_policy() {
+        let cache = PolicyCache::default();
+        // A full load lists an override before its policy's later replacement: both apply.
+        cache.replace_all(
+            "g".into(),
+            vec![over_change(2, A, Some(over(A, "k", "a"))), tiered(3)],
+            3,
+        );
+        assert_eq!(quota_for(&cache, "k"), Some(10));
+        assert_eq!(cache.get("p").map(|f| f.overrides_changed), Some(2));
+        // Replaced through the log: the newer wins, an older page changes nothing.
+        cache.apply_page("g", vec![over_change(4, A, Some(over(A, "k", "b")))], 4);
+        cache.apply_own_override(&etag(3), "p", &id(A), Some(over(A, "k", "a")));
+        assert_eq!(quota_for(&cache, "k"), Some(20));
+        // Deleting the policy deletes its overrides; a new policy of the name has none.
+        cache.apply_page("g", vec![change(5, None)], 5);
+        cache.apply_page("g", vec![tiered(6)], 6);
+        assert_eq!(quota_for(&cache, "k"), None);
+        assert_eq!(cache.get("p").map(|f| f.overrides_changed), Some(0));
+    }
+
+    fn id(s: &str) -> crate::policy::overrides::OverrideId {
+        crate::policy::overrides::OverrideId::parse(s).expect("id")
+    }
+
+    #[test]
+    fn an_own_deletion_holds_against_a_page_read_before_it() {
+        let cache = PolicyCache::default();
+        cache.replace_all(
+            "g".into(),
+            vec![tiered(1), over_change(2, A, Some(over(A, "k", "a")))],
+            2,
+        );
+        cache.apply_own_override(&etag(3), "p", &id(A), None);
+        assert_eq!(quota_for(&cache, "k"), None);
+        // A page read before the deletion still carries the override.
+        cache.apply_page("g", vec![over_change(2, A, Some(over(A, "k", "b")))], 2);
+        assert_eq!(quota_for(&cache, "k"), None, "the tombstone holds");
+        cache.apply_page("g", vec![over_change(3, A, None)], 3);
+        assert!(cache.read().tombstones.is_empty(), "dropped once applied");
+        assert!(
+            cache.read().overrides.is_empty(),
+            "nothing left of the policy's overrides"
+        );
+    }
+
+    #[test]
+    fn an_own_write_of_a_match_applied_before_the_deletion_it_followed_wins() {
+        let cache = PolicyCache::default();
+        cache.replace_all(
+            "g".into(),
+            vec![tiered(1), over_change(2, A, Some(over(A, "k", "a")))],
+            2,
+        );
+        // Another instance deleted A at 3; this one then wrote B, of the same match, at 4, and
+        // applies its own write before the log brings the deletion.
+        cache.apply_own_override(&etag(4), "p", &id(B), Some(over(B, "k", "b")));
+        assert_eq!(quota_for(&cache, "k"), Some(20));
+        cache.apply_page(
+            "g",
+            vec![
+                over_change(3, A, None),
+                over_change(4, B, Some(over(B, "k", "b"))),
+            ],
+            4,
+        );
+        assert_eq!(quota_for(&cache, "k"), Some(20));
+        // The other way round: B deleted, A (older, same match) still there is indexed again.
+        let cache = PolicyCache::default();
+        cache.replace_all(
+            "g".into(),
+            vec![tiered(1), over_change(2, A, Some(over(A, "k", "a")))],
+            2,
+        );
+        cache.apply_own_override(&etag(4), "p", &id(B), Some(over(B, "k", "b")));
+        cache.apply_own_override(&etag(5), "p", &id(B), None);
+        assert_eq!(
+            quota_for(&cache, "k"),
+            Some(10),
+            "A, until the log says it is gone"
+        );
     }
 }

@@ -761,6 +761,7 @@ async fn the_caps_are_enforced_by_the_write(backend: Backend) {
         &[
             ("RATELIMITER__LIMITS__MAX_EXACT_OVERRIDES", "2"),
             ("RATELIMITER__LIMITS__MAX_PATTERN_OVERRIDES", "1"),
+            ("RATELIMITER__LIMITS__MAX_POLICIES", "2"),
         ],
     )
     .await;
@@ -794,9 +795,16 @@ async fn the_caps_are_enforced_by_the_write(backend: Backend) {
         let p: Value = r.json().await.expect("problem");
         assert_eq!(p["type"], "urn:ratelimiter:problem:too-many-overrides");
     }
-    // Another policy has caps of its own.
+    // Another policy has caps of its own, and overrides do not count as policies.
     flat(&app, "other").await;
     create(&app, "other", json!({"match": {"key": "a"}, "block": true})).await;
+    let r = app
+        .post(
+            "/v1/policies",
+            &json!({"name": "third", "algorithm": "fixed_window", "limit": 1, "window_ms": 1000}),
+        )
+        .await;
+    assert_eq!(r.status(), 409, "two policies is the cap");
 }
 
 // ---- Across instances -------------------------------------------------------------------------
@@ -923,4 +931,91 @@ async fn an_override_is_in_force_on_every_instance_within_the_refresh_bound() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// While Redis is down, `fail_mode: local` decides with the override's limits too, and
+/// `unlimited` and `block` answer as ever (they never needed the store).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_fail_mode_decides_with_the_override() {
+    let redis = Arc::new(TestRedis::start());
+    let app = spawn_app_with(Some(redis.clone()), &[]).await;
+    app.create_policy(json!({
+        "name": "loc", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000,
+        "fail_mode": "local", "tiers": {"pro": {"loc": {"limit": 5}}}
+    }))
+    .await;
+    create(&app, "loc", json!({"match": {"key": "pro"}, "tier": "pro"})).await;
+    create(
+        &app,
+        "loc",
+        json!({"match": {"key": "blocked"}, "block": true}),
+    )
+    .await;
+    create(
+        &app,
+        "loc",
+        json!({"match": {"key": "free"}, "unlimited": true}),
+    )
+    .await;
+    redis.stop();
+    let (n, last) = allowed_of(&app, "loc", "pro", 7).await;
+    assert_eq!(
+        (n, last["decided_by"].clone()),
+        (5, json!("fail_local")),
+        "{last}"
+    );
+    assert_eq!(last["tier"], "pro");
+    let (n, last) = allowed_of(&app, "loc", "other", 4).await;
+    assert_eq!(
+        (n, last["decided_by"].clone()),
+        (2, json!("fail_local")),
+        "{last}"
+    );
+    let d = app.acquire("loc", "blocked", 1).await;
+    assert_eq!(
+        (d["allowed"].clone(), d["decided_by"].clone()),
+        (json!(false), json!("override"))
+    );
+    let d = app.acquire("loc", "free", 1).await;
+    assert_eq!(
+        (d["allowed"].clone(), d["degraded"].clone()),
+        (json!(true), json!(false))
+    );
+}
+
+/// A policy replaced without the tier an override names: the override no longer applies (the
+/// subject gets the policy's limits), and `resolve` says why; the tier back, it applies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_override_naming_a_tier_the_policy_dropped_stops_applying_and_says_why() {
+    let app = spawn_app(Backend::Embedded).await;
+    flat(&app, "drop").await;
+    create(&app, "drop", json!({"match": {"key": "k"}, "tier": "pro"})).await;
+    assert_eq!(app.acquire("drop", "k", 1).await["limit"], 5);
+    let without =
+        json!({"name": "drop", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000});
+    assert_eq!(app.put("/v1/policies/drop", &without).await.status(), 200);
+    let d = app.acquire("drop", "k", 1).await;
+    assert_eq!(
+        (d["limit"].clone(), d.get("override")),
+        (json!(2), None),
+        "{d}"
+    );
+    let r: Value = app
+        .get("/v1/policies/drop/resolve?key=k")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(r["decided_by"], "policy");
+    assert!(
+        r["candidates"][0]["passed_over"]
+            .as_str()
+            .is_some_and(|w| w.contains("no tier `pro`")),
+        "{r}"
+    );
+    flat(&app, "drop2").await;
+    let with = json!({"name": "drop", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000,
+                      "tiers": {"pro": {"drop": {"limit": 9}}}});
+    assert_eq!(app.put("/v1/policies/drop", &with).await.status(), 200);
+    assert_eq!(app.acquire("drop", "k", 1).await["limit"], 9);
 }

@@ -80,9 +80,6 @@ pub struct PolicyOverrides {
     /// write applied before the deletion it followed): only then can a removal uncover another
     /// to index, which takes a scan.
     shadowed: bool,
-    /// The newest version of any change applied here: what the denial cache keys this policy's
-    /// subjects by, so that no denial outlives a change of the overrides.
-    changed: u64,
 }
 
 impl PolicyOverrides {
@@ -99,7 +96,6 @@ impl PolicyOverrides {
         if self.entries.get(&id).is_some_and(|(_, v)| *v >= version) {
             return false;
         }
-        self.changed = self.changed.max(version);
         let over = over.map(Arc::new);
         let old = self.entries.insert(id, (over.clone(), version));
         if let Some((Some(old), _)) = old {
@@ -222,10 +218,6 @@ impl PolicyOverrides {
         self.entries
             .get(id)
             .and_then(|(o, v)| o.clone().map(|o| (o, *v)))
-    }
-
-    pub fn changed(&self) -> u64 {
-        self.changed
     }
 
     pub fn is_empty(&self) -> bool {

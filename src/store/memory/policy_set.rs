@@ -475,4 +475,108 @@ mod tests {
         );
         assert_eq!(incarnations(&set, "p"), (Some(1), Some(1)), "unchanged");
     }
+
+    fn over(id: &str, m: serde_json::Value) -> Override {
+        use crate::policy::overrides::{Match, Sets};
+        Override {
+            id: OverrideId::parse(id).expect("id"),
+            matches: Match::parse(&m).expect("match"),
+            sets: Sets::Block,
+            expires_at_us: None,
+            reason: None,
+            created_at_us: 0,
+        }
+    }
+
+    fn write_over(
+        set: &mut PolicySet,
+        op: OverrideOp,
+        policy_version: u64,
+        o: &Override,
+    ) -> OverrideWritten {
+        set.write_override(OverrideWrite {
+            op,
+            policy: &name("p"),
+            policy_version,
+            id: &o.id,
+            doc: (op != OverrideOp::Delete).then_some(o),
+            precondition: &Precondition::None,
+            caps: ov::OverrideCaps {
+                exact: 2,
+                patterns: 1,
+            },
+        })
+    }
+
+    #[test]
+    fn overrides_share_the_log_and_go_with_their_policy() {
+        use serde_json::json;
+        let mut set = PolicySet::default();
+        let a = over("000000000000000a", json!({"key": "k"}));
+        assert_eq!(
+            write_over(&mut set, OverrideOp::Create, 1, &a).status,
+            OverrideStatus::NoPolicy
+        );
+        write(&mut set, WriteKind::Create, &policy("p", 1));
+        assert_eq!(
+            write_over(&mut set, OverrideOp::Create, 0, &a).status,
+            OverrideStatus::PolicyChanged,
+            "checked against another version of the policy"
+        );
+        let created = write_over(&mut set, OverrideOp::Create, 1, &a);
+        assert_eq!(
+            (created.status, created.etag.version),
+            (OverrideStatus::Created, 2)
+        );
+        let same = over("000000000000000b", json!({"key": "k"}));
+        let refused = write_over(&mut set, OverrideOp::Create, 1, &same);
+        assert_eq!(
+            (refused.status, refused.other.as_deref()),
+            (OverrideStatus::Conflict, Some("000000000000000a"))
+        );
+        let b = over("000000000000000b", json!({"prefix": "x"}));
+        assert_eq!(
+            write_over(&mut set, OverrideOp::Create, 1, &b).status,
+            OverrideStatus::Created
+        );
+        let c = over("000000000000000c", json!({"cidr": "10.0.0.0/8"}));
+        assert_eq!(
+            write_over(&mut set, OverrideOp::Create, 1, &c).status,
+            OverrideStatus::Full
+        );
+        // The log holds the policy and both overrides, in version order.
+        let page = set.changes(0, 100);
+        let names: Vec<&str> = page.changes.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["p", "p/000000000000000a", "p/000000000000000b"]);
+        // The cap counts policies only.
+        for i in 0..9 {
+            write(&mut set, WriteKind::Create, &policy(&format!("q{i}"), 1));
+        }
+        assert_eq!(set.live.len(), 10);
+        // Deleting the policy deletes them, without a deletion each in the log.
+        write(&mut set, WriteKind::Delete, &policy("p", 1));
+        assert_eq!(set.read_override(&name("p"), &a.id), None);
+        let since = set.changes(3, 100);
+        assert!(
+            since.changes.iter().all(|c| !c.is_override()),
+            "{:?}",
+            since.changes
+        );
+        write(&mut set, WriteKind::Create, &policy("p", 1));
+        let v = set.read(&name("p")).map(|(_, e)| e.version).unwrap_or(0);
+        assert_eq!(
+            write_over(&mut set, OverrideOp::Create, v, &same).status,
+            OverrideStatus::Created
+        );
+        let deleted = write_over(&mut set, OverrideOp::Delete, 0, &same);
+        assert_eq!(deleted.status, OverrideStatus::Deleted);
+        let last = set.changes(deleted.etag.version - 1, 10);
+        assert_eq!(
+            last.changes
+                .iter()
+                .map(|c| (c.name.as_str(), c.entry.is_none()))
+                .collect::<Vec<_>>(),
+            [("p/000000000000000b", true)]
+        );
+    }
 }
