@@ -20,23 +20,31 @@
 -- start + w from `previous`, any other nothing. The state is rewritten with KEEPTTL.
 
 local limit = tonumber(ARGV[a + 1])
-local w = tonumber(ARGV[a + 2])
+local window_us = tonumber(ARGV[a + 2])
 
--- floor(now / w), corrected where the division rounds up to the next integer.
-local now_window = math.floor(now / w)
-if now_window * w > now then
-  now_window = now_window - 1
-end
-local window, previous, current = now_window, 0, 0
+-- The stored windows count, of the size they were counted in (`w`), while either does; else a
+-- fresh window of window_us. floor(now / size), corrected where the division rounds up to the
+-- next integer.
+local w, window, previous, current = window_us, nil, 0, 0
 local raw = redis.call('GET', key)
 if raw then
   local sw, p, c, size = struct.unpack('<dddd', raw)
-  if size == w then
-    if now_window <= sw then
-      window, previous, current = sw, p, c
-    elseif now_window == sw + 1 then
-      previous = c
+  if size >= 1 then
+    local now_window = math.floor(now / size)
+    if now_window * size > now then
+      now_window = now_window - 1
     end
+    if now_window <= sw then
+      w, window, previous, current = size, sw, p, c
+    elseif now_window == sw + 1 then
+      w, window, previous, current = size, now_window, c, 0
+    end
+  end
+end
+if not window then
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
   end
 end
 
@@ -51,6 +59,15 @@ end
 local end_of_next = start + 2 * w
 local admits = current + cost + weighted <= limit
 --- take
+if w ~= window_us then
+  -- Written in windows of window_us: the usage now is the count of the one that holds now.
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
+  end
+  w, previous, current, weighted = window_us, 0, current + weighted, 0
+  end_of_next = (window + 2) * window_us
+end
 current = current + cost
 out_reset = end_of_next - now
 redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddd', window, previous, current, w))
@@ -77,6 +94,16 @@ end
 --- report
 -- Usage never passes twice the limit: what would go past it is not recorded.
 out_units = math.min(cost, math.max(2 * limit - current - weighted, 0))
+if out_units > 0 and w ~= window_us then
+  -- Written in windows of window_us, as take writes it.
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
+  end
+  w, previous, current, weighted = window_us, 0, current + weighted, 0
+  start = window * window_us
+  end_of_next = start + 2 * window_us
+end
 if out_units > 0 then
   current = current + out_units
   redis.call('PSETEX', key, math.ceil((end_of_next - now) / 1000), struct.pack('<dddd', window, previous, current, w))

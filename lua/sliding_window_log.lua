@@ -57,7 +57,11 @@ local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
 local REACH = 256 -- src/limiter/sliding_window_log.rs, REACH
 
+-- `logged`: the window the log was last logged under, carried by the newest member (a log
+-- whose newest member does not say, written before it was kept, is read as logged under
+-- window_us). Members count for the shorter of the two windows, `span`.
 local t, total, newest = now, 0, nil
+local logged, has_logged = window_us, false
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
 if last[1] then
   newest = tonumber(last[2])
@@ -65,13 +69,18 @@ if last[1] then
     t = newest
   end
   total = tonumber(string.match(last[1], '^(%d+)'))
+  local lw = tonumber(string.match(last[1], '^%d+:%d+:(%d+)$'))
+  if lw and lw > 0 then
+    logged, has_logged = lw, true
+  end
 end
+local span = math.min(window_us, logged)
 
 -- `first` and `first_at`: the running total and the time of the oldest member still in the
 -- window; `before`: the running total just before it. Members at or before the horizon have left
 -- it (`stale`: some are still stored). The oldest member is read by rank first, so that the
 -- search by score is made only when one has left (an empty log needs neither).
-local horizon = t - window_us
+local horizon = t - span
 local count, before, stale, first, first_at, all_gone = 0, 0, false, 0, 0, false
 if newest then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -83,7 +92,7 @@ if newest then
     first_at = tonumber(oldest[2])
   end
   if oldest[1] then
-    local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
+    local c, n = string.match(oldest[1], '^(%d+):(%d+)')
     first = tonumber(c)
     before = first - tonumber(n)
     count = total - before
@@ -107,11 +116,11 @@ end
 total = total + cost
 if newest == t then
   -- One member per time: the newest, of this time, takes the units too.
-  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
-    tonumber(string.match(last[1], ':(%d+)$')) + cost))
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total,
+    tonumber(string.match(last[1], '^%d+:(%d+)')) + cost, window_us))
   redis.call('ZREM', key, last[1])
 else
-  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total, cost, window_us))
 end
 out_reset = t + window_us - now
 redis.call('PEXPIRE', key, math.ceil(out_reset / 1000))
@@ -119,7 +128,7 @@ out_remaining = limit - count - cost
 --- keep
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if not admits then
   -- The request fits once the oldest (count + cost - limit) units have left the window: at the
@@ -148,7 +157,7 @@ if not admits then
       end
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end
 --- report
 -- Logs what fits under the debt bound, 2 * limit units in the window.
@@ -163,19 +172,20 @@ if out_units > 0 then
   total = total + out_units
   count = count + out_units
   if newest == t then
-    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
-      tonumber(string.match(last[1], ':(%d+)$')) + out_units))
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total,
+      tonumber(string.match(last[1], '^%d+:(%d+)')) + out_units, window_us))
     redis.call('ZREM', key, last[1])
   else
-    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, out_units))
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total, out_units, window_us))
   end
   newest = t
+  logged, has_logged, span = window_us, true, window_us
   redis.call('PEXPIRE', key, math.ceil((t + window_us - now) / 1000))
 end
 -- The subject as it stands, as keep describes it for one unit.
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
@@ -192,7 +202,7 @@ if out_remaining == 0 then
       lo = mid + 1
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end
 --- refund
 -- `members`: those that may give, newest first (score after member): the newest in the window,
@@ -205,8 +215,9 @@ if want > 0 then
   if mark == nil then
     members = redis.call('ZRANGE', key, '+inf', '(' .. string.format('%d', horizon), 'BYSCORE',
       'REV', 'LIMIT', 0, math.min(want, REACH), 'WITHSCORES')
-  elseif mark - window_us > horizon and mark - window_us <= newest then
-    at = string.format('%d', mark - window_us)
+  elseif mark - logged > horizon and mark - logged <= newest then
+    -- The mark is its take's time plus the window it logged under: the log's.
+    at = string.format('%d', mark - logged)
     -- Only while at most REACH members follow, whose totals are rewritten below.
     if redis.call('ZCOUNT', key, '(' .. at, '+inf') <= REACH then
       members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'REV', 'LIMIT', 0,
@@ -216,13 +227,16 @@ if want > 0 then
 end
 -- Each gives all it holds, but the last one that gives (`partial`) may give only part: its cost
 -- and its total drop by that part, its total being the running total up to it.
+-- (`rest`: what follows a member's units, the window it was logged under if it says.)
 local left, touched, partial, partial_old, partial_at = want, 0, nil, nil, nil
+local partial_c, partial_n, partial_rest = 0, 0, ''
 for i = 1, #members, 2 do
-  local c, n = string.match(members[i], '^(%d+):(%d+)$')
+  local c, n, rest = string.match(members[i], '^(%d+):(%d+)(.*)$')
   c, n = tonumber(c), tonumber(n)
   touched = touched + 1
   if n > left then
-    partial = string.format('%016d:%d', c - left, n - left)
+    partial = true
+    partial_c, partial_n, partial_rest = c - left, n - left, rest
     partial_old, partial_at = members[i], members[i + 1]
     left = 0
   else
@@ -246,14 +260,20 @@ if out_units > 0 then
   if at then
     later = redis.call('ZRANGE', key, '(' .. at, '+inf', 'BYSCORE', 'WITHSCORES')
   end
+  -- The newest member that stays carries the log's window (`logged`, when the log says it):
+  -- the partial one is the newest when nothing follows it.
+  local logged_rest = ':' .. string.format('%d', logged)
   local adds = {}
   if partial then
-    adds[1], adds[2] = partial_at, partial
+    if #later == 0 and has_logged then
+      partial_rest = logged_rest
+    end
+    adds[1], adds[2] = partial_at, string.format('%016d:%d%s', partial_c, partial_n, partial_rest)
   end
   for i = 1, #later, 2 do
-    local c, n = string.match(later[i], '^(%d+):(%d+)$')
+    local c, n, rest = string.match(later[i], '^(%d+):(%d+)(.*)$')
     adds[#adds + 1] = later[i + 1]
-    adds[#adds + 1] = string.format('%016d:%d', tonumber(c) - out_units, tonumber(n))
+    adds[#adds + 1] = string.format('%016d:%d%s', tonumber(c) - out_units, tonumber(n), rest)
   end
   -- Every changed or emptied member is removed but the newest that stays (`last`), which goes
   -- after the new strings are in: the key is never empty meanwhile, so it keeps its expiry. The
@@ -284,16 +304,24 @@ if out_units > 0 then
     if partial then
       newest = tonumber(partial_at)
     else
-      -- The newest member left, in the window or not (members that left it may stay).
+      -- The newest member left, in the window or not (members that left it may stay): the one
+      -- now newest takes over the log's window.
       local l = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
       newest = l[2] and tonumber(l[2])
+      if l[1] and has_logged then
+        local c, n, rest = string.match(l[1], '^(%d+):(%d+)(.*)$')
+        if rest ~= logged_rest then
+          redis.call('ZADD', key, l[2], string.format('%s:%s%s', c, n, logged_rest))
+          redis.call('ZREM', key, l[1])
+        end
+      end
     end
   end
 end
 -- The subject as it stands, as keep describes it for one unit.
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
@@ -309,5 +337,5 @@ if out_remaining == 0 then
       lo = mid + 1
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end

@@ -23,6 +23,8 @@
 //!   are long enough on its own clock.
 
 pub mod arith;
+#[cfg(test)]
+mod carry_over;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -301,7 +303,7 @@ macro_rules! algorithms {
         }
 
         /// One subject's state, tagged by algorithm.
-        #[derive(Debug)]
+        #[derive(Debug, Clone)]
         pub enum State {
             $($variant(<$module::Params as Rule>::State)),+
         }

@@ -62,36 +62,37 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let w = p.window_us;
-    let Level {
-        window,
-        previous,
-        current,
-        start,
-        weighted,
-    } = level(state.as_ref(), p, now_us);
-
-    let end_of_next = start + 2 * w;
-    let admits = current + cost + weighted <= p.limit;
+    let l = level(state.as_ref(), p, now_us);
+    let admits = l.current + cost + l.weighted <= p.limit;
     if admits && take {
-        let current = current + cost;
-        let reset = until(end_of_next, now_us);
+        let l = l.under(p, now_us);
+        let current = l.current + cost;
+        let reset = until(l.start + 2 * l.size, now_us);
         Outcome {
             decision: Decision {
                 allowed: true,
-                remaining: p.limit - current - weighted,
+                remaining: p.limit - current - l.weighted,
                 reset_after_us: reset,
                 retry_after_us: 0,
             },
             state: Some(State {
-                window,
-                previous,
+                window: l.window,
+                previous: l.previous,
                 current,
-                window_us: w,
+                window_us: l.size,
             }),
             ttl_us: Some(reset),
         }
     } else {
+        let Level {
+            previous,
+            current,
+            start,
+            weighted,
+            size: w,
+            ..
+        } = l;
+        let end_of_next = start + 2 * w;
         let reset_at = if current > 0 {
             end_of_next
         } else if previous > 0 {
@@ -131,7 +132,9 @@ fn weighted(previous: u64, remaining_part: u64, window: u64) -> u64 {
     q + u64::from(r > 0)
 }
 
-/// Where a subject stands at a time: its windows rolled forward to that time.
+/// Where a subject stands at a time: its windows rolled forward to that time, in windows of the
+/// size they were counted in.
+#[derive(Debug, Clone, Copy)]
 struct Level {
     /// The current window's number (the stored one after a clock step back).
     window: u64,
@@ -141,24 +144,45 @@ struct Level {
     start: u64,
     /// The previous window's count still inside the trailing window, rounded up.
     weighted: u64,
+    /// The windows' length, in µs.
+    size: u64,
 }
 
-/// The subject's windows at `now_us`, as every operation reads them.
-fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
-    let w = p.window_us;
-    let now_window = now_us / w;
-    let (window, previous, current) = match state {
-        Some(s) if s.window_us == w => {
-            if now_window <= s.window {
-                (s.window, s.previous, s.current)
-            } else if now_window == s.window + 1 {
-                (now_window, s.current, 0)
-            } else {
-                (now_window, 0, 0)
-            }
+impl Level {
+    /// The same usage in windows of `p.window_us`, as a take or a report writes it: unchanged
+    /// when the size is the same; otherwise the usage at `now_us` (`current + weighted`) is the
+    /// count of the window of the new size that holds `now_us`, with no previous one.
+    fn under(self, p: &Params, now_us: u64) -> Level {
+        if self.size == p.window_us {
+            return self;
         }
-        _ => (now_window, 0, 0),
-    };
+        let window = now_us / p.window_us;
+        Level {
+            window,
+            previous: 0,
+            current: self.current + self.weighted,
+            start: window * p.window_us,
+            weighted: 0,
+            size: p.window_us,
+        }
+    }
+}
+
+/// The subject's windows at `now_us`, as every operation reads them: the stored ones, of their
+/// own size, while either still counts; else a fresh window of `p.window_us`.
+fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
+    let stored = state.filter(|s| s.window_us > 0).and_then(|s| {
+        let now_window = now_us / s.window_us;
+        if now_window <= s.window {
+            Some((s.window, s.previous, s.current, s.window_us))
+        } else if now_window == s.window + 1 {
+            Some((now_window, s.current, 0, s.window_us))
+        } else {
+            None
+        }
+    });
+    let (window, previous, current, w) =
+        stored.unwrap_or((now_us / p.window_us, 0, 0, p.window_us));
     let start = window * w;
     let elapsed = now_us.max(start) - start;
     Level {
@@ -167,6 +191,7 @@ fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
         current,
         start,
         weighted: weighted(previous, w - elapsed, w),
+        size: w,
     }
 }
 
@@ -179,18 +204,19 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
     if units == 0 {
         return (standing(state, p, now_us), 0);
     }
+    let l = l.under(p, now_us);
     let mut o = standing(
         Some(State {
             window: l.window,
             previous: l.previous,
             current: l.current + units,
-            window_us: p.window_us,
+            window_us: l.size,
         }),
         p,
         now_us,
     );
     // Kept until the next window ends, as a take keeps it.
-    o.ttl_us = Some(until(l.start + 2 * p.window_us, now_us));
+    o.ttl_us = Some(until(l.start + 2 * l.size, now_us));
     (o, units)
 }
 
@@ -206,7 +232,7 @@ pub fn refund(
     mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
     let l = level(state.as_ref(), p, now_us);
-    let w = p.window_us;
+    let w = l.size;
     // A take's mark is the end of the window after its own.
     let (from_current, from_previous) = match mark {
         None => {

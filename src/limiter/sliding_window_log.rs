@@ -61,10 +61,15 @@ pub struct Params {
     pub window_us: u64,
 }
 
-/// Granted units, oldest first: `(time, units granted at that time)`.
+/// Granted units, oldest first: `(time, units granted at that time)`, and the window they were
+/// last logged under.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     pub entries: VecDeque<(u64, u64)>,
+    /// The `window_us` of the last take or report that logged, which set the expiry; 0 for a
+    /// log that does not say (written before this was kept: read as logged under the window
+    /// decided). On Redis it rides on the newest member.
+    pub window_us: u64,
 }
 
 super::window_rule!("sliding_window_log", MAX_LIMIT);
@@ -103,39 +108,47 @@ pub fn decide(
             ttl_us: Some(reset),
         }
     } else {
-        // The request fits once the oldest `count + cost - limit` units in the window have left
-        // it (more than `limit` of them when the subject is in debt).
-        let mut must_leave = (w.count + cost).saturating_sub(p.limit);
-        let mut leaves_at = w.t;
-        for &(ts, n) in log.entries.iter().skip(w.gone) {
-            leaves_at = ts;
-            if n >= must_leave {
-                break;
-            }
-            must_leave -= n;
-        }
-        // A log with nothing in the window is at full quota already: its newest entry has left
-        // it, so this is 0.
-        let reset = log
-            .entries
-            .back()
-            .map_or(0, |&(newest, _)| until(newest + p.window_us, now_us));
-        let decision = Decision {
-            allowed: admits,
-            remaining: p.limit.saturating_sub(w.count),
-            reset_after_us: reset,
-            retry_after_us: if admits {
-                0
-            } else {
-                until(leaves_at + p.window_us, now_us)
-            },
-        };
+        let decision = standing(&log, &w, p, cost, now_us);
         let state = (!log.entries.is_empty()).then_some(log);
         Outcome {
             decision,
             state,
             ttl_us: None,
         }
+    }
+}
+
+/// The subject as `w` finds it in `log`, for `cost` units, taking nothing: `w.gone` of its
+/// oldest entries have left the window, `w.count` units are in it, and they leave it `w.span`
+/// after their times.
+fn standing(log: &State, w: &Window, p: &Params, cost: u64, now_us: u64) -> Decision {
+    let admits = w.count + cost <= p.limit;
+    // The request fits once the oldest `count + cost - limit` units in the window have left
+    // it (more than `limit` of them when the subject is in debt).
+    let mut must_leave = (w.count + cost).saturating_sub(p.limit);
+    let mut leaves_at = w.t;
+    for &(ts, n) in log.entries.iter().skip(w.gone) {
+        leaves_at = ts;
+        if n >= must_leave {
+            break;
+        }
+        must_leave -= n;
+    }
+    // A log with nothing in the window is at full quota already: its newest entry has left
+    // it, so this is 0.
+    let reset = log
+        .entries
+        .back()
+        .map_or(0, |&(newest, _)| until(newest + w.span, now_us));
+    Decision {
+        allowed: admits,
+        remaining: p.limit.saturating_sub(w.count),
+        reset_after_us: reset,
+        retry_after_us: if admits {
+            0
+        } else {
+            until(leaves_at + w.span, now_us)
+        },
     }
 }
 
@@ -149,9 +162,26 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
     if recorded == 0 {
         return (after(Some(log), p, now_us), 0);
     }
+    let dropped = dropped(w.gone, log.entries.len());
     let reset = log_at(&mut log, p, &w, recorded, now_us);
-    let mut o = after(Some(log), p, now_us);
-    o.ttl_us = Some(reset);
+    // Described as Redis describes it: the units this window held plus those logged, leaving
+    // the window of the log as it now is (after a longer window, an entry that had left the
+    // old one and stays, past what a write drops, counts again only from the next call, as any
+    // stored entry may after a clock step back).
+    let now_in = Window {
+        t: w.t,
+        gone: w.gone - dropped,
+        count: w.count + recorded,
+        span: p.window_us,
+        logged: p.window_us,
+    };
+    let mut decision = standing(&log, &now_in, p, 1, now_us);
+    decision.allowed = true;
+    let o = Outcome {
+        decision,
+        state: Some(log),
+        ttl_us: Some(reset),
+    };
     (o, recorded)
 }
 
@@ -175,7 +205,8 @@ pub fn refund(
     let want = units.min(w.count);
     let at = match mark {
         Some(mark) => {
-            let Some(i) = mark.checked_sub(p.window_us).and_then(|time| {
+            // The mark is its take's time plus the window the take logged under: the log's.
+            let Some(i) = mark.checked_sub(w.logged).and_then(|time| {
                 log.entries
                     .binary_search_by_key(&time, |&(ts, _)| ts)
                     .ok()
@@ -234,28 +265,47 @@ pub fn refund(
 }
 
 /// Where a log stands at `now`: the time its window ends at (`now`, or the newest entry's time
-/// when the clock stepped back before it), how many of its oldest entries have left the window,
-/// and the units of those still in it.
+/// when the clock stepped back before it), the window's length `span`, how many of its oldest
+/// entries have left the window, and the units of those still in it.
 struct Window {
     t: u64,
     gone: usize,
     count: u64,
+    /// The shorter of the window decided and the one the log was last logged under: an entry
+    /// counts for neither longer than the window it was logged under (the log expires then)
+    /// nor longer than the window decided.
+    span: u64,
+    /// The window the log was last logged under.
+    logged: u64,
 }
 
 impl Window {
     fn of(log: &State, p: &Params, now_us: u64) -> Self {
+        let logged = if log.window_us == 0 {
+            p.window_us
+        } else {
+            log.window_us
+        };
+        let span = logged.min(p.window_us);
         let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
-        let gone = match t.checked_sub(p.window_us) {
+        let gone = match t.checked_sub(span) {
             Some(horizon) => log.entries.partition_point(|&(ts, _)| ts <= horizon),
             None => 0,
         };
         let count = log.entries.iter().skip(gone).map(|&(_, n)| n).sum();
-        Self { t, gone, count }
+        Self {
+            t,
+            gone,
+            count,
+            span,
+            logged,
+        }
     }
 }
 
-/// Drops the entries that have left the window `w`, logs `n` units at its end, and returns the
-/// time until they leave the window, which is also the time until the whole log has.
+/// Drops the entries that have left the window `w`, logs `n` units at its end under the window
+/// decided (which becomes the log's), and returns the time until they leave it, which is also
+/// the time until the whole log has.
 fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
     let gone = dropped(w.gone, log.entries.len());
     log.entries.drain(..gone);
@@ -263,6 +313,7 @@ fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
         Some((ts, units)) if *ts == w.t => *units += n,
         _ => log.entries.push_back((w.t, n)),
     }
+    log.window_us = p.window_us;
     until(w.t + p.window_us, now_us)
 }
 
@@ -358,6 +409,7 @@ mod tests {
     fn log(entries: &[(u64, u64)]) -> Option<State> {
         Some(State {
             entries: entries.iter().copied().collect(),
+            window_us: 0,
         })
     }
 
@@ -445,7 +497,8 @@ mod tests {
         assert_eq!((o.decision.remaining, o.decision.reset_after_us), (2, 700));
         // Entries that have left the window give nothing: at 1,000 the one at 0 has left.
         let (o, given) = refund(o.state, &P, 1, 1_000, None);
-        assert_eq!((given, o.state), (0, log(&[(0, 1)])));
+        assert_eq!(given, 0);
+        assert_eq!(entries(&o), [(0, 1)]);
     }
 
     #[test]
