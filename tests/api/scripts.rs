@@ -995,6 +995,101 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
     );
 }
 
+/// Keys in the layouts of the version before: a token bucket of five fields (no capacity) and a
+/// log whose members do not say their window. Both still decode, read as written under the
+/// capacity or window decided, on Redis as in the Rust model of such a state.
+#[test]
+fn keys_written_before_the_state_said_its_parameters_still_decode() {
+    let mut lab = Lab::new();
+    let mut shas = std::collections::HashMap::new();
+    let old_bucket = |tokens: f64, updated: u64| -> Vec<u8> {
+        [tokens, 0.0, updated as f64, 1.0, 1_000_000.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    for capacity in [10, 20, 3] {
+        let (policy, keys) = composite(&mut lab, &[bucket(capacity, 1, 1_000)]);
+        let params = policy.params();
+        let _: () = redis::cmd("SET")
+            .arg(&keys[0])
+            .arg(old_bucket(4.0, T0))
+            .query(&mut lab.conn)
+            .expect("SET");
+        let ratelimiter::limiter::Params::TokenBucket(p) = params[0] else {
+            unreachable!("a bucket");
+        };
+        // The Rust model of that key: written under the capacity decided.
+        let mut states = vec![Some(State::TokenBucket(
+            ratelimiter::limiter::token_bucket::State {
+                tokens: 4,
+                fraction: 0,
+                updated_us: T0,
+                refill_tokens: 1,
+                refill_period_us: 1_000_000,
+                capacity: p.capacity,
+            },
+        ))];
+        let now = T0 + 1_500_000;
+        for op in [Op::Peek, Op::Acquire, Op::Refund, Op::Report] {
+            let mut ttls = vec![None];
+            let expected = decide_op(params, &mut states, &mut ttls, op, 1, now, &[]);
+            let got = op_persisted(&mut lab.conn, &mut shas, &keys, params, (op, 1, now), &[])
+                .expect("script");
+            assert_eq!(
+                got,
+                as_op_reply(&expected, op),
+                "{op:?} at capacity {capacity}"
+            );
+        }
+        // 4 tokens (at most `capacity`), 1.5 refilled (none past full), 1 taken, 1 given back, 1
+        // reported.
+        let d = decide_op(params, &mut states, &mut [None], Op::Peek, 1, now, &[]);
+        assert_eq!(d.limits()[0].remaining, 4.min(capacity - 1));
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(&keys[0])
+            .query(&mut lab.conn)
+            .expect("GET");
+        assert_eq!(raw.len(), 48, "rewritten in the new layout");
+    }
+    for window_ms in [1_000, 500, 5_000] {
+        let (policy, keys) = composite(
+            &mut lab,
+            &[window(5, window_ms, Algorithm::SlidingWindowLog)],
+        );
+        let params = policy.params();
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys[0])
+            .arg(T0)
+            .arg("0000000000000002:2")
+            .arg(T0 + 400_000)
+            .arg("0000000000000003:1")
+            .query(&mut lab.conn)
+            .expect("ZADD");
+        let mut states = vec![Some(State::SlidingWindowLog(sliding_window_log::State {
+            entries: [(T0, 2), (T0 + 400_000, 1)].into_iter().collect(),
+            window_us: 0,
+        }))];
+        for (op, now) in [
+            (Op::Peek, T0 + 450_000),
+            (Op::Refund, T0 + 450_000),
+            (Op::Peek, T0 + 700_000),
+            (Op::Acquire, T0 + 1_200_000),
+            (Op::Peek, T0 + 1_300_000),
+        ] {
+            let mut ttls = vec![None];
+            let expected = decide_op(params, &mut states, &mut ttls, op, 1, now, &[]);
+            let got = op_persisted(&mut lab.conn, &mut shas, &keys, params, (op, 1, now), &[])
+                .expect("script");
+            assert_eq!(
+                got,
+                as_op_reply(&expected, op),
+                "{op:?} at {now}, {window_ms} ms"
+            );
+        }
+    }
+}
+
 // --- A key of another type: every script fails on it, and leaves it as it was ------------------
 
 /// Whether `key` still holds the list the test pushed, and nothing else.
