@@ -1,7 +1,8 @@
 -- fixed_window.lua: at most `limit` units per window aligned to multiples of `window_us`.
 -- Mirrors src/limiter/fixed_window.rs. One limit's part of a decision script: see common.lua.
 --
--- key          the limit's state key: a string packing (window, count, window_us) as doubles
+-- key          the limit's state key: a string packing (window, count, window_us) as doubles,
+--              window_us being the size of the window the count was counted in
 -- ARGV[a + 1]  limit
 -- ARGV[a + 2]  window_us
 --
@@ -14,6 +15,10 @@
 -- Refund: units come off the current window's count, never below zero; with a ticket's `mark`
 -- (the end of the window its take counted in) only while that window is the current one. The
 -- state is rewritten with KEEPTTL: the expiry stays the window's end.
+--
+-- A change of parameters (limit or window): the count carries over while the window it was
+-- counted in has not ended; every section goes on counting in it, of its own size, until its
+-- end (the key's expiry), and the next window is aligned to the window_us decided.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])

@@ -24,6 +24,12 @@
 -- ceil((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
 -- MAX_WAIT_US; a held mark (a take whose TAT was past MAX_WAIT_US) as the refund section
 -- reads it. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
+--
+-- A change of parameters (burst, rate or period): the units in use (busy) carry over. The TAT
+-- drains at the interval stored with it until a take or a report rewrites it at the interval
+-- decided (busy units anchored at t, the part of an interval drained so far dropped); keep and
+-- refund leave it at its own, so the key expires at the TAT and a state past its expiry answers
+-- as a missing key.
 
 local burst = tonumber(ARGV[a + 1])
 local num = tonumber(ARGV[a + 2])

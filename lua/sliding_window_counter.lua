@@ -18,6 +18,13 @@
 -- Refund: units come off `current`, then `previous`, never below zero. A ticket's `mark` is the
 -- end of the window after its take's: mark == start + 2 * w gives back from `current`, mark ==
 -- start + w from `previous`, any other nothing. The state is rewritten with KEEPTTL.
+--
+-- A change of parameters (limit or window): the usage carries over. The stored windows go on
+-- sliding at their own size (`w`, the stored window_us) while either counts; keep and refund
+-- leave them so. The first take or report under another window_us writes the usage then
+-- (current + the weighted previous) as the count of the window of the new size that holds now.
+-- The key expires when the stored windows have slid out, and a state past its expiry answers as
+-- a missing key.
 
 local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])

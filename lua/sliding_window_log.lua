@@ -3,10 +3,14 @@
 -- common.lua.
 --
 -- key          the limit's log: a sorted set with one member per time at which units were
---              logged, scored by that time in µs; a member is "<total>:<cost>": the units logged
---              at that time, and the running total of units logged up to and including it,
---              zero-padded to 16 digits (logs written by earlier builds may hold several members
---              of one time, which sort in the order they were logged and are read alike)
+--              logged, scored by that time in µs; a member is "<total>:<cost>:<window_us>": the
+--              running total of units logged up to and including it, zero-padded to 16 digits,
+--              the units logged at that time, and the window they were logged under. The newest
+--              member's window is the log's (the one that set its expiry); members of earlier
+--              builds are "<total>:<cost>", and a log whose newest member does not say is read
+--              as logged under the window decided (logs written by earlier builds may hold
+--              several members of one time, which sort in the order they were logged and are
+--              read alike)
 -- ARGV[a + 1]  limit (at most 10,000)
 -- ARGV[a + 2]  window_us
 --
@@ -48,6 +52,12 @@
 -- search over all n members, at most ceil(log2(n)) ZRANGEs.
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
+--
+-- A change of parameters (limit or window): the members carry over. They count in the shorter of
+-- the log's window and the one decided (`span`); the first take or report under a longer one
+-- makes it the log's. A refund never changes the log's window: when it removes the newest member,
+-- the one that becomes newest is rewritten to carry it. So the key expires when its last member
+-- has left the log's window, and a state past its expiry answers as a missing key.
 --
 -- Time never runs backwards past the newest member. Keep writes nothing; members that have left
 -- the window but are still stored count again if the clock steps back before the next write, as

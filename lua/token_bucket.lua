@@ -3,9 +3,11 @@
 -- states the rules. One limit's part of a decision script: see common.lua.
 --
 -- key          the limit's state key: a string packing (tokens, fraction, updated_us,
---              refill_tokens, refill_period_us) as doubles; a missing key is a full bucket.
---              tokens is signed: below zero (down to -capacity) after a report put the subject
---              in debt; keys written before debt existed hold the same layout
+--              refill_tokens, refill_period_us, capacity) as doubles, the rate and capacity being
+--              those the level was written under; a missing key is a full bucket. tokens is
+--              signed: below zero (down to -capacity) after a report put the subject in debt.
+--              A key of the layout before, 40 bytes without capacity (keys written before debt
+--              existed hold it too), is read as written under the capacity decided
 -- ARGV[a + 1]  capacity
 -- ARGV[a + 2]  refill_tokens    } the rate in lowest terms (divided by their greatest common
 -- ARGV[a + 3]  refill_period_us } divisor), so that refill_tokens < 2^31 and products stay exact
@@ -24,6 +26,12 @@
 -- ceil((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
 -- at MAX_WAIT_US. Back at capacity, the fraction is dropped (never above full). Written with
 -- KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
+--
+-- A change of parameters (capacity or rate): the tokens missing from full carry over. The level
+-- refills at the rate it was written with, up to the capacity it was written under, until a
+-- take or a report rewrites it under the parameters decided (the same tokens missing; the
+-- fraction dropped when the rate differs); keep and refund leave it in its own terms, so the key
+-- expires exactly when it is full and a state past its expiry answers as a missing key.
 
 local capacity = tonumber(ARGV[a + 1])
 local rate = tonumber(ARGV[a + 2])

@@ -1,8 +1,16 @@
 //! Fixed window: at most `limit` units per window aligned to multiples of `window_us`.
 //!
-//! State: the window the count belongs to. A `now` in an earlier window (the clock stepped back)
-//! keeps counting in the stored window instead of opening a fresh one. A changed `window_us`
-//! starts a fresh count, since window numbers of different sizes do not compare.
+//! State: the window the count belongs to, and its size. A `now` in an earlier window (the clock
+//! stepped back) keeps counting in the stored window instead of opening a fresh one.
+//!
+//! A change of parameters (a limit or a window changed by a policy update, an override or a
+//! tier): the count carries over while the window it was counted in has not ended (ADDITIVE: 4
+//! counted of 10 leave 16 of 20, and none of 3). Takes, reports and refunds go on counting in
+//! that window, of the size it was opened with, until it ends, which is when the key expires;
+//! the next window is aligned to the new `window_us`, as for a missing key. So a window made
+//! longer does not stretch the window already open (its count ends with it), and one made
+//! shorter does not cut it (the count holds until the old window's end). Whatever the
+//! parameters, a state past its expiry answers as no state.
 //!
 //! Debt ([`report`]): a report adds its units to the window's count whether they fit or not, so
 //! the count may pass `limit`; it never passes `2 * limit`, and units beyond that are not

@@ -20,7 +20,7 @@
 //! moves the anchor forward by whole periods of `interval_num` µs (`interval_den` intervals), so
 //! it stays within one such period of the last decision and `units < burst + interval_den`:
 //! every number stays below 2^53 (Lua's exact integers) for the whole parameter range, even when
-//! `burst·T` is millions of years. A changed rate starts a fresh state; a changed burst keeps it.
+//! `burst·T` is millions of years.
 //!
 //! Clock step back (the shared rule): the anchor is a time at or before the last decision, and a
 //! `now` before it is treated as the anchor. A step back therefore never refunds anything (the
@@ -46,6 +46,18 @@
 //! whose TAT lies further, a report of 10^9 at one a month, has a held mark instead, which
 //! [`super::undrained`] reads). A
 //! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
+//!
+//! A change of parameters (a burst, rate or period changed by a policy update, an override or
+//! a tier): the units in use (`busy`, the backlog still to drain) carry over, whatever the
+//! burst (ADDITIVE: 4 in use of 10 leave 16 of 20, and none of 3, in debt by 1). The state
+//! says the interval it was written with, and its TAT drains at that interval until a take or a
+//! report rewrites it at the one decided: `busy` units, anchored at `t`, plus the cost; a peek,
+//! a denial and a refund leave it at its own, so their waits are the times it drains to them
+//! and the key expires exactly at the TAT, after which the subject is at rest, as a missing key
+//! is. A changed burst alone changes nothing stored. Whatever the parameters, a state past its
+//! expiry answers as no state. Not exact: a rewrite at another interval drops the part of an
+//! interval drained so far (a unit in use counts as whole), so the subject may wait up to one
+//! interval longer.
 //!
 //! Mappings. redis-cell's `CL.THROTTLE key max_burst count period` is `burst = max_burst + 1`,
 //! `rate = count`, `period_ms = period * 1000`. go-redis/redis_rate's `Limit{Rate, Burst,

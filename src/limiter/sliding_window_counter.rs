@@ -24,6 +24,18 @@
 //! the take's window is the current one its units are given back from `current`, when it is the
 //! previous one from `previous`, and once it is older nothing is given back. The expiry is left
 //! alone: the state still counts for as long as it did.
+//!
+//! A change of parameters (a limit or a window changed by a policy update, an override or a
+//! tier): the usage carries over (ADDITIVE: usage 4 of 10 leaves 16 of 20, and none of 3). With
+//! the same window the counts stand as they are. With another, the stored windows go on sliding
+//! at their own size, so that a peek, a denial or a refund (which writes in the stored windows)
+//! sees the usage fall as it would have, and the key expires when both have slid out, as a
+//! missing key is; the first take or report under the new window writes the usage at that time
+//! (`current` plus the weighted `previous`, rounded up) as the count of the new-size window
+//! that holds it, with no previous one. Whatever the parameters, a state past its expiry
+//! answers as no state. Not exact: the carried usage counts whole until that new window ends
+//! and then slides out over the next, where the old previous window's share would have slid
+//! out sooner (stricter, never looser).
 
 use super::arith::muldiv;
 use super::{until, Decision, Outcome};

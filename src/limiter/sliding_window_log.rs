@@ -37,6 +37,18 @@
 //! when no entry is left in it, which Redis does with one `UNLINK`); the others stay, count
 //! again only if the clock steps back, as any stored entry does, and go with the next writes.
 //! As on Redis, an entry's time is its identity: requests at one time share one entry.
+//!
+//! **A change of parameters** (a limit or a window changed by a policy update, an override or
+//! a tier): the entries carry over (ADDITIVE: 4 units in the window of 10 leave 16 of 20, and
+//! none of 3). The log says the window it was last logged under (the state's `window_us`, on
+//! Redis carried by the newest member), which set its expiry. An entry counts in the shorter of
+//! that window and the one decided: a shorter window applies at once; a longer one applies from
+//! the first take or report under it, which makes it the log's (the entries still logged then,
+//! those in the old window, count in the new one from there on), while a peek, a denial and a
+//! refund count in the old window, so that the key expires when its last entry has left that
+//! window, as a missing key is. A ticket's mark is read with the log's window. Whatever the
+//! parameters, a state past its expiry answers as no state. Logs of the layout before (members
+//! that do not say their window) are read as logged under the window decided.
 
 use std::collections::VecDeque;
 

@@ -15,8 +15,10 @@
 //! the level to climb back to `cost`, `retry_after` being that exact time, and `remaining` is 0
 //! while the level is below one token. Every product stays exact: the tokens missing from full
 //! are at most `2 * capacity <= 2 * 10^9 < 2^31`, within what `muldiv` in `lua/muldiv.lua`
-//! multiplies exactly. (A capacity lowered by a policy change may leave an older, deeper debt;
-//! it is repaid as it stands, and reports record nothing until it is back within the bound.)
+//! multiplies exactly. (A capacity lowered by a policy change may leave an older, deeper debt,
+//! below `-capacity` of the new one but never below `-capacity` of the state's own, so the
+//! tokens missing stay within that bound; it is repaid as it stands, and reports record nothing
+//! until it is back within the bound.)
 //!
 //! Refund ([`super::Rule::refund`]). Gives back whole tokens, at most the ones in use
 //! (`capacity - tokens`); a bucket brought back to `capacity` drops its fraction, so the level
@@ -28,6 +30,19 @@
 //! stays exact in Lua; a take that leaves the bucket full only further away has a held mark
 //! instead, which [`super::undrained`] reads.) A refund rewrites the level but keeps the key's expiry: the bucket is
 //! only fuller, so it is full again before the old expiry.
+//!
+//! A change of parameters (a capacity or a rate changed by a policy update, an override or a
+//! tier): the tokens missing from full carry over, whatever the capacity (ADDITIVE: a subject
+//! that spent 5 of 22 has 57 of 62 once raised, and 0 of 4 once lowered, in debt by 1). The
+//! state says the capacity and the rate it was written under, and its level refills at that
+//! rate, up to that capacity, until a take or a report rewrites it under the parameters
+//! decided; a peek, a denial and a refund leave it in its own terms, so that their waits are
+//! the times the level reaches them at the rate it refills at, and the key expires exactly when
+//! it is full, as a missing key is (a full bucket at any capacity). Whatever the parameters, a
+//! state past its expiry answers as no state. Not exact: a rewrite at another rate drops the
+//! part of a token refilled so far (it is counted in the old period), so the subject may wait
+//! up to one token's time longer. Keys of the layout before (five fields, no capacity) are read
+//! as written under the capacity decided.
 
 use super::arith::{gcd, muldiv};
 use super::{undrained, Decision, Outcome, MAX_WAIT_US};
