@@ -487,4 +487,57 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_changed_window_carries_the_usage_into_a_window_of_the_new_size() {
+        let second = Params {
+            limit: 10,
+            window_us: 1_000_000,
+        };
+        let o = acquire(None, &second, 4, 500_000);
+        // A quarter into the next second, 3 of the 4 still count; then 20 per 10 s.
+        let wide = Params {
+            limit: 20,
+            window_us: 10_000_000,
+        };
+        let peek = decide(o.state, &wide, 1, 1_250_000, false).decision;
+        assert_eq!(peek.remaining, 17);
+        // Until rewritten the old windows slide at their own size.
+        assert_eq!(peek.reset_after_us, 750_000);
+        let t = acquire(o.state, &wide, 1, 1_250_000);
+        assert_eq!(t.decision.remaining, 16);
+        assert_eq!(
+            t.state,
+            Some(State {
+                window: 0,
+                previous: 0,
+                current: 4,
+                window_us: 10_000_000,
+            })
+        );
+        assert_eq!(t.ttl_us, Some(20_000_000 - 1_250_000));
+        // Once both old windows have slid out (the key's expiry), as no state.
+        let live = acquire(o.state, &wide, 1, 2_000_000);
+        assert_eq!(live, acquire(None, &wide, 1, 2_000_000));
+    }
+
+    #[test]
+    fn a_lowered_limit_keeps_the_debt_bound_and_refunds_only_what_counts() {
+        let second = Params {
+            limit: 10,
+            window_us: 1_000_000,
+        };
+        let o = acquire(None, &second, 4, 500_000);
+        let low = Params {
+            limit: 2,
+            window_us: 1_000_000,
+        };
+        let d = decide(o.state, &low, 1, 1_250_000, false).decision;
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
+        // Usage 3 of a bound of 4: one more unit recorded.
+        let (r, units) = report(o.state, &low, 5, 1_250_000);
+        assert_eq!(units, 1);
+        let (f, given) = refund(r.state, &low, 10, 1_250_000, None);
+        assert_eq!((given, f.decision.remaining), (5, 2));
+    }
 }

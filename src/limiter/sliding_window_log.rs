@@ -615,4 +615,45 @@ mod tests {
         let taken = acquire(back.state, &P, 1, 1_500);
         assert_eq!(entries(&taken), [(1_500, 1)], "a take removes it");
     }
+
+    #[test]
+    fn a_changed_window_counts_the_entries_in_the_shorter_until_a_take_makes_it_the_logs() {
+        let o = acquire(None, &P, 2, 0);
+        let o = acquire(o.state, &P, 1, 400);
+        let wide = Params {
+            limit: 5,
+            window_us: 3_000,
+        };
+        // At 1,200 the 2 units of 0 have left the log's window of 1,000: 1 counts of 5.
+        let peek = decide(o.state.clone(), &wide, 1, 1_200, false).decision;
+        assert_eq!((peek.remaining, peek.reset_after_us), (4, 200));
+        // At 1,400 the log's last entry has left its window, when its key expires: as none.
+        let live = decide(o.state.clone(), &wide, 5, 1_400, true);
+        assert_eq!(live.decision, decide(None, &wide, 5, 1_400, true).decision);
+        // A take at 1,200 makes the wide window the log's: the entry of 400 counts in it.
+        let t = acquire(o.state, &wide, 1, 1_200);
+        assert_eq!((t.decision.remaining, t.ttl_us), (3, Some(3_000)));
+        assert_eq!(entries(&t), [(400, 1), (1_200, 1)]);
+        let d = decide(t.state, &wide, 1, 3_300, false).decision;
+        assert_eq!((d.remaining, d.reset_after_us), (3, 900));
+    }
+
+    #[test]
+    fn a_lowered_limit_keeps_the_debt_bound_and_refunds_only_what_is_logged() {
+        let o = acquire(None, &P, 2, 0);
+        let o = acquire(o.state, &P, 1, 400);
+        let low = Params {
+            limit: 1,
+            window_us: 1_000,
+        };
+        let (r, units) = report(o.state, &low, 1, 450);
+        assert_eq!(
+            (units, r.decision.remaining),
+            (0, 0),
+            "3 logged, twice 1 is 2"
+        );
+        let (f, given) = refund(r.state, &low, 10, 450, None);
+        assert_eq!((given, f.decision.remaining), (3, 1));
+        assert_eq!(f.ttl_us, None);
+    }
 }
