@@ -24,6 +24,12 @@
 -- ceil((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
 -- MAX_WAIT_US; a held mark (a take whose TAT was past MAX_WAIT_US) as the refund section
 -- reads it. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
+--
+-- A change of parameters (burst, rate or period): the units in use (busy) carry over. The TAT
+-- drains at the interval stored with it until a take or a report rewrites it at the interval
+-- decided (busy units anchored at t, the part of an interval drained so far dropped); keep and
+-- refund leave it at its own, so the key expires at the TAT and a state past its expiry answers
+-- as a missing key.
 
 local burst = tonumber(ARGV[a + 1])
 local num = tonumber(ARGV[a + 2])
@@ -34,16 +40,19 @@ local den = tonumber(ARGV[a + 3])
 -- level still to drain is busy - part / num intervals; a TAT at or before t (or no state) is a
 -- subject at rest, anchored at t. (A subject at rest, the common case on a busy key space,
 -- needs no long division.)
+-- The level drains at the interval the state was written with, snum / sden.
 local t, skew = now, 0
+local snum, sden = num, den
 local anchor, units, busy, elapsed, part = now, 0, 0, 0, 0
 local raw = redis.call('GET', key)
 if raw then
   local at, u, n, d = struct.unpack('<dddd', raw)
-  if n == num and d == den then
+  if n >= 1 and d >= 1 then
+    snum, sden = n, d
     if at > now then
       t, skew, anchor = at, at - now, at
     end
-    local e, p = muldiv(t - at, den, num)
+    local e, p = muldiv(t - at, d, n)
     if e < u then
       anchor, units, busy, elapsed, part = at, u, u - e, e, p
     end
@@ -56,8 +65,14 @@ end
 -- q, r = muldiv(num, level, den); skew alone for no level. Each section writes out the drains it
 -- needs rather than calling a function for them: a function here would be a closure over seven
 -- of these locals, whose upvalues are made and closed on every call of the script.
+-- Take and report rewrite the level at the interval decided: its busy units, anchored at t
+-- (the part of an interval drained so far dropped when the interval differs); keep and refund
+-- leave it at its own.
 local admits = busy + cost <= burst
 --- take
+if snum ~= num or sden ~= den then
+  anchor, units, elapsed, part = t, busy, 0, 0
+end
 local after = busy + cost
 local q, r = muldiv(num, after, den)
 out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
@@ -72,32 +87,36 @@ out_remaining = burst - after
 --- keep
 out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
 if busy > 0 then
-  local q, r = muldiv(num, busy, den)
-  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+  local q, r = muldiv(snum, busy, sden)
+  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end
 if not admits then
-  local q, r = muldiv(num, busy + cost - burst, den)
-  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+  local q, r = muldiv(snum, busy + cost - burst, sden)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end
 --- report
 -- Recorded: what fits before the level reaches twice the burst (nothing when a lowered burst
 -- left a longer backlog). The level is above zero after it (an empty one records cost).
 out_units = math.max(math.min(cost, 2 * burst - busy), 0)
+if out_units > 0 and (snum ~= num or sden ~= den) then
+  anchor, units, elapsed, part = t, busy, 0, 0
+  snum, sden = num, den
+end
 busy = busy + out_units
-local q, r = muldiv(num, busy, den)
-out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+local q, r = muldiv(snum, busy, sden)
+out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 if out_units > 0 then
   local periods = 0
-  if elapsed >= den then
-    periods = muldiv(elapsed, 1, den)
+  if elapsed >= sden then
+    periods = muldiv(elapsed, 1, sden)
   end
   redis.call('PSETEX', key, math.ceil(out_reset / 1000),
-    struct.pack('<dddd', anchor + periods * num, units - periods * den + out_units, num, den))
+    struct.pack('<dddd', anchor + periods * snum, units - periods * sden + out_units, snum, sden))
 end
 out_remaining = math.max(burst - busy, 0)
 if busy >= burst then
-  q, r = muldiv(num, busy + 1 - burst, den)
-  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+  q, r = muldiv(snum, busy + 1 - burst, sden)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end
 --- refund
 -- At most the level (none for a missing key: at rest), and with a mark only the units of its
@@ -112,15 +131,15 @@ if mark then
     -- after that.
     local elapsed = math.max(t - (mark - 4503599627370496), 0)
     if elapsed < MAX_WAIT_US then
-      local q, r = muldiv(MAX_WAIT_US - elapsed, den, num)
+      local q, r = muldiv(MAX_WAIT_US - elapsed, sden, snum)
       undrained = q
       if r > 0 then
         undrained = q + 1
       end
-      undrained = math.max(undrained, cost - muldiv(elapsed, den, num))
+      undrained = math.max(undrained, cost - muldiv(elapsed, sden, snum))
     end
   elseif mark > t then
-    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), den, num)
+    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), sden, snum)
     -- Rounded up: a refund right after its take gives all of it back.
     undrained = q
     if r > 0 then
@@ -132,17 +151,17 @@ end
 if out_units > 0 then
   busy = busy - out_units
   local periods = 0
-  if elapsed >= den then
-    periods = muldiv(elapsed, 1, den)
+  if elapsed >= sden then
+    periods = muldiv(elapsed, 1, sden)
   end
-  redis.call('SET', key, struct.pack('<dddd', anchor + periods * num, units - periods * den - out_units, num, den), 'KEEPTTL')
+  redis.call('SET', key, struct.pack('<dddd', anchor + periods * snum, units - periods * sden - out_units, snum, sden), 'KEEPTTL')
 end
 out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
 if busy > 0 then
-  local q, r = muldiv(num, busy, den)
-  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+  local q, r = muldiv(snum, busy, sden)
+  out_reset = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end
 if busy >= burst then
-  local q, r = muldiv(num, busy + 1 - burst, den)
-  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, den)), MAX_WAIT_US)
+  local q, r = muldiv(snum, busy + 1 - burst, sden)
+  out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end

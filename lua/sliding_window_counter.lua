@@ -18,25 +18,40 @@
 -- Refund: units come off `current`, then `previous`, never below zero. A ticket's `mark` is the
 -- end of the window after its take's: mark == start + 2 * w gives back from `current`, mark ==
 -- start + w from `previous`, any other nothing. The state is rewritten with KEEPTTL.
+--
+-- A change of parameters (limit or window): the usage carries over. The stored windows go on
+-- sliding at their own size (`w`, the stored window_us) while either counts; keep and refund
+-- leave them so. The first take or report under another window_us writes the usage then
+-- (current + the weighted previous) as the count of the window of the new size that holds now.
+-- The key expires when the stored windows have slid out, and a state past its expiry answers as
+-- a missing key.
 
 local limit = tonumber(ARGV[a + 1])
-local w = tonumber(ARGV[a + 2])
+local window_us = tonumber(ARGV[a + 2])
 
--- floor(now / w), corrected where the division rounds up to the next integer.
-local now_window = math.floor(now / w)
-if now_window * w > now then
-  now_window = now_window - 1
-end
-local window, previous, current = now_window, 0, 0
+-- The stored windows count, of the size they were counted in (`w`), while either does; else a
+-- fresh window of window_us. floor(now / size), corrected where the division rounds up to the
+-- next integer.
+local w, window, previous, current = window_us, nil, 0, 0
 local raw = redis.call('GET', key)
 if raw then
   local sw, p, c, size = struct.unpack('<dddd', raw)
-  if size == w then
-    if now_window <= sw then
-      window, previous, current = sw, p, c
-    elseif now_window == sw + 1 then
-      previous = c
+  if size >= 1 then
+    local now_window = math.floor(now / size)
+    if now_window * size > now then
+      now_window = now_window - 1
     end
+    if now_window <= sw then
+      w, window, previous, current = size, sw, p, c
+    elseif now_window == sw + 1 then
+      w, window, previous, current = size, now_window, c, 0
+    end
+  end
+end
+if not window then
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
   end
 end
 
@@ -51,6 +66,15 @@ end
 local end_of_next = start + 2 * w
 local admits = current + cost + weighted <= limit
 --- take
+if w ~= window_us then
+  -- Written in windows of window_us: the usage now is the count of the one that holds now.
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
+  end
+  w, previous, current, weighted = window_us, 0, current + weighted, 0
+  end_of_next = (window + 2) * window_us
+end
 current = current + cost
 out_reset = end_of_next - now
 redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddd', window, previous, current, w))
@@ -77,6 +101,16 @@ end
 --- report
 -- Usage never passes twice the limit: what would go past it is not recorded.
 out_units = math.min(cost, math.max(2 * limit - current - weighted, 0))
+if out_units > 0 and w ~= window_us then
+  -- Written in windows of window_us, as take writes it.
+  window = math.floor(now / window_us)
+  if window * window_us > now then
+    window = window - 1
+  end
+  w, previous, current, weighted = window_us, 0, current + weighted, 0
+  start = window * window_us
+  end_of_next = start + 2 * window_us
+end
 if out_units > 0 then
   current = current + out_units
   redis.call('PSETEX', key, math.ceil((end_of_next - now) / 1000), struct.pack('<dddd', window, previous, current, w))

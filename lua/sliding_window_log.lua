@@ -3,10 +3,14 @@
 -- common.lua.
 --
 -- key          the limit's log: a sorted set with one member per time at which units were
---              logged, scored by that time in µs; a member is "<total>:<cost>": the units logged
---              at that time, and the running total of units logged up to and including it,
---              zero-padded to 16 digits (logs written by earlier builds may hold several members
---              of one time, which sort in the order they were logged and are read alike)
+--              logged, scored by that time in µs; a member is "<total>:<cost>:<window_us>": the
+--              running total of units logged up to and including it, zero-padded to 16 digits,
+--              the units logged at that time, and the window they were logged under. The newest
+--              member's window is the log's (the one that set its expiry); members of earlier
+--              builds are "<total>:<cost>", and a log whose newest member does not say is read
+--              as logged under the window decided (logs written by earlier builds may hold
+--              several members of one time, which sort in the order they were logged and are
+--              read alike)
 -- ARGV[a + 1]  limit (at most 10,000)
 -- ARGV[a + 2]  window_us
 --
@@ -49,6 +53,12 @@
 -- Totals restart at 0 whenever the log is empty, so they stay exact (below 2^53) unless a
 -- subject's log never empties for decades at the highest rate.
 --
+-- A change of parameters (limit or window): the members carry over. They count in the shorter of
+-- the log's window and the one decided (`span`); the first take or report under a longer one
+-- makes it the log's. A refund never changes the log's window: when it removes the newest member,
+-- the one that becomes newest is rewritten to carry it. So the key expires when its last member
+-- has left the log's window, and a state past its expiry answers as a missing key.
+--
 -- Time never runs backwards past the newest member. Keep writes nothing; members that have left
 -- the window but are still stored count again if the clock steps back before the next write, as
 -- in the Rust model, which drops entries only where this script writes, and as many.
@@ -57,7 +67,11 @@ local limit = tonumber(ARGV[a + 1])
 local window_us = tonumber(ARGV[a + 2])
 local REACH = 256 -- src/limiter/sliding_window_log.rs, REACH
 
+-- `logged`: the window the log was last logged under, carried by the newest member (a log
+-- whose newest member does not say, written before it was kept, is read as logged under
+-- window_us). Members count for the shorter of the two windows, `span`.
 local t, total, newest = now, 0, nil
+local logged, has_logged = window_us, false
 local last = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
 if last[1] then
   newest = tonumber(last[2])
@@ -65,13 +79,18 @@ if last[1] then
     t = newest
   end
   total = tonumber(string.match(last[1], '^(%d+)'))
+  local lw = tonumber(string.match(last[1], '^%d+:%d+:(%d+)$'))
+  if lw and lw > 0 then
+    logged, has_logged = lw, true
+  end
 end
+local span = math.min(window_us, logged)
 
 -- `first` and `first_at`: the running total and the time of the oldest member still in the
 -- window; `before`: the running total just before it. Members at or before the horizon have left
 -- it (`stale`: some are still stored). The oldest member is read by rank first, so that the
 -- search by score is made only when one has left (an empty log needs neither).
-local horizon = t - window_us
+local horizon = t - span
 local count, before, stale, first, first_at, all_gone = 0, 0, false, 0, 0, false
 if newest then
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
@@ -83,7 +102,7 @@ if newest then
     first_at = tonumber(oldest[2])
   end
   if oldest[1] then
-    local c, n = string.match(oldest[1], '^(%d+):(%d+)$')
+    local c, n = string.match(oldest[1], '^(%d+):(%d+)')
     first = tonumber(c)
     before = first - tonumber(n)
     count = total - before
@@ -107,11 +126,11 @@ end
 total = total + cost
 if newest == t then
   -- One member per time: the newest, of this time, takes the units too.
-  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
-    tonumber(string.match(last[1], ':(%d+)$')) + cost))
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total,
+    tonumber(string.match(last[1], '^%d+:(%d+)')) + cost, window_us))
   redis.call('ZREM', key, last[1])
 else
-  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, cost))
+  redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total, cost, window_us))
 end
 out_reset = t + window_us - now
 redis.call('PEXPIRE', key, math.ceil(out_reset / 1000))
@@ -119,7 +138,7 @@ out_remaining = limit - count - cost
 --- keep
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if not admits then
   -- The request fits once the oldest (count + cost - limit) units have left the window: at the
@@ -148,7 +167,7 @@ if not admits then
       end
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end
 --- report
 -- Logs what fits under the debt bound, 2 * limit units in the window.
@@ -163,19 +182,20 @@ if out_units > 0 then
   total = total + out_units
   count = count + out_units
   if newest == t then
-    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total,
-      tonumber(string.match(last[1], ':(%d+)$')) + out_units))
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total,
+      tonumber(string.match(last[1], '^%d+:(%d+)')) + out_units, window_us))
     redis.call('ZREM', key, last[1])
   else
-    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d', total, out_units))
+    redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total, out_units, window_us))
   end
   newest = t
+  logged, has_logged, span = window_us, true, window_us
   redis.call('PEXPIRE', key, math.ceil((t + window_us - now) / 1000))
 end
 -- The subject as it stands, as keep describes it for one unit.
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
@@ -192,7 +212,7 @@ if out_remaining == 0 then
       lo = mid + 1
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end
 --- refund
 -- `members`: those that may give, newest first (score after member): the newest in the window,
@@ -205,8 +225,9 @@ if want > 0 then
   if mark == nil then
     members = redis.call('ZRANGE', key, '+inf', '(' .. string.format('%d', horizon), 'BYSCORE',
       'REV', 'LIMIT', 0, math.min(want, REACH), 'WITHSCORES')
-  elseif mark - window_us > horizon and mark - window_us <= newest then
-    at = string.format('%d', mark - window_us)
+  elseif mark - logged > horizon and mark - logged <= newest then
+    -- The mark is its take's time plus the window it logged under: the log's.
+    at = string.format('%d', mark - logged)
     -- Only while at most REACH members follow, whose totals are rewritten below.
     if redis.call('ZCOUNT', key, '(' .. at, '+inf') <= REACH then
       members = redis.call('ZRANGE', key, at, at, 'BYSCORE', 'REV', 'LIMIT', 0,
@@ -216,13 +237,16 @@ if want > 0 then
 end
 -- Each gives all it holds, but the last one that gives (`partial`) may give only part: its cost
 -- and its total drop by that part, its total being the running total up to it.
+-- (`rest`: what follows a member's units, the window it was logged under if it says.)
 local left, touched, partial, partial_old, partial_at = want, 0, nil, nil, nil
+local partial_c, partial_n, partial_rest = 0, 0, ''
 for i = 1, #members, 2 do
-  local c, n = string.match(members[i], '^(%d+):(%d+)$')
+  local c, n, rest = string.match(members[i], '^(%d+):(%d+)(.*)$')
   c, n = tonumber(c), tonumber(n)
   touched = touched + 1
   if n > left then
-    partial = string.format('%016d:%d', c - left, n - left)
+    partial = true
+    partial_c, partial_n, partial_rest = c - left, n - left, rest
     partial_old, partial_at = members[i], members[i + 1]
     left = 0
   else
@@ -246,14 +270,20 @@ if out_units > 0 then
   if at then
     later = redis.call('ZRANGE', key, '(' .. at, '+inf', 'BYSCORE', 'WITHSCORES')
   end
+  -- The newest member that stays carries the log's window (`logged`, when the log says it):
+  -- the partial one is the newest when nothing follows it.
+  local logged_rest = ':' .. string.format('%d', logged)
   local adds = {}
   if partial then
-    adds[1], adds[2] = partial_at, partial
+    if #later == 0 and has_logged then
+      partial_rest = logged_rest
+    end
+    adds[1], adds[2] = partial_at, string.format('%016d:%d%s', partial_c, partial_n, partial_rest)
   end
   for i = 1, #later, 2 do
-    local c, n = string.match(later[i], '^(%d+):(%d+)$')
+    local c, n, rest = string.match(later[i], '^(%d+):(%d+)(.*)$')
     adds[#adds + 1] = later[i + 1]
-    adds[#adds + 1] = string.format('%016d:%d', tonumber(c) - out_units, tonumber(n))
+    adds[#adds + 1] = string.format('%016d:%d%s', tonumber(c) - out_units, tonumber(n), rest)
   end
   -- Every changed or emptied member is removed but the newest that stays (`last`), which goes
   -- after the new strings are in: the key is never empty meanwhile, so it keeps its expiry. The
@@ -284,16 +314,24 @@ if out_units > 0 then
     if partial then
       newest = tonumber(partial_at)
     else
-      -- The newest member left, in the window or not (members that left it may stay).
+      -- The newest member left, in the window or not (members that left it may stay): the one
+      -- now newest takes over the log's window.
       local l = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
       newest = l[2] and tonumber(l[2])
+      if l[1] and has_logged then
+        local c, n, rest = string.match(l[1], '^(%d+):(%d+)(.*)$')
+        if rest ~= logged_rest then
+          redis.call('ZADD', key, l[2], string.format('%s:%s%s', c, n, logged_rest))
+          redis.call('ZREM', key, l[1])
+        end
+      end
     end
   end
 end
 -- The subject as it stands, as keep describes it for one unit.
 out_remaining = math.max(limit - count, 0)
 if newest then
-  out_reset = math.max(newest + window_us - now, 0)
+  out_reset = math.max(newest + span - now, 0)
 end
 if out_remaining == 0 then
   local target = before + count + 1 - limit
@@ -309,5 +347,5 @@ if out_remaining == 0 then
       lo = mid + 1
     end
   end
-  out_retry = leaves_at + window_us - now
+  out_retry = leaves_at + span - now
 end

@@ -3,9 +3,11 @@
 -- states the rules. One limit's part of a decision script: see common.lua.
 --
 -- key          the limit's state key: a string packing (tokens, fraction, updated_us,
---              refill_tokens, refill_period_us) as doubles; a missing key is a full bucket.
---              tokens is signed: below zero (down to -capacity) after a report put the subject
---              in debt; keys written before debt existed hold the same layout
+--              refill_tokens, refill_period_us, capacity) as doubles, the rate and capacity being
+--              those the level was written under; a missing key is a full bucket. tokens is
+--              signed: below zero (down to -capacity) after a report put the subject in debt.
+--              A key of the layout before, 40 bytes without capacity (keys written before debt
+--              existed hold it too), is read as written under the capacity decided
 -- ARGV[a + 1]  capacity
 -- ARGV[a + 2]  refill_tokens    } the rate in lowest terms (divided by their greatest common
 -- ARGV[a + 3]  refill_period_us } divisor), so that refill_tokens < 2^31 and products stay exact
@@ -24,18 +26,36 @@
 -- ceil((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
 -- at MAX_WAIT_US. Back at capacity, the fraction is dropped (never above full). Written with
 -- KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
+--
+-- A change of parameters (capacity or rate): the tokens missing from full carry over. The level
+-- refills at the rate it was written with, up to the capacity it was written under, until a
+-- take or a report rewrites it under the parameters decided (the same tokens missing; the
+-- fraction dropped when the rate differs); keep and refund leave it in its own terms, so the key
+-- expires exactly when it is full and a state past its expiry answers as a missing key.
 
 local capacity = tonumber(ARGV[a + 1])
 local rate = tonumber(ARGV[a + 2])
 local period = tonumber(ARGV[a + 3])
 
+-- The level in the terms of the state: a bucket of `full` tokens refilled at srate / speriod
+-- (the parameters it was written under), `extra` more tokens under the ones decided.
+local full, srate, speriod = capacity, rate, period
 local tokens, fraction, updated = capacity, 0, now
 local raw = redis.call('GET', key)
 if raw then
-  local tk, f, u, r, p = struct.unpack('<ddddd', raw)
-  if r == rate and p == period then
-    if tk >= capacity then
-      tokens, fraction, updated = capacity, 0, u
+  local tk, f, u, r, p, c
+  if #raw == 48 then
+    tk, f, u, r, p, c = struct.unpack('<dddddd', raw)
+  else
+    -- A key of five fields, written before the capacity was kept: read as written under the
+    -- capacity decided.
+    tk, f, u, r, p = struct.unpack('<ddddd', raw)
+    c = capacity
+  end
+  if r >= 1 and p >= 1 then
+    full, srate, speriod = c, r, p
+    if tk >= c then
+      tokens, fraction, updated = c, 0, u
     else
       tokens, fraction, updated = tk, f, u
     end
@@ -43,65 +63,79 @@ if raw then
 end
 
 local t = math.max(now, updated)
-if tokens < capacity then
-  local q, r = muldiv(t - updated, rate, period)
+if tokens < full then
+  local q, r = muldiv(t - updated, srate, speriod)
   r = r + fraction
-  if r >= period then
-    q, r = q + 1, r - period
+  if r >= speriod then
+    q, r = q + 1, r - speriod
   end
-  if q >= capacity - tokens then
-    tokens, fraction = capacity, 0
+  if q >= full - tokens then
+    tokens, fraction = full, 0
   else
     tokens, fraction = tokens + q, r
   end
 end
+local extra = capacity - full
 local skew = t - now
 
--- A wait is the time until the level reaches `target` whole tokens, from the caller's now:
--- skew + ceil(((target - tokens) * period - fraction) / rate), capped at MAX_WAIT_US, which is
--- skew + q + 1 when r > fraction and skew + q - floor((fraction - r) / rate) otherwise, for
--- q, r = muldiv(period, target - tokens, rate); skew alone when the level is there already (it
--- counts even then, as in Rust: a refund can leave a full bucket updated after the caller's
--- now). Each section writes out the waits it needs rather than calling a function for them: a
--- function here would be a closure over eight of these locals, whose upvalues are made and
--- closed on every call of the script (about 0.3 us a call).
-local admits = tokens >= cost
+-- A wait is the time until the level reaches `target` whole tokens of its own, from the caller's
+-- now: skew + ceil(((target - tokens) * speriod - fraction) / srate), capped at MAX_WAIT_US,
+-- which is skew + q + 1 when r > fraction and skew + q - floor((fraction - r) / srate) otherwise,
+-- for q, r = muldiv(speriod, target - tokens, srate); skew alone when the level is there already
+-- (it counts even then, as in Rust: a refund can leave a full bucket updated after the caller's
+-- now). `cost` available under the parameters decided is `cost - extra` of its own. Each section
+-- writes out the waits it needs rather than calling a function for them: a function here would
+-- be a closure over these locals, whose upvalues are made and closed on every call of the script
+-- (about 0.3 us a call). Take and report rewrite the level under the parameters decided (the
+-- same tokens missing from full; the fraction dropped when the rate differs); keep and refund
+-- leave it in its own terms.
+local admits = tokens + extra >= cost
 --- take
-tokens = tokens - cost
+if srate ~= rate or speriod ~= period then
+  fraction = 0
+end
+tokens = tokens + extra - cost
 local q, r = muldiv(period, capacity - tokens, rate)
 out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
-redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
+redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddd', tokens, fraction, t, rate, period, capacity))
 out_remaining = tokens
 --- keep
-out_remaining, out_reset = math.max(tokens, 0), math.min(skew, MAX_WAIT_US)
-if tokens < capacity then
-  local q, r = muldiv(period, capacity - tokens, rate)
-  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+out_remaining, out_reset = math.max(tokens + extra, 0), math.min(skew, MAX_WAIT_US)
+if tokens < full then
+  local q, r = muldiv(speriod, full - tokens, srate)
+  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end
 if not admits then
-  local q, r = muldiv(period, cost - tokens, rate)
-  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+  local q, r = muldiv(speriod, cost - extra - tokens, srate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end
 --- report
 -- Recorded: what fits before usage reaches twice the capacity (nothing when a lowered capacity
--- left a deeper debt). The bucket is below capacity after it, and below 1 token too when a
--- retry is due.
-out_units = math.max(math.min(cost, capacity + tokens), 0)
-tokens = tokens - out_units
-local q, r = muldiv(period, capacity - tokens, rate)
-out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+-- left a deeper debt). The bucket is below full after it, and below 1 token too when a retry is
+-- due. Recording anything rewrites the level under the parameters decided.
+out_units = math.max(math.min(cost, capacity + tokens + extra), 0)
 if out_units > 0 then
-  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<ddddd', tokens, fraction, t, rate, period))
+  if srate ~= rate or speriod ~= period then
+    fraction = 0
+  end
+  tokens = tokens + extra - out_units
+  full, srate, speriod, extra = capacity, rate, period, 0
 end
-out_remaining = math.max(tokens, 0)
-if tokens < 1 then
-  q, r = muldiv(period, 1 - tokens, rate)
-  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+local q, r = muldiv(speriod, full - tokens, srate)
+out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
+if out_units > 0 then
+  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddd', tokens, fraction, t, rate, period, capacity))
+end
+out_remaining = math.max(tokens + extra, 0)
+if tokens + extra < 1 then
+  q, r = muldiv(speriod, 1 - extra - tokens, srate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end
 --- refund
 -- At most the whole tokens in use (none for a missing key: a full bucket), and with a mark only
--- those of its take that time has not refilled yet.
-out_units = math.min(cost, capacity - tokens)
+-- those of its take that time has not refilled yet (at the level's own rate). Written in the
+-- level's own terms, so that it is full again no later than the expiry it keeps.
+out_units = math.min(cost, full - tokens)
 if mark then
   local unrefilled = 0
   if mark >= 4503599627370496 then
@@ -111,15 +145,15 @@ if mark then
     -- after that.
     local elapsed = math.max(t - (mark - 4503599627370496), 0)
     if elapsed < MAX_WAIT_US then
-      local q, r = muldiv(MAX_WAIT_US - elapsed, rate, period)
+      local q, r = muldiv(MAX_WAIT_US - elapsed, srate, speriod)
       unrefilled = q
       if r > 0 then
         unrefilled = q + 1
       end
-      unrefilled = math.max(unrefilled, cost - muldiv(elapsed, rate, period))
+      unrefilled = math.max(unrefilled, cost - muldiv(elapsed, srate, speriod))
     end
   elseif mark > t then
-    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), rate, period)
+    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), srate, speriod)
     -- Rounded up: a refund right after its take gives all of it back.
     unrefilled = q
     if r > 0 then
@@ -130,17 +164,17 @@ if mark then
 end
 if out_units > 0 then
   tokens = tokens + out_units
-  if tokens >= capacity then
-    tokens, fraction = capacity, 0
+  if tokens >= full then
+    tokens, fraction = full, 0
   end
-  redis.call('SET', key, struct.pack('<ddddd', tokens, fraction, t, rate, period), 'KEEPTTL')
+  redis.call('SET', key, struct.pack('<dddddd', tokens, fraction, t, srate, speriod, full), 'KEEPTTL')
 end
-out_remaining, out_reset = math.max(tokens, 0), math.min(skew, MAX_WAIT_US)
-if tokens < capacity then
-  local q, r = muldiv(period, capacity - tokens, rate)
-  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+out_remaining, out_reset = math.max(tokens + extra, 0), math.min(skew, MAX_WAIT_US)
+if tokens < full then
+  local q, r = muldiv(speriod, full - tokens, srate)
+  out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end
-if tokens < 1 then
-  local q, r = muldiv(period, 1 - tokens, rate)
-  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
+if tokens + extra < 1 then
+  local q, r = muldiv(speriod, 1 - extra - tokens, srate)
+  out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end

@@ -1,8 +1,16 @@
 //! Fixed window: at most `limit` units per window aligned to multiples of `window_us`.
 //!
-//! State: the window the count belongs to. A `now` in an earlier window (the clock stepped back)
-//! keeps counting in the stored window instead of opening a fresh one. A changed `window_us`
-//! starts a fresh count, since window numbers of different sizes do not compare.
+//! State: the window the count belongs to, and its size. A `now` in an earlier window (the clock
+//! stepped back) keeps counting in the stored window instead of opening a fresh one.
+//!
+//! A change of parameters (a limit or a window changed by a policy update, an override or a
+//! tier): the count carries over while the window it was counted in has not ended (ADDITIVE: 4
+//! counted of 10 leave 16 of 20, and none of 3). Takes, reports and refunds go on counting in
+//! that window, of the size it was opened with, until it ends, which is when the key expires;
+//! the next window is aligned to the new `window_us`, as for a missing key. So a window made
+//! longer does not stretch the window already open (its count ends with it), and one made
+//! shorter does not cut it (the count holds until the old window's end). Whatever the
+//! parameters, a state past its expiry answers as no state.
 //!
 //! Debt ([`report`]): a report adds its units to the window's count whether they fit or not, so
 //! the count may pass `limit`; it never passes `2 * limit`, and units beyond that are not
@@ -52,8 +60,8 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let (window, count) = level(state.as_ref(), p, now_us);
-    let end = (window + 1) * p.window_us;
+    let (window, count, size) = level(state.as_ref(), p, now_us);
+    let end = (window + 1) * size;
     let admits = count + cost <= p.limit;
     if admits && take {
         let count = count + cost;
@@ -68,7 +76,7 @@ pub fn decide(
             state: Some(State {
                 window,
                 count,
-                window_us: p.window_us,
+                window_us: size,
             }),
             ttl_us: Some(ttl),
         }
@@ -88,30 +96,32 @@ pub fn decide(
     }
 }
 
-/// The window that counts at `now_us` and its count: the stored window, unless `now_us` is in a
-/// later one or the window size changed, when a fresh window with nothing counted.
-fn level(state: Option<&State>, p: &Params, now_us: u64) -> (u64, u64) {
-    let current = now_us / p.window_us;
+/// The window that counts at `now_us`, its count and its size: the stored window, of the size
+/// it was counted in, until it ends (and after a clock step back); then a fresh window of
+/// `p.window_us` with nothing counted.
+fn level(state: Option<&State>, p: &Params, now_us: u64) -> (u64, u64, u64) {
     match state {
-        Some(s) if s.window_us == p.window_us && s.window >= current => (s.window, s.count),
-        _ => (current, 0),
+        Some(s) if s.window_us > 0 && s.window >= now_us / s.window_us => {
+            (s.window, s.count, s.window_us)
+        }
+        _ => (now_us / p.window_us, 0, p.window_us),
     }
 }
 
 /// Records `cost` units used at `now_us` whether they fit or not, up to a count of twice the
 /// limit (see [`super::Rule::report`]). Returns the outcome and the units recorded.
 pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outcome<State>, u64) {
-    let (window, count) = level(state.as_ref(), p, now_us);
+    let (window, count, size) = level(state.as_ref(), p, now_us);
     let units = cost.min((2 * p.limit).saturating_sub(count));
     if units == 0 {
         return (standing(state, p, now_us), 0);
     }
-    let end = (window + 1) * p.window_us;
+    let end = (window + 1) * size;
     let mut o = standing(
         Some(State {
             window,
             count: count + units,
-            window_us: p.window_us,
+            window_us: size,
         }),
         p,
         now_us,
@@ -132,8 +142,8 @@ pub fn refund(
     now_us: u64,
     mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
-    let (window, count) = level(state.as_ref(), p, now_us);
-    let end = (window + 1) * p.window_us;
+    let (window, count, size) = level(state.as_ref(), p, now_us);
+    let end = (window + 1) * size;
     let held = match mark {
         // Taken in another window: that count has ended, or is not this one.
         Some(m) if m != end => 0,
@@ -146,7 +156,7 @@ pub fn refund(
     let state = State {
         window,
         count: count - given,
-        window_us: p.window_us,
+        window_us: size,
     };
     (standing(Some(state), p, now_us), given)
 }
@@ -219,13 +229,41 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_window_size_starts_a_fresh_count() {
+    fn a_changed_window_keeps_the_count_until_the_window_it_was_counted_in_ends() {
         let o = acquire(None, &P, 3, 5_000_000);
+        // An hour's window of 5: the 3 counted in this second still count, in this second.
         let wider = Params {
-            limit: 3,
+            limit: 5,
             window_us: 3_600_000_000,
         };
-        assert!(acquire(o.state, &wider, 1, 5_000_001).decision.allowed);
+        let o = acquire(o.state, &wider, 1, 5_400_000);
+        assert!(o.decision.allowed);
+        assert_eq!(o.decision.remaining, 1);
+        assert_eq!(o.decision.reset_after_us, 600_000, "the second's end");
+        assert_eq!(o.ttl_us, Some(600_000));
+        let d = acquire(o.state, &wider, 2, 5_400_001).decision;
+        assert!(!d.allowed);
+        assert_eq!(d.retry_after_us, 599_999);
+        // Past it, a fresh window of the new size: the same as when the key has expired.
+        let live = acquire(o.state, &wider, 5, 6_000_000);
+        assert_eq!(live.decision, acquire(None, &wider, 5, 6_000_000).decision);
+        assert_eq!(live.state, acquire(None, &wider, 5, 6_000_000).state);
+    }
+
+    #[test]
+    fn a_lowered_limit_counts_what_was_used_and_refunds_stay_below_it() {
+        let o = acquire(None, &P, 3, 5_000_000);
+        let lower = Params {
+            limit: 2,
+            window_us: 2_000_000,
+        };
+        let d = decide(o.state, &lower, 1, 5_100_000, false).decision;
+        assert!(!d.allowed && d.remaining == 0 && d.retry_after_us == 900_000);
+        // Reports stop at twice the new limit, refunds at nothing counted.
+        let (r, units) = report(o.state, &lower, 5, 5_100_000);
+        assert_eq!(units, 1);
+        let (f, given) = refund(r.state, &lower, 10, 5_200_000, None);
+        assert_eq!((given, f.decision.remaining), (4, 2));
     }
 
     /// Whether `cost` units would fit at `now`, decided without taking them.

@@ -20,7 +20,7 @@
 //! moves the anchor forward by whole periods of `interval_num` µs (`interval_den` intervals), so
 //! it stays within one such period of the last decision and `units < burst + interval_den`:
 //! every number stays below 2^53 (Lua's exact integers) for the whole parameter range, even when
-//! `burst·T` is millions of years. A changed rate starts a fresh state; a changed burst keeps it.
+//! `burst·T` is millions of years.
 //!
 //! Clock step back (the shared rule): the anchor is a time at or before the last decision, and a
 //! `now` before it is treated as the anchor. A step back therefore never refunds anything (the
@@ -46,6 +46,18 @@
 //! whose TAT lies further, a report of 10^9 at one a month, has a held mark instead, which
 //! [`super::undrained`] reads). A
 //! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
+//!
+//! A change of parameters (a burst, rate or period changed by a policy update, an override or
+//! a tier): the units in use (`busy`, the backlog still to drain) carry over, whatever the
+//! burst (ADDITIVE: 4 in use of 10 leave 16 of 20, and none of 3, in debt by 1). The state
+//! says the interval it was written with, and its TAT drains at that interval until a take or a
+//! report rewrites it at the one decided: `busy` units, anchored at `t`, plus the cost; a peek,
+//! a denial and a refund leave it at its own, so their waits are the times it drains to them
+//! and the key expires exactly at the TAT, after which the subject is at rest, as a missing key
+//! is. A changed burst alone changes nothing stored. Whatever the parameters, a state past its
+//! expiry answers as no state. Not exact: a rewrite at another interval drops the part of an
+//! interval drained so far (a unit in use counts as whole), so the subject may wait up to one
+//! interval longer.
 //!
 //! Mappings. redis-cell's `CL.THROTTLE key max_burst count period` is `burst = max_burst + 1`,
 //! `rate = count`, `period_ms = period * 1000`. go-redis/redis_rate's `Limit{Rate, Burst,
@@ -138,7 +150,8 @@ pub struct State {
     /// Emission intervals from the anchor to the TAT; below `burst + interval_den`, or
     /// `2·burst + interval_den` in debt.
     pub units: u64,
-    /// The reduced interval this TAT was computed with; another interval starts afresh.
+    /// The reduced interval this TAT drains at, until a take or a report rewrites it under
+    /// another (see the module doc).
     pub interval_num: u64,
     pub interval_den: u64,
 }
@@ -228,6 +241,7 @@ pub fn decide(
     let busy = level.busy;
     let admits = busy + cost <= p.burst;
     if admits && take {
+        let level = level.under(p);
         let after = busy + cost;
         let reset = level.wait(after);
         Outcome {
@@ -273,6 +287,7 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
         };
         return (outcome, 0);
     }
+    let level = level.under(p);
     let after = level.busy + units;
     let decision = level.describe(after, p.burst);
     let outcome = Outcome {
@@ -336,13 +351,14 @@ struct Level {
 }
 
 impl Level {
-    /// The level of `state` at `now_us`; a TAT at or before `t` (or no state, or one kept with
-    /// another interval) is a subject at rest, anchored at `t`.
+    /// The level of `state` at `now_us`, drained at the interval it was written with; a TAT at
+    /// or before `t` (or no state) is a subject at rest, anchored at `t`.
     fn at(state: Option<State>, p: &Params, now_us: u64) -> Level {
-        let (num, den) = (p.interval_num, p.interval_den);
-        let (anchor, units) = match state {
-            Some(s) if s.interval_num == num && s.interval_den == den => (s.anchor_us, s.units),
-            _ => (now_us, 0),
+        let (num, den, anchor, units) = match state {
+            Some(s) if s.interval_num > 0 && s.interval_den > 0 => {
+                (s.interval_num, s.interval_den, s.anchor_us, s.units)
+            }
+            _ => (p.interval_num, p.interval_den, now_us, 0),
         };
         let t = now_us.max(anchor);
         let skew = t - now_us;
@@ -362,6 +378,23 @@ impl Level {
             skew,
             num,
             den,
+        }
+    }
+
+    /// The same level at the interval of `p`, as a take or a report writes it: its `busy`
+    /// units still to drain, anchored at `t`; the part of an interval drained so far is dropped
+    /// when the interval differs (it is in µs of the old one).
+    fn under(&self, p: &Params) -> Level {
+        if (self.num, self.den) == (p.interval_num, p.interval_den) {
+            return *self;
+        }
+        Level {
+            anchor: self.t,
+            elapsed: 0,
+            part: 0,
+            num: p.interval_num,
+            den: p.interval_den,
+            ..*self
         }
     }
 
@@ -895,15 +928,40 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_rate_starts_afresh_and_a_changed_burst_keeps_the_state() {
+    fn a_changed_rate_or_burst_keeps_the_units_in_use() {
         let o = acquire(None, &params(1, 1_000, 2), 2, T0);
+        // Twice the rate: the 2 units in use still are, and now drain at 2 a second.
+        let faster = params(2, 1_000, 2);
+        let d = acquire(o.state, &faster, 1, T0).decision;
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
+        // Until rewritten the backlog drains at the interval it was written with.
+        assert_eq!(d.retry_after_us, 1_000_000);
+        let t = acquire(o.state, &faster, 1, T0 + 1_000_000);
         assert!(
-            acquire(o.state, &params(2, 1_000, 2), 2, T0)
-                .decision
-                .allowed
+            t.decision.allowed && t.decision.remaining == 0,
+            "{:?}",
+            t.decision
         );
+        // The one unit left of the old backlog plus the one taken, at the new interval.
+        assert_eq!(t.decision.reset_after_us, 1_000_000);
+        assert_eq!(t.ttl_us, Some(1_000_000));
         let d = acquire(o.state, &params(1, 1_000, 3), 2, T0).decision;
         assert!(!d.allowed && d.remaining == 1, "{d:?}");
+        // Once the TAT has passed, as no state.
+        let live = acquire(o.state, &faster, 2, T0 + 2_000_000);
+        assert_eq!(live, acquire(None, &faster, 2, T0 + 2_000_000));
+    }
+
+    #[test]
+    fn a_lowered_burst_keeps_the_debt_bound_and_refunds_only_what_is_in_use() {
+        let (o, _) = report(None, &params(1, 1_000, 10), 15, T0);
+        let low = params(2, 1_000, 4);
+        // 15 in use, more than twice the new burst: reports record nothing more.
+        let (r, units) = report(o.state, &low, 3, T0);
+        assert_eq!((units, r.decision.remaining), (0, 0));
+        // A refund gives back at most what is in use, and never above full.
+        let (f, given) = refund(o.state, &low, 100, T0 + 500_000, None);
+        assert_eq!((given, f.decision.remaining), (15, 4));
     }
 
     #[test]

@@ -20,9 +20,17 @@
 //!   moves an expiry; with a ticket's mark ([`Rule::refund`]) it gives back only units the
 //!   ticket's take still holds;
 //! - durations are measured from the caller's `now`, so a clock that stepped back gets waits that
-//!   are long enough on its own clock.
+//!   are long enough on its own clock;
+//! - a state may be decided under other parameters of its algorithm than it was written under
+//!   (a policy update, an override, a tier): the usage it records carries over (units spent
+//!   and not yet earned back count against the new quota), the state drains or slides as it was
+//!   written until a take or a report rewrites it under the new parameters, and a state whose
+//!   expiry has passed answers exactly as no state, whatever the parameters (each module's "A
+//!   change of parameters" says how; `carry_over.rs` tests it).
 
 pub mod arith;
+#[cfg(test)]
+mod carry_over;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -301,7 +309,7 @@ macro_rules! algorithms {
         }
 
         /// One subject's state, tagged by algorithm.
-        #[derive(Debug)]
+        #[derive(Debug, Clone)]
         pub enum State {
             $($variant(<$module::Params as Rule>::State)),+
         }

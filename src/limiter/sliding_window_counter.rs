@@ -24,6 +24,18 @@
 //! the take's window is the current one its units are given back from `current`, when it is the
 //! previous one from `previous`, and once it is older nothing is given back. The expiry is left
 //! alone: the state still counts for as long as it did.
+//!
+//! A change of parameters (a limit or a window changed by a policy update, an override or a
+//! tier): the usage carries over (ADDITIVE: usage 4 of 10 leaves 16 of 20, and none of 3). With
+//! the same window the counts stand as they are. With another, the stored windows go on sliding
+//! at their own size, so that a peek, a denial or a refund (which writes in the stored windows)
+//! sees the usage fall as it would have, and the key expires when both have slid out, as a
+//! missing key is; the first take or report under the new window writes the usage at that time
+//! (`current` plus the weighted `previous`, rounded up) as the count of the new-size window
+//! that holds it, with no previous one. Whatever the parameters, a state past its expiry
+//! answers as no state. Not exact: the carried usage counts whole until that new window ends
+//! and then slides out over the next, where the old previous window's share would have slid
+//! out sooner (stricter, never looser).
 
 use super::arith::muldiv;
 use super::{until, Decision, Outcome};
@@ -62,36 +74,37 @@ pub fn decide(
     now_us: u64,
     take: bool,
 ) -> Outcome<State> {
-    let w = p.window_us;
-    let Level {
-        window,
-        previous,
-        current,
-        start,
-        weighted,
-    } = level(state.as_ref(), p, now_us);
-
-    let end_of_next = start + 2 * w;
-    let admits = current + cost + weighted <= p.limit;
+    let l = level(state.as_ref(), p, now_us);
+    let admits = l.current + cost + l.weighted <= p.limit;
     if admits && take {
-        let current = current + cost;
-        let reset = until(end_of_next, now_us);
+        let l = l.under(p, now_us);
+        let current = l.current + cost;
+        let reset = until(l.start + 2 * l.size, now_us);
         Outcome {
             decision: Decision {
                 allowed: true,
-                remaining: p.limit - current - weighted,
+                remaining: p.limit - current - l.weighted,
                 reset_after_us: reset,
                 retry_after_us: 0,
             },
             state: Some(State {
-                window,
-                previous,
+                window: l.window,
+                previous: l.previous,
                 current,
-                window_us: w,
+                window_us: l.size,
             }),
             ttl_us: Some(reset),
         }
     } else {
+        let Level {
+            previous,
+            current,
+            start,
+            weighted,
+            size: w,
+            ..
+        } = l;
+        let end_of_next = start + 2 * w;
         let reset_at = if current > 0 {
             end_of_next
         } else if previous > 0 {
@@ -131,7 +144,9 @@ fn weighted(previous: u64, remaining_part: u64, window: u64) -> u64 {
     q + u64::from(r > 0)
 }
 
-/// Where a subject stands at a time: its windows rolled forward to that time.
+/// Where a subject stands at a time: its windows rolled forward to that time, in windows of the
+/// size they were counted in.
+#[derive(Debug, Clone, Copy)]
 struct Level {
     /// The current window's number (the stored one after a clock step back).
     window: u64,
@@ -141,24 +156,45 @@ struct Level {
     start: u64,
     /// The previous window's count still inside the trailing window, rounded up.
     weighted: u64,
+    /// The windows' length, in µs.
+    size: u64,
 }
 
-/// The subject's windows at `now_us`, as every operation reads them.
-fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
-    let w = p.window_us;
-    let now_window = now_us / w;
-    let (window, previous, current) = match state {
-        Some(s) if s.window_us == w => {
-            if now_window <= s.window {
-                (s.window, s.previous, s.current)
-            } else if now_window == s.window + 1 {
-                (now_window, s.current, 0)
-            } else {
-                (now_window, 0, 0)
-            }
+impl Level {
+    /// The same usage in windows of `p.window_us`, as a take or a report writes it: unchanged
+    /// when the size is the same; otherwise the usage at `now_us` (`current + weighted`) is the
+    /// count of the window of the new size that holds `now_us`, with no previous one.
+    fn under(self, p: &Params, now_us: u64) -> Level {
+        if self.size == p.window_us {
+            return self;
         }
-        _ => (now_window, 0, 0),
-    };
+        let window = now_us / p.window_us;
+        Level {
+            window,
+            previous: 0,
+            current: self.current + self.weighted,
+            start: window * p.window_us,
+            weighted: 0,
+            size: p.window_us,
+        }
+    }
+}
+
+/// The subject's windows at `now_us`, as every operation reads them: the stored ones, of their
+/// own size, while either still counts; else a fresh window of `p.window_us`.
+fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
+    let stored = state.filter(|s| s.window_us > 0).and_then(|s| {
+        let now_window = now_us / s.window_us;
+        if now_window <= s.window {
+            Some((s.window, s.previous, s.current, s.window_us))
+        } else if now_window == s.window + 1 {
+            Some((now_window, s.current, 0, s.window_us))
+        } else {
+            None
+        }
+    });
+    let (window, previous, current, w) =
+        stored.unwrap_or((now_us / p.window_us, 0, 0, p.window_us));
     let start = window * w;
     let elapsed = now_us.max(start) - start;
     Level {
@@ -167,6 +203,7 @@ fn level(state: Option<&State>, p: &Params, now_us: u64) -> Level {
         current,
         start,
         weighted: weighted(previous, w - elapsed, w),
+        size: w,
     }
 }
 
@@ -179,18 +216,19 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
     if units == 0 {
         return (standing(state, p, now_us), 0);
     }
+    let l = l.under(p, now_us);
     let mut o = standing(
         Some(State {
             window: l.window,
             previous: l.previous,
             current: l.current + units,
-            window_us: p.window_us,
+            window_us: l.size,
         }),
         p,
         now_us,
     );
     // Kept until the next window ends, as a take keeps it.
-    o.ttl_us = Some(until(l.start + 2 * p.window_us, now_us));
+    o.ttl_us = Some(until(l.start + 2 * l.size, now_us));
     (o, units)
 }
 
@@ -206,7 +244,7 @@ pub fn refund(
     mark: Option<u64>,
 ) -> (Outcome<State>, u64) {
     let l = level(state.as_ref(), p, now_us);
-    let w = p.window_us;
+    let w = l.size;
     // A take's mark is the end of the window after its own.
     let (from_current, from_previous) = match mark {
         None => {
@@ -448,5 +486,58 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_changed_window_carries_the_usage_into_a_window_of_the_new_size() {
+        let second = Params {
+            limit: 10,
+            window_us: 1_000_000,
+        };
+        let o = acquire(None, &second, 4, 500_000);
+        // A quarter into the next second, 3 of the 4 still count; then 20 per 10 s.
+        let wide = Params {
+            limit: 20,
+            window_us: 10_000_000,
+        };
+        let peek = decide(o.state, &wide, 1, 1_250_000, false).decision;
+        assert_eq!(peek.remaining, 17);
+        // Until rewritten the old windows slide at their own size.
+        assert_eq!(peek.reset_after_us, 750_000);
+        let t = acquire(o.state, &wide, 1, 1_250_000);
+        assert_eq!(t.decision.remaining, 16);
+        assert_eq!(
+            t.state,
+            Some(State {
+                window: 0,
+                previous: 0,
+                current: 4,
+                window_us: 10_000_000,
+            })
+        );
+        assert_eq!(t.ttl_us, Some(20_000_000 - 1_250_000));
+        // Once both old windows have slid out (the key's expiry), as no state.
+        let live = acquire(o.state, &wide, 1, 2_000_000);
+        assert_eq!(live, acquire(None, &wide, 1, 2_000_000));
+    }
+
+    #[test]
+    fn a_lowered_limit_keeps_the_debt_bound_and_refunds_only_what_counts() {
+        let second = Params {
+            limit: 10,
+            window_us: 1_000_000,
+        };
+        let o = acquire(None, &second, 4, 500_000);
+        let low = Params {
+            limit: 2,
+            window_us: 1_000_000,
+        };
+        let d = decide(o.state, &low, 1, 1_250_000, false).decision;
+        assert!(!d.allowed && d.remaining == 0, "{d:?}");
+        // Usage 3 of a bound of 4: one more unit recorded.
+        let (r, units) = report(o.state, &low, 5, 1_250_000);
+        assert_eq!(units, 1);
+        let (f, given) = refund(r.state, &low, 10, 1_250_000, None);
+        assert_eq!((given, f.decision.remaining), (5, 2));
     }
 }

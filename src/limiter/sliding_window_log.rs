@@ -37,6 +37,18 @@
 //! when no entry is left in it, which Redis does with one `UNLINK`); the others stay, count
 //! again only if the clock steps back, as any stored entry does, and go with the next writes.
 //! As on Redis, an entry's time is its identity: requests at one time share one entry.
+//!
+//! **A change of parameters** (a limit or a window changed by a policy update, an override or
+//! a tier): the entries carry over (ADDITIVE: 4 units in the window of 10 leave 16 of 20, and
+//! none of 3). The log says the window it was last logged under (the state's `window_us`, on
+//! Redis carried by the newest member), which set its expiry. An entry counts in the shorter of
+//! that window and the one decided: a shorter window applies at once; a longer one applies from
+//! the first take or report under it, which makes it the log's (the entries still logged then,
+//! those in the old window, count in the new one from there on), while a peek, a denial and a
+//! refund count in the old window, so that the key expires when its last entry has left that
+//! window, as a missing key is. A ticket's mark is read with the log's window. Whatever the
+//! parameters, a state past its expiry answers as no state. Logs of the layout before (members
+//! that do not say their window) are read as logged under the window decided.
 
 use std::collections::VecDeque;
 
@@ -61,10 +73,15 @@ pub struct Params {
     pub window_us: u64,
 }
 
-/// Granted units, oldest first: `(time, units granted at that time)`.
+/// Granted units, oldest first: `(time, units granted at that time)`, and the window they were
+/// last logged under.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
     pub entries: VecDeque<(u64, u64)>,
+    /// The `window_us` of the last take or report that logged, which set the expiry; 0 for a
+    /// log that does not say (written before this was kept: read as logged under the window
+    /// decided). On Redis it rides on the newest member.
+    pub window_us: u64,
 }
 
 super::window_rule!("sliding_window_log", MAX_LIMIT);
@@ -103,39 +120,47 @@ pub fn decide(
             ttl_us: Some(reset),
         }
     } else {
-        // The request fits once the oldest `count + cost - limit` units in the window have left
-        // it (more than `limit` of them when the subject is in debt).
-        let mut must_leave = (w.count + cost).saturating_sub(p.limit);
-        let mut leaves_at = w.t;
-        for &(ts, n) in log.entries.iter().skip(w.gone) {
-            leaves_at = ts;
-            if n >= must_leave {
-                break;
-            }
-            must_leave -= n;
-        }
-        // A log with nothing in the window is at full quota already: its newest entry has left
-        // it, so this is 0.
-        let reset = log
-            .entries
-            .back()
-            .map_or(0, |&(newest, _)| until(newest + p.window_us, now_us));
-        let decision = Decision {
-            allowed: admits,
-            remaining: p.limit.saturating_sub(w.count),
-            reset_after_us: reset,
-            retry_after_us: if admits {
-                0
-            } else {
-                until(leaves_at + p.window_us, now_us)
-            },
-        };
+        let decision = standing(&log, &w, p, cost, now_us);
         let state = (!log.entries.is_empty()).then_some(log);
         Outcome {
             decision,
             state,
             ttl_us: None,
         }
+    }
+}
+
+/// The subject as `w` finds it in `log`, for `cost` units, taking nothing: `w.gone` of its
+/// oldest entries have left the window, `w.count` units are in it, and they leave it `w.span`
+/// after their times.
+fn standing(log: &State, w: &Window, p: &Params, cost: u64, now_us: u64) -> Decision {
+    let admits = w.count + cost <= p.limit;
+    // The request fits once the oldest `count + cost - limit` units in the window have left
+    // it (more than `limit` of them when the subject is in debt).
+    let mut must_leave = (w.count + cost).saturating_sub(p.limit);
+    let mut leaves_at = w.t;
+    for &(ts, n) in log.entries.iter().skip(w.gone) {
+        leaves_at = ts;
+        if n >= must_leave {
+            break;
+        }
+        must_leave -= n;
+    }
+    // A log with nothing in the window is at full quota already: its newest entry has left
+    // it, so this is 0.
+    let reset = log
+        .entries
+        .back()
+        .map_or(0, |&(newest, _)| until(newest + w.span, now_us));
+    Decision {
+        allowed: admits,
+        remaining: p.limit.saturating_sub(w.count),
+        reset_after_us: reset,
+        retry_after_us: if admits {
+            0
+        } else {
+            until(leaves_at + w.span, now_us)
+        },
     }
 }
 
@@ -149,9 +174,26 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
     if recorded == 0 {
         return (after(Some(log), p, now_us), 0);
     }
+    let dropped = dropped(w.gone, log.entries.len());
     let reset = log_at(&mut log, p, &w, recorded, now_us);
-    let mut o = after(Some(log), p, now_us);
-    o.ttl_us = Some(reset);
+    // Described as Redis describes it: the units this window held plus those logged, leaving
+    // the window of the log as it now is (after a longer window, an entry that had left the
+    // old one and stays, past what a write drops, counts again only from the next call, as any
+    // stored entry may after a clock step back).
+    let now_in = Window {
+        t: w.t,
+        gone: w.gone - dropped,
+        count: w.count + recorded,
+        span: p.window_us,
+        logged: p.window_us,
+    };
+    let mut decision = standing(&log, &now_in, p, 1, now_us);
+    decision.allowed = true;
+    let o = Outcome {
+        decision,
+        state: Some(log),
+        ttl_us: Some(reset),
+    };
     (o, recorded)
 }
 
@@ -175,7 +217,8 @@ pub fn refund(
     let want = units.min(w.count);
     let at = match mark {
         Some(mark) => {
-            let Some(i) = mark.checked_sub(p.window_us).and_then(|time| {
+            // The mark is its take's time plus the window the take logged under: the log's.
+            let Some(i) = mark.checked_sub(w.logged).and_then(|time| {
                 log.entries
                     .binary_search_by_key(&time, |&(ts, _)| ts)
                     .ok()
@@ -234,28 +277,47 @@ pub fn refund(
 }
 
 /// Where a log stands at `now`: the time its window ends at (`now`, or the newest entry's time
-/// when the clock stepped back before it), how many of its oldest entries have left the window,
-/// and the units of those still in it.
+/// when the clock stepped back before it), the window's length `span`, how many of its oldest
+/// entries have left the window, and the units of those still in it.
 struct Window {
     t: u64,
     gone: usize,
     count: u64,
+    /// The shorter of the window decided and the one the log was last logged under: an entry
+    /// counts for neither longer than the window it was logged under (the log expires then)
+    /// nor longer than the window decided.
+    span: u64,
+    /// The window the log was last logged under.
+    logged: u64,
 }
 
 impl Window {
     fn of(log: &State, p: &Params, now_us: u64) -> Self {
+        let logged = if log.window_us == 0 {
+            p.window_us
+        } else {
+            log.window_us
+        };
+        let span = logged.min(p.window_us);
         let t = log.entries.back().map_or(now_us, |&(ts, _)| ts.max(now_us));
-        let gone = match t.checked_sub(p.window_us) {
+        let gone = match t.checked_sub(span) {
             Some(horizon) => log.entries.partition_point(|&(ts, _)| ts <= horizon),
             None => 0,
         };
         let count = log.entries.iter().skip(gone).map(|&(_, n)| n).sum();
-        Self { t, gone, count }
+        Self {
+            t,
+            gone,
+            count,
+            span,
+            logged,
+        }
     }
 }
 
-/// Drops the entries that have left the window `w`, logs `n` units at its end, and returns the
-/// time until they leave the window, which is also the time until the whole log has.
+/// Drops the entries that have left the window `w`, logs `n` units at its end under the window
+/// decided (which becomes the log's), and returns the time until they leave it, which is also
+/// the time until the whole log has.
 fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
     let gone = dropped(w.gone, log.entries.len());
     log.entries.drain(..gone);
@@ -263,6 +325,7 @@ fn log_at(log: &mut State, p: &Params, w: &Window, n: u64, now_us: u64) -> u64 {
         Some((ts, units)) if *ts == w.t => *units += n,
         _ => log.entries.push_back((w.t, n)),
     }
+    log.window_us = p.window_us;
     until(w.t + p.window_us, now_us)
 }
 
@@ -358,6 +421,7 @@ mod tests {
     fn log(entries: &[(u64, u64)]) -> Option<State> {
         Some(State {
             entries: entries.iter().copied().collect(),
+            window_us: 0,
         })
     }
 
@@ -445,7 +509,8 @@ mod tests {
         assert_eq!((o.decision.remaining, o.decision.reset_after_us), (2, 700));
         // Entries that have left the window give nothing: at 1,000 the one at 0 has left.
         let (o, given) = refund(o.state, &P, 1, 1_000, None);
-        assert_eq!((given, o.state), (0, log(&[(0, 1)])));
+        assert_eq!(given, 0);
+        assert_eq!(entries(&o), [(0, 1)]);
     }
 
     #[test]
@@ -549,5 +614,46 @@ mod tests {
         assert_eq!(back.decision.retry_after_us, 100);
         let taken = acquire(back.state, &P, 1, 1_500);
         assert_eq!(entries(&taken), [(1_500, 1)], "a take removes it");
+    }
+
+    #[test]
+    fn a_changed_window_counts_the_entries_in_the_shorter_until_a_take_makes_it_the_logs() {
+        let o = acquire(None, &P, 2, 0);
+        let o = acquire(o.state, &P, 1, 400);
+        let wide = Params {
+            limit: 5,
+            window_us: 3_000,
+        };
+        // At 1,200 the 2 units of 0 have left the log's window of 1,000: 1 counts of 5.
+        let peek = decide(o.state.clone(), &wide, 1, 1_200, false).decision;
+        assert_eq!((peek.remaining, peek.reset_after_us), (4, 200));
+        // At 1,400 the log's last entry has left its window, when its key expires: as none.
+        let live = decide(o.state.clone(), &wide, 5, 1_400, true);
+        assert_eq!(live.decision, decide(None, &wide, 5, 1_400, true).decision);
+        // A take at 1,200 makes the wide window the log's: the entry of 400 counts in it.
+        let t = acquire(o.state, &wide, 1, 1_200);
+        assert_eq!((t.decision.remaining, t.ttl_us), (3, Some(3_000)));
+        assert_eq!(entries(&t), [(400, 1), (1_200, 1)]);
+        let d = decide(t.state, &wide, 1, 3_300, false).decision;
+        assert_eq!((d.remaining, d.reset_after_us), (3, 900));
+    }
+
+    #[test]
+    fn a_lowered_limit_keeps_the_debt_bound_and_refunds_only_what_is_logged() {
+        let o = acquire(None, &P, 2, 0);
+        let o = acquire(o.state, &P, 1, 400);
+        let low = Params {
+            limit: 1,
+            window_us: 1_000,
+        };
+        let (r, units) = report(o.state, &low, 1, 450);
+        assert_eq!(
+            (units, r.decision.remaining),
+            (0, 0),
+            "3 logged, twice 1 is 2"
+        );
+        let (f, given) = refund(r.state, &low, 10, 450, None);
+        assert_eq!((given, f.decision.remaining), (3, 1));
+        assert_eq!(f.ttl_us, None);
     }
 }

@@ -15,8 +15,10 @@
 //! the level to climb back to `cost`, `retry_after` being that exact time, and `remaining` is 0
 //! while the level is below one token. Every product stays exact: the tokens missing from full
 //! are at most `2 * capacity <= 2 * 10^9 < 2^31`, within what `muldiv` in `lua/muldiv.lua`
-//! multiplies exactly. (A capacity lowered by a policy change may leave an older, deeper debt;
-//! it is repaid as it stands, and reports record nothing until it is back within the bound.)
+//! multiplies exactly. (A capacity lowered by a policy change may leave an older, deeper debt,
+//! below `-capacity` of the new one but never below `-capacity` of the state's own, so the
+//! tokens missing stay within that bound; it is repaid as it stands, and reports record nothing
+//! until it is back within the bound.)
 //!
 //! Refund ([`super::Rule::refund`]). Gives back whole tokens, at most the ones in use
 //! (`capacity - tokens`); a bucket brought back to `capacity` drops its fraction, so the level
@@ -28,6 +30,19 @@
 //! stays exact in Lua; a take that leaves the bucket full only further away has a held mark
 //! instead, which [`super::undrained`] reads.) A refund rewrites the level but keeps the key's expiry: the bucket is
 //! only fuller, so it is full again before the old expiry.
+//!
+//! A change of parameters (a capacity or a rate changed by a policy update, an override or a
+//! tier): the tokens missing from full carry over, whatever the capacity (ADDITIVE: a subject
+//! that spent 5 of 22 has 57 of 62 once raised, and 0 of 4 once lowered, in debt by 1). The
+//! state says the capacity and the rate it was written under, and its level refills at that
+//! rate, up to that capacity, until a take or a report rewrites it under the parameters
+//! decided; a peek, a denial and a refund leave it in its own terms, so that their waits are
+//! the times the level reaches them at the rate it refills at, and the key expires exactly when
+//! it is full, as a missing key is (a full bucket at any capacity). Whatever the parameters, a
+//! state past its expiry answers as no state. Not exact: a rewrite at another rate drops the
+//! part of a token refilled so far (it is counted in the old period), so the subject may wait
+//! up to one token's time longer. Keys of the layout before (five fields, no capacity) are read
+//! as written under the capacity decided.
 
 use super::arith::{gcd, muldiv};
 use super::{undrained, Decision, Outcome, MAX_WAIT_US};
@@ -60,9 +75,14 @@ pub struct State {
     /// Part of the next token, in units of `1 / refill_period_us`; always below the period.
     pub fraction: u64,
     pub updated_us: u64,
-    /// The reduced rate this level was computed with; another rate starts a full bucket.
+    /// The reduced rate this level refills at until a take or a report rewrites it under other
+    /// parameters (see the module doc).
     pub refill_tokens: u64,
     pub refill_period_us: u64,
+    /// The capacity this level is measured against: the tokens missing from full are
+    /// `capacity - tokens`, whatever the capacity decided. (Keys written before this field
+    /// existed are read as written under the capacity decided.)
+    pub capacity: u64,
 }
 
 impl super::Rule for Params {
@@ -150,14 +170,15 @@ pub fn decide(
     let skew = t - now_us;
 
     // A level in debt (negative) admits nothing.
-    let admits = u64::try_from(level.tokens).is_ok_and(|n| n >= cost);
+    let admits = u64::try_from(level.available()).is_ok_and(|n| n >= cost);
     if admits && take {
+        let native = level.under(p);
         let after = Level {
             // `cost <= tokens <= capacity`, so it is an i64.
-            tokens: level.tokens - cost as i64,
-            ..level
+            tokens: native.tokens - cost as i64,
+            ..native
         };
-        let reset = (skew + after.wait_for(p.capacity)).min(MAX_WAIT_US);
+        let reset = (skew + after.wait_until_full()).min(MAX_WAIT_US);
         Outcome {
             decision: Decision {
                 allowed: true,
@@ -173,11 +194,11 @@ pub fn decide(
             decision: Decision {
                 allowed: admits,
                 remaining: level.remaining(),
-                reset_after_us: (skew + level.wait_for(p.capacity)).min(MAX_WAIT_US),
+                reset_after_us: (skew + level.wait_until_full()).min(MAX_WAIT_US),
                 retry_after_us: if admits {
                     0
                 } else {
-                    (skew + level.wait_for(cost)).min(MAX_WAIT_US)
+                    (skew + level.wait_for(signed(cost))).min(MAX_WAIT_US)
                 },
             },
             state,
@@ -194,21 +215,22 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
     let skew = t - now_us;
     // Room left before usage reaches twice the capacity (none if a lowered capacity left the
     // level deeper than that).
-    let room = u64::try_from(signed(p.capacity).saturating_add(level.tokens)).unwrap_or(0);
+    let room = u64::try_from(signed(p.capacity).saturating_add(level.available())).unwrap_or(0);
     let units = cost.min(room);
     if units == 0 {
         let outcome = Outcome {
-            decision: level.describe(p.capacity, skew),
+            decision: level.describe(skew),
             state,
             ttl_us: None,
         };
         return (outcome, 0);
     }
+    let native = level.under(p);
     let after = Level {
-        tokens: level.tokens - signed(units),
-        ..level
+        tokens: native.tokens - signed(units),
+        ..native
     };
-    let decision = after.describe(p.capacity, skew);
+    let decision = after.describe(skew);
     let outcome = Outcome {
         decision,
         state: Some(after.state(t)),
@@ -221,7 +243,8 @@ pub fn report(state: Option<State>, p: &Params, cost: u64, now_us: u64) -> (Outc
 /// Gives back at most `units` tokens ([`super::Rule::refund`]): never above `capacity`, never to
 /// a subject without state, and with `mark` (the time the bucket would be full after the
 /// ticket's take) only the tokens of that take that time has not refilled yet. Keeps the
-/// expiry. Returns the outcome and the tokens given back.
+/// expiry, and so the rate and capacity the state was written under (see the module doc).
+/// Returns the outcome and the tokens given back.
 pub fn refund(
     state: Option<State>,
     p: &Params,
@@ -232,8 +255,8 @@ pub fn refund(
     // No state is a full bucket: nothing is in use, so nothing is given and nothing is made.
     let (level, t) = Level::at(state, p, now_us);
     let skew = t - now_us;
-    // Whole tokens in use: the level is at most `capacity`.
-    let used = u64::try_from(signed(p.capacity) - level.tokens).unwrap_or(0);
+    // Whole tokens in use: the level is at most full.
+    let used = u64::try_from(signed(level.full) - level.tokens).unwrap_or(0);
     let mut give = units.min(used);
     if let Some(mark) = mark {
         // What time has not refilled yet of the take's tokens, rounded up to a whole token: a
@@ -244,17 +267,17 @@ pub fn refund(
     }
     if give == 0 {
         let outcome = Outcome {
-            decision: level.describe(p.capacity, skew),
+            decision: level.describe(skew),
             state,
             ttl_us: None,
         };
         return (outcome, 0);
     }
     let tokens = level.tokens + signed(give);
-    let after = if tokens >= signed(p.capacity) {
+    let after = if tokens >= signed(level.full) {
         // Full: the fraction would put the level above the capacity.
         Level {
-            tokens: signed(p.capacity),
+            tokens: signed(level.full),
             fraction: 0,
             ..level
         }
@@ -262,7 +285,7 @@ pub fn refund(
         Level { tokens, ..level }
     };
     let outcome = Outcome {
-        decision: after.describe(p.capacity, skew),
+        decision: after.describe(skew),
         state: Some(after.state(t)),
         ttl_us: None,
     };
@@ -276,31 +299,46 @@ fn signed(units: u64) -> i64 {
     i64::try_from(units).unwrap_or(i64::MAX)
 }
 
-/// The bucket at one time: `tokens + fraction / period`, with `0 <= fraction < period`.
+/// The bucket at one time, in the terms of the state it was read from: `tokens + fraction /
+/// period` of a bucket of `full` tokens refilled at `rate / period`, with `0 <= fraction <
+/// period`. Under the parameters being decided the subject has `extra` more tokens (their
+/// capacity minus `full`): the same tokens missing from full.
 #[derive(Debug, Clone, Copy)]
 struct Level {
     tokens: i64,
     fraction: u64,
     rate: u64,
     period: u64,
+    full: u64,
+    extra: i64,
 }
 
 impl Level {
-    /// The level at `t = max(now_us, updated)`, and `t`: the stored level refilled for the time
-    /// since its update, or a full bucket for no state (or one kept with another rate).
+    /// The level at `t = max(now_us, updated)`, and `t`: the stored level refilled at its own
+    /// rate for the time since its update, capped at its own capacity, or a full bucket of
+    /// `p` for no state.
     fn at(state: Option<State>, p: &Params, now_us: u64) -> (Level, u64) {
-        let (rate, period) = (p.refill_tokens, p.refill_period_us);
-        let capacity = signed(p.capacity);
-        let (mut tokens, mut fraction, updated) = match state {
-            Some(s) if s.refill_tokens == rate && s.refill_period_us == period => {
-                if s.tokens >= capacity {
-                    (capacity, 0, s.updated_us)
+        let (full, rate, period, mut tokens, mut fraction, updated) = match state {
+            Some(s) if s.refill_tokens > 0 && s.refill_period_us > 0 => {
+                let full = signed(s.capacity);
+                let (tokens, fraction) = if s.tokens >= full {
+                    (full, 0)
                 } else {
-                    (s.tokens, s.fraction, s.updated_us)
-                }
+                    (s.tokens, s.fraction)
+                };
+                let (rate, period) = (s.refill_tokens, s.refill_period_us);
+                (s.capacity, rate, period, tokens, fraction, s.updated_us)
             }
-            _ => (capacity, 0, now_us),
+            _ => (
+                p.capacity,
+                p.refill_tokens,
+                p.refill_period_us,
+                signed(p.capacity),
+                0,
+                now_us,
+            ),
         };
+        let capacity = signed(full);
         let t = now_us.max(updated);
         if tokens < capacity {
             let (q, r) = muldiv(t - updated, rate, period);
@@ -323,13 +361,35 @@ impl Level {
             fraction,
             rate,
             period,
+            full,
+            extra: signed(p.capacity) - capacity,
         };
         (level, t)
     }
 
+    /// The same level in the terms of `p`, as a take or a report writes it: the same tokens
+    /// missing from `p.capacity`; the part of a token refilled so far is dropped when the rate
+    /// differs (it is in units of the old period).
+    fn under(&self, p: &Params) -> Level {
+        let same_rate = self.rate == p.refill_tokens && self.period == p.refill_period_us;
+        Level {
+            tokens: self.tokens + self.extra,
+            fraction: if same_rate { self.fraction } else { 0 },
+            rate: p.refill_tokens,
+            period: p.refill_period_us,
+            full: p.capacity,
+            extra: 0,
+        }
+    }
+
+    /// Whole tokens available under the parameters decided: negative in debt.
+    fn available(&self) -> i64 {
+        self.tokens + self.extra
+    }
+
     /// Whole tokens available: 0 while in debt.
     fn remaining(&self) -> u64 {
-        u64::try_from(self.tokens).unwrap_or(0)
+        u64::try_from(self.available()).unwrap_or(0)
     }
 
     /// The state that keeps this level, updated at `t`.
@@ -340,16 +400,17 @@ impl Level {
             updated_us: t,
             refill_tokens: self.rate,
             refill_period_us: self.period,
+            capacity: self.full,
         }
     }
 
     /// The decision of a report or a refund that leaves this level: allowed, and for one token.
-    fn describe(&self, capacity: u64, skew: u64) -> Decision {
+    fn describe(&self, skew: u64) -> Decision {
         let remaining = self.remaining();
         Decision {
             allowed: true,
             remaining,
-            reset_after_us: (skew + self.wait_for(capacity)).min(MAX_WAIT_US),
+            reset_after_us: (skew + self.wait_until_full()).min(MAX_WAIT_US),
             retry_after_us: if remaining >= 1 {
                 0
             } else {
@@ -358,14 +419,19 @@ impl Level {
         }
     }
 
-    /// Time until the level reaches `target` whole tokens: `ceil(((target - tokens) * period -
-    /// fraction) / rate)`, capped at [`MAX_WAIT_US`].
-    fn wait_for(&self, target: u64) -> u64 {
+    /// Time until the bucket is full, at its own rate.
+    fn wait_until_full(&self) -> u64 {
+        self.wait_for(signed(self.full) + self.extra)
+    }
+
+    /// Time until `target` whole tokens are available (under the parameters decided; the
+    /// level's own `target - extra`): `ceil(((target - extra - tokens) * period - fraction) /
+    /// rate)`, capped at [`MAX_WAIT_US`].
+    fn wait_for(&self, target: i64) -> u64 {
         // Tokens missing: at most twice the capacity, when in debt.
-        let missing = match u64::try_from(self.tokens) {
-            Ok(n) if n >= target => return 0,
-            Ok(n) => target - n,
-            Err(_) => target + self.tokens.unsigned_abs(),
+        let missing = target - self.extra - self.tokens;
+        let Ok(missing @ 1..) = u64::try_from(missing) else {
+            return 0;
         };
         let (q, r) = muldiv(self.period, missing, self.rate);
         let wait = if r > self.fraction {
@@ -597,6 +663,64 @@ mod tests {
         let d = acquire(o.state, &p, 1_000_000_000, T0 + 1_999).decision;
         assert_eq!(d.retry_after_us, 1);
         assert_eq!(d.remaining, 999_000_000);
+    }
+
+    #[test]
+    fn a_raised_capacity_answers_alike_whether_the_key_expired_or_not() {
+        // Issue 24's case: 22 at 19/s, 5 taken; 1.16 s later (full since 0.26 s, the key
+        // expired then) the capacity is 62 at the same rate.
+        let old = Params::new(22, 19, 1_000_000);
+        let new = Params::new(62, 19, 1_000_000);
+        let o = acquire(None, &old, 5, T0);
+        assert_eq!(o.ttl_us, Some(263_158));
+        let live = acquire(o.state, &new, 1, T0 + 1_160_000);
+        let expired = acquire(None, &new, 1, T0 + 1_160_000);
+        assert_eq!(live.decision, expired.decision);
+        assert_eq!(live.decision.remaining, 61);
+        assert_eq!(live.state, expired.state);
+    }
+
+    #[test]
+    fn a_changed_capacity_and_rate_keep_the_tokens_missing_from_full() {
+        let old = Params::new(22, 19, 1_000_000);
+        let o = acquire(None, &old, 20, T0);
+        // Half a second on, 9.5 tokens refilled: 10.5 are missing, of 22 or of 62.
+        let new = Params::new(62, 10, 1_000_000);
+        let peek = decide(o.state, &new, 1, T0 + 500_000, false).decision;
+        assert_eq!(peek.remaining, 51);
+        // Until a take rewrites it, the level refills at its own rate: full in 10.5 / 19 s,
+        // when the key expires.
+        assert_eq!(peek.reset_after_us, 552_632);
+        assert_eq!(o.ttl_us, Some(500_000 + 552_632));
+        let t = acquire(o.state, &new, 1, T0 + 500_000);
+        assert_eq!(t.decision.remaining, 50);
+        // Rewritten at 10/s, the half token refilled at 19/s dropped: 12 missing.
+        assert_eq!(t.decision.reset_after_us, 1_200_000);
+        assert_eq!(
+            t.state.map(|s| (s.capacity, s.refill_tokens)),
+            Some((62, 1))
+        );
+        // Back at 22: the 12 missing of 62 are missing of 22.
+        let d = decide(t.state, &old, 11, T0 + 500_000, false).decision;
+        assert!(!d.allowed && d.remaining == 10, "{d:?}");
+        assert_eq!(d.retry_after_us, 100_000);
+    }
+
+    #[test]
+    fn a_lowered_capacity_keeps_the_debt_and_refunds_stop_at_full() {
+        let p = Params::new(10, 1, 1_000_000);
+        let (o, _) = report(None, &p, 15, T0);
+        let low = Params::new(4, 1, 1_000_000);
+        // 15 missing of 4: deeper than the bound, so reports record nothing.
+        let (r, units) = report(o.state, &low, 1, T0);
+        assert_eq!((units, r.decision.remaining), (0, 0));
+        assert_eq!(
+            r.decision.retry_after_us, 12_000_000,
+            "12 tokens to refill for one"
+        );
+        let (f, given) = refund(o.state, &low, 100, T0, None);
+        assert_eq!((given, f.decision.remaining), (15, 4));
+        assert_eq!(f.ttl_us, None);
     }
 
     #[test]

@@ -677,10 +677,19 @@ fn gcra_state_expires_when_the_tat_has_passed() {
 }
 
 #[test]
-fn a_changed_rate_starts_a_fresh_gcra_state_in_the_script_too() {
+fn a_changed_rate_keeps_the_units_in_use_in_the_script_too() {
     let mut lab = Lab::new();
     let key = lab.key();
     assert!(lab.ours(&key, &params(1, 1_000, 2), 2, Some(T0)).allowed);
     assert!(!lab.ours(&key, &params(1, 1_000, 3), 2, Some(T0)).allowed);
-    assert!(lab.ours(&key, &params(2, 1_000, 2), 2, Some(T0)).allowed);
+    // Twice the rate: the 2 units in use still are, draining at the old interval until a take
+    // rewrites them.
+    let d = lab.ours(&key, &params(2, 1_000, 2), 2, Some(T0));
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after_us, 2_000_000);
+    let d = lab.ours(&key, &params(2, 1_000, 2), 1, Some(T0 + 1_000_000));
+    assert!(
+        d.allowed && d.remaining == 0 && d.reset_after_us == 1_000_000,
+        "{d:?}"
+    );
 }

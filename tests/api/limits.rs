@@ -491,13 +491,13 @@ async fn replacing_a_policy_keeps_the_state_of_unchanged_limits_and_starts_the_o
     let (d, _) = decide(&app, "evolve", "k", 1).await;
     assert_eq!(d["allowed"], true, "{d}");
     let expected = [
-        ("cell", 12 - 5),   // kept: a changed burst keeps a GCRA's state
-        ("new-name", 9),    // renamed: afresh
-        ("morph", 9),       // another algorithm: afresh
-        ("rewindowed", 9),  // another window: afresh
-        ("rerated", 9),     // another rate: afresh
-        ("raised", 20 - 5), // kept: only the quota changed
-        ("same", 10 - 5),   // kept
+        ("cell", 12 - 5),       // kept: a changed burst keeps a GCRA's state
+        ("new-name", 9),        // renamed: afresh
+        ("morph", 9),           // another algorithm: afresh
+        ("rewindowed", 10 - 5), // another window: the hour's count kept until the hour ends
+        ("rerated", 10 - 5),    // another rate: the units in use kept
+        ("raised", 20 - 5),     // kept: only the quota changed
+        ("same", 10 - 5),       // kept
     ];
     let got: Vec<(String, u64)> = per_limit(&d, "name")
         .iter()

@@ -8,6 +8,7 @@ mod helpers;
 mod acquire;
 mod batch;
 mod bounds;
+mod carry_over;
 mod claims;
 mod cluster;
 mod cluster_faults;

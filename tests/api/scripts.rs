@@ -9,7 +9,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::{
-    decide_all, decide_joint, sliding_window_log, Decision, Op, State, Verdict,
+    decide_all, decide_joint, decide_op, sliding_window_log, Decision, Op, State, Verdict,
 };
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
@@ -742,6 +742,352 @@ fn composed_scripts_decide_exactly_as_decide_all() {
         "only {} denials where some limit admitted",
         partial_denials.get()
     );
+}
+
+// --- A change of parameters: the same state decided under others, on Redis as in Rust ----------
+
+/// Values of `a`'s fields, at and between their bounds, as [`limits`] draws them.
+fn fields_of(a: Algorithm) -> BoxedStrategy<Vec<u64>> {
+    let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
+    let windows = prop_oneof![
+        1u64..=20,
+        Just(1_000u64),
+        Just(2_678_400_000u64),
+        1u64..=2_678_400_000
+    ];
+    match a {
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+            (units, windows).prop_map(|(l, w)| vec![l, w]).boxed()
+        }
+        Algorithm::SlidingWindowLog => (prop_oneof![1u64..=12, Just(10_000u64)], windows)
+            .prop_map(|(l, w)| vec![l, w])
+            .boxed(),
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            let (first, second, third) = if a == Algorithm::TokenBucket {
+                (
+                    units.clone().boxed(),
+                    units.clone().boxed(),
+                    windows.boxed(),
+                )
+            } else {
+                (units.clone().boxed(), windows.boxed(), units.boxed())
+            };
+            (first, second, third)
+                .prop_map(|(x, y, z)| vec![x, y, z])
+                .boxed()
+        }
+    }
+}
+
+/// One to three limits, each of one algorithm with three sets of its fields to change between.
+fn changing_limits() -> impl Strategy<Value = Vec<(Algorithm, Vec<Vec<u64>>)>> {
+    let one = prop::sample::select(Algorithm::ALL.to_vec())
+        .prop_flat_map(|a| (Just(a), proptest::collection::vec(fields_of(a), 3)));
+    proptest::collection::vec(one, 1..=3)
+}
+
+/// One step: the set of fields every limit is decided under, the clock's move, the operation,
+/// a number its cost is made from, and for a refund whether it carries a take's marks.
+#[derive(Debug, Clone)]
+struct ChangeStep {
+    set: usize,
+    dt_us: i64,
+    op: Op,
+    pick: u64,
+    marked: bool,
+}
+
+fn change_steps() -> impl Strategy<Value = Vec<ChangeStep>> {
+    let op = prop_oneof![
+        4 => Just(Op::Acquire),
+        2 => Just(Op::Peek),
+        2 => Just(Op::Report),
+        2 => Just(Op::Refund),
+    ];
+    let step = (
+        prop_oneof![3 => Just(0usize), 2 => 0usize..3],
+        prop_oneof![
+            3 => 0i64..2_000,
+            3 => 0i64..50_000,
+            2 => 0i64..5_000_000,
+            1 => -3_000_000i64..0,
+            1 => 0i64..100_000_000_000,
+        ],
+        op,
+        any::<u64>(),
+        any::<bool>(),
+    )
+        .prop_map(|(set, dt_us, op, pick, marked)| ChangeStep {
+            set,
+            dt_us,
+            op,
+            pick,
+            marked,
+        });
+    proptest::collection::vec(step, 1..40)
+}
+
+/// `op`'s script for these limits at `now`, with `marks` for a refund (empty: none), then every
+/// key persisted, in one transaction; its reply as `lua/common.lua` gives it.
+fn op_persisted(
+    conn: &mut redis::Connection,
+    shas: &mut std::collections::HashMap<(Vec<Algorithm>, Op), String>,
+    keys: &[String],
+    params: &[Params],
+    (op, cost, now): (Op, u64, u64),
+    marks: &[u64],
+) -> Result<Vec<u64>, String> {
+    let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+    let sha = shas
+        .entry((algorithms.clone(), op))
+        .or_insert_with(|| load(conn, &scripts::compose(&algorithms, op)))
+        .clone();
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd(if op == Op::Peek {
+            "EVALSHA_RO"
+        } else {
+            "EVALSHA"
+        })
+        .arg(sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(cost)
+        .arg(now);
+    for p in params {
+        pipe.arg(p.script_args().as_slice());
+    }
+    if op == Op::Refund {
+        for i in 0..params.len() {
+            match marks.get(i) {
+                Some(m) => pipe.arg(*m),
+                None => pipe.arg(""),
+            };
+        }
+    }
+    for k in keys {
+        pipe.cmd("PERSIST").arg(k).ignore();
+    }
+    let (reply,): (Vec<u64>,) = pipe.query(conn).map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+/// A verdict as a script replies to `op`: allowed, then each limit's units (admits for an
+/// acquire or a peek), remaining, reset_after_us and retry_after_us, then the time.
+fn as_op_reply(v: &Verdict, op: Op) -> Vec<u64> {
+    let mut reply = vec![u64::from(v.allowed)];
+    for (d, units) in v.limits().iter().zip(v.units()) {
+        let first = match op {
+            Op::Acquire | Op::Peek => u64::from(d.allowed),
+            Op::Report | Op::Refund => *units,
+        };
+        reply.extend([first, d.remaining, d.reset_after_us, d.retry_after_us]);
+    }
+    reply.push(v.at_us);
+    reply
+}
+
+/// Random sequences of every operation over limits whose parameters change between steps (each
+/// limit keeps its algorithm): the scripts reply exactly as `decide_op`. When the clock never
+/// steps back in a sequence, the Rust side drops each state at its expiry, as the embedded store
+/// does, while Redis keeps every key: the replies still agree, so a state past its expiry
+/// answers on Redis as no state, under whatever parameters it is decided.
+#[test]
+fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    let shas = std::cell::RefCell::new(std::collections::HashMap::new());
+    // Steps decided under other fields than the step before, and states dropped at expiry.
+    let seen = std::cell::Cell::new((0u64, 0u64));
+    let mut runner = TestRunner::new(Config {
+        cases: 384,
+        ..Config::default()
+    });
+    let result = runner.run(&(changing_limits(), change_steps()), |(limits, steps)| {
+        let mut lab = lab.borrow_mut();
+        let mut shas = shas.borrow_mut();
+        let specs: Vec<Spec> = limits
+            .iter()
+            .map(|(a, sets)| (*a, sets[0].clone()))
+            .collect();
+        let (_, keys) = composite(&mut lab, &specs);
+        let sets: Vec<Vec<Params>> = (0..3)
+            .map(|set| {
+                limits
+                    .iter()
+                    .map(|(a, fields)| a.params(&fields[set]))
+                    .collect()
+            })
+            .collect();
+        let monotone = steps.iter().all(|s| s.dt_us >= 0);
+        let mut states: Vec<Option<State>> = keys.iter().map(|_| None).collect();
+        let mut expires: Vec<Option<u64>> = keys.iter().map(|_| None).collect();
+        let mut tickets: Vec<Vec<u64>> = Vec::new();
+        let mut last_set = 0;
+        let mut now = T0;
+        for (i, step) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(step.dt_us);
+            let params = &sets[step.set];
+            if step.set != last_set {
+                seen.set((seen.get().0 + 1, seen.get().1));
+            }
+            last_set = step.set;
+            if monotone {
+                for (state, at) in states.iter_mut().zip(&mut expires) {
+                    if at.is_some_and(|at| now >= at) {
+                        *state = None;
+                        *at = None;
+                        seen.set((seen.get().0, seen.get().1 + 1));
+                    }
+                }
+            }
+            let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+            let op = step.op;
+            let cost = match (op, step.pick % 8) {
+                (_, 0) => quota,
+                (Op::Report | Op::Refund, 1) => (quota * 3).min(1_000_000_000),
+                _ => 1 + step.pick % quota.min(5),
+            };
+            let marks = match tickets.last() {
+                Some(m) if op == Op::Refund && step.marked => m.clone(),
+                _ => Vec::new(),
+            };
+            let mut ttls = vec![None; params.len()];
+            let expected = decide_op(params, &mut states, &mut ttls, op, cost, now, &marks);
+            for (at, ttl) in expires.iter_mut().zip(&ttls) {
+                if let Some(ttl) = ttl {
+                    *at = Some(now + ttl);
+                }
+            }
+            let got = op_persisted(
+                &mut lab.conn,
+                &mut shas,
+                &keys,
+                params,
+                (op, cost, now),
+                &marks,
+            )
+            .map_err(TestCaseError::fail)?;
+            prop_assert_eq!(
+                &got,
+                &as_op_reply(&expected, op),
+                "step {} at {}: {:?} cost {} marks {:?} under {:?} of {:?}",
+                i,
+                now,
+                op,
+                cost,
+                marks,
+                params,
+                limits
+            );
+            if matches!(op, Op::Acquire | Op::Report) && expected.allowed {
+                tickets.push(expected.marks().collect());
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let (changes, expiries) = seen.get();
+    assert!(
+        changes > 1_000 && expiries > 100,
+        "{changes} changes of parameters and {expiries} states dropped at expiry"
+    );
+}
+
+/// Keys in the layouts of the version before: a token bucket of five fields (no capacity) and a
+/// log whose members do not say their window. Both still decode, read as written under the
+/// capacity or window decided, on Redis as in the Rust model of such a state.
+#[test]
+fn keys_written_before_the_state_said_its_parameters_still_decode() {
+    let mut lab = Lab::new();
+    let mut shas = std::collections::HashMap::new();
+    let old_bucket = |tokens: f64, updated: u64| -> Vec<u8> {
+        [tokens, 0.0, updated as f64, 1.0, 1_000_000.0]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect()
+    };
+    for capacity in [10, 20, 3] {
+        let (policy, keys) = composite(&mut lab, &[bucket(capacity, 1, 1_000)]);
+        let params = policy.params();
+        let _: () = redis::cmd("SET")
+            .arg(&keys[0])
+            .arg(old_bucket(4.0, T0))
+            .query(&mut lab.conn)
+            .expect("SET");
+        let ratelimiter::limiter::Params::TokenBucket(p) = params[0] else {
+            unreachable!("a bucket");
+        };
+        // The Rust model of that key: written under the capacity decided.
+        let mut states = vec![Some(State::TokenBucket(
+            ratelimiter::limiter::token_bucket::State {
+                tokens: 4,
+                fraction: 0,
+                updated_us: T0,
+                refill_tokens: 1,
+                refill_period_us: 1_000_000,
+                capacity: p.capacity,
+            },
+        ))];
+        let now = T0 + 1_500_000;
+        for op in [Op::Peek, Op::Acquire, Op::Refund, Op::Report] {
+            let mut ttls = vec![None];
+            let expected = decide_op(params, &mut states, &mut ttls, op, 1, now, &[]);
+            let got = op_persisted(&mut lab.conn, &mut shas, &keys, params, (op, 1, now), &[])
+                .expect("script");
+            assert_eq!(
+                got,
+                as_op_reply(&expected, op),
+                "{op:?} at capacity {capacity}"
+            );
+        }
+        // 4 tokens (at most `capacity`), 1.5 refilled (none past full), 1 taken, 1 given back, 1
+        // reported.
+        let d = decide_op(params, &mut states, &mut [None], Op::Peek, 1, now, &[]);
+        assert_eq!(d.limits()[0].remaining, 4.min(capacity - 1));
+        let raw: Vec<u8> = redis::cmd("GET")
+            .arg(&keys[0])
+            .query(&mut lab.conn)
+            .expect("GET");
+        assert_eq!(raw.len(), 48, "rewritten in the new layout");
+    }
+    for window_ms in [1_000, 500, 5_000] {
+        let (policy, keys) = composite(
+            &mut lab,
+            &[window(5, window_ms, Algorithm::SlidingWindowLog)],
+        );
+        let params = policy.params();
+        let _: () = redis::cmd("ZADD")
+            .arg(&keys[0])
+            .arg(T0)
+            .arg("0000000000000002:2")
+            .arg(T0 + 400_000)
+            .arg("0000000000000003:1")
+            .query(&mut lab.conn)
+            .expect("ZADD");
+        let mut states = vec![Some(State::SlidingWindowLog(sliding_window_log::State {
+            entries: [(T0, 2), (T0 + 400_000, 1)].into_iter().collect(),
+            window_us: 0,
+        }))];
+        for (op, now) in [
+            (Op::Peek, T0 + 450_000),
+            (Op::Refund, T0 + 450_000),
+            (Op::Peek, T0 + 700_000),
+            (Op::Acquire, T0 + 1_200_000),
+            (Op::Peek, T0 + 1_300_000),
+        ] {
+            let mut ttls = vec![None];
+            let expected = decide_op(params, &mut states, &mut ttls, op, 1, now, &[]);
+            let got = op_persisted(&mut lab.conn, &mut shas, &keys, params, (op, 1, now), &[])
+                .expect("script");
+            assert_eq!(
+                got,
+                as_op_reply(&expected, op),
+                "{op:?} at {now}, {window_ms} ms"
+            );
+        }
+    }
 }
 
 // --- A key of another type: every script fails on it, and leaves it as it was ------------------
