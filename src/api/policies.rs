@@ -268,8 +268,9 @@ pub async fn read(
 /// Create or replace a policy.
 ///
 /// The body is a whole policy; its `name` may be left out and must match the path when given.
-/// Replacing a policy keeps the subjects' counters unless the algorithm or its window or rate
-/// changes, in which case they start afresh. With `If-Match: "<ETag>"` the write happens only if
+/// Replacing a policy keeps the subjects' usage (the units spent and not yet earned back count
+/// against the new limits) unless a limit's algorithm or name changes, in which case its state
+/// starts afresh. With `If-Match: "<ETag>"` the write happens only if
 /// the policy is still at that version (`If-Match: *`: only if it exists); with
 /// `If-None-Match: *` only if it does not exist (both together never hold: 412). Either makes a
 /// retry after an `outcome-unknown` 503 safe.

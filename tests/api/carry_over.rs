@@ -108,3 +108,72 @@ async fn usage_carries_over_a_change_of_parameters_on_the_embedded_store() {
 async fn usage_carries_over_a_change_of_parameters_on_redis() {
     usage_carries_over_a_change_of_parameters(Backend::Redis).await
 }
+
+crate::on_every_store!(usage_carries_over_when_an_override_changes_a_subjects_limits);
+
+/// The same, with the limits changed for one subject by an override (a tier, then the
+/// override's own `limits`), on every store: the subject keeps its usage, and another subject
+/// keeps the policy's limits.
+async fn usage_carries_over_when_an_override_changes_a_subjects_limits(backend: Backend) {
+    let app = spawn_app(backend).await;
+    clear_of_window_edges(&[HOUR_MS, DAY_MS]).await;
+    for algorithm in [
+        "token_bucket",
+        "gcra",
+        "fixed_window",
+        "sliding_window_counter",
+        "sliding_window_log",
+    ] {
+        let name = format!("tier-{}", algorithm.replace('_', "-"));
+        let [first, raised, lowered] = versions(algorithm);
+        let fields = |mut v: Value| {
+            v.as_object_mut().map(|m| m.remove("algorithm"));
+            v
+        };
+        let mut policy = first;
+        policy["name"] = json!(name);
+        policy["tiers"] = json!({"up": {name.as_str(): fields(raised)}});
+        app.create_policy(policy).await;
+        let d = acquire(&app, &name, 4).await;
+        assert_eq!(d["remaining"], 6, "{algorithm}: {d}");
+
+        let r = app
+            .post(
+                &format!("/v1/policies/{name}/overrides"),
+                &json!({"match": {"key": "customer"}, "tier": "up"}),
+            )
+            .await;
+        assert_eq!(r.status(), 201, "{algorithm}");
+        let id = r.json::<Value>().await.expect("JSON")["id"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        let d = acquire(&app, &name, 1).await;
+        assert_eq!(
+            (d["limit"].clone(), d["remaining"].clone()),
+            (json!(20), json!(15)),
+            "{algorithm}: {d}"
+        );
+        assert_eq!(d["tier"], "up");
+
+        let r = app
+            .put(
+                &format!("/v1/policies/{name}/overrides/{id}"),
+                &json!({"match": {"key": "customer"}, "limits": {name.as_str(): fields(lowered)}}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "{algorithm}");
+        let d = acquire(&app, &name, 1).await;
+        assert_eq!(
+            (d["limit"].clone(), d["remaining"].clone()),
+            (json!(8), json!(2)),
+            "{algorithm}: {d}"
+        );
+        // Another subject was never changed.
+        let other = app.acquire(&name, "someone-else", 1).await;
+        assert_eq!(
+            (other["limit"].clone(), other["remaining"].clone()),
+            (json!(10), json!(9))
+        );
+    }
+}
