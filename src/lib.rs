@@ -10,12 +10,14 @@
 //! - [`access`]: who may do what, from a bearer token: the tokens by scope and their
 //!   constant-time check, read by `api` and `grpc` alike.
 //! - [`service`]: what the application does with a request: resolves it into the
-//!   [`store::Plan`] a store decides (the one place a request's policy, kind, cost and ticket are
-//!   read), decides acquires, joint acquires and leases, answers by the one fail-mode table when
-//!   the store fails, and keeps the policy cache following the store's change log; policy reads
-//!   and writes, readiness.
-//! - [`policy`]: what a policy is (one to eight rate limits on the same subjects, or one
-//!   concurrency limit held by leases) and its validation, the one reader of policy documents.
+//!   [`store::Plan`] a store decides (the one place a request's policy, kind, cost, ticket and
+//!   the subject's override are read), decides acquires, joint acquires and leases, answers by
+//!   the one fail-mode table when the store fails, and keeps the policy cache (overrides
+//!   included) following the store's change log; policy and override reads and writes,
+//!   readiness.
+//! - [`policy`]: what a policy is (one to eight rate limits on the same subjects, with tiers, or
+//!   one concurrency limit held by leases), what an override of it is, and their validation, the
+//!   one reader of policy documents.
 //! - [`store`]: where state lives, behind one trait that decides plans: embedded in-process
 //!   (`store/memory/`), or Redis, one server or a Cluster (`store/redis/`: one Lua script per
 //!   decision, composed from the parts of a policy's limits, with the circuit breaker in front of

@@ -144,8 +144,9 @@ pub struct AcquireResponse {
     /// Who decided: `redis` or `embedded` (the store: a real decision), `local_cache` (a denial
     /// Redis decided for this subject, repeated by this instance until Redis's retry time:
     /// exact), `fail_open` (the store could not be asked and the fail mode allowed without
-    /// counting: not a real allow) or `fail_local` (this instance decided alone, limits per
-    /// instance). Also in `Decided-By`.
+    /// counting: not a real allow), `fail_local` (this instance decided alone, limits per
+    /// instance) or `override` (an `unlimited` or `block` override of the subject, without the
+    /// store). Also in `Decided-By`.
     #[schema(example = "redis")]
     pub decided_by: DecidedBy,
     /// Policies of several limits only: each limit, in policy order. When the acquire was
@@ -242,11 +243,12 @@ pub struct LimitState {
 /// The headers of every decision answer, as the OpenAPI spec lists them: name, description, and
 /// whether the value is an integer. Added to the 200 answer of each decision operation by
 /// [`document_headers`], in one place rather than written out on each handler.
-const HEADERS: [(&str, &str, bool); 5] = [
+const HEADERS: [(&str, &str, bool); 6] = [
     ("RateLimit-Policy", "`\"<policy>\";q=<limit>;w=<window seconds>`; for several limits one item per limit, `\"<policy>/<limit>\";q=…;w=…`, comma-separated, in policy order", false),
     ("RateLimit", "`\"<policy>\";r=<remaining>;t=<seconds until reset>`; for several limits one item per limit, named as in `RateLimit-Policy`. Absent on a `fail_open` answer", false),
-    ("Retry-After", "On a denial (not in shadow mode): seconds until the request would be allowed", true),
-    ("Decided-By", "Who decided, as the body's `decided_by`: `redis`, `embedded`, `local_cache`, `fail_open` or `fail_local`", false),
+    ("Retry-After", "On a denial (not in shadow mode): seconds until the request would be allowed; absent for a `block` override without an expiry", true),
+    ("Decided-By", "Who decided, as the body's `decided_by`: `redis`, `embedded`, `local_cache`, `fail_open`, `fail_local` or `override`", false),
+    ("Ratelimit-Override", "When an override applied to the subject: `id=<id>;match=<exact|prefix|cidr>[;tier=<tier>]`, as the body's `override` and `tier`", false),
     ("Policy-ETag", "The version of the policy this instance decided with, as `GET /v1/policies/{name}` shows it in `ETag`: compare the two to see a change in force", false),
 ];
 

@@ -13,7 +13,9 @@
 //! of those the store may have run after it failed on them [`undo`]. When the store cannot
 //! answer, every kind of call goes by one table: [`fail_mode`] (`open` allows, `closed` refuses,
 //! `local` decides with an in-process store until the shared one is back). How the cache
-//! follows the store, and policy reads and writes, are in [`policies`]; readiness in
+//! follows the store, and policy reads and writes, are in [`policies`]; overrides (per-subject
+//! limits: their writes, reads and the explanation of what applies) in [`overrides`], their
+//! lookup in `resolve`; readiness in
 //! [`readiness`]; the background loop and the gauges in `upkeep`; answers and errors in
 //! `answer` and `error`.
 
