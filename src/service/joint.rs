@@ -18,6 +18,7 @@
 //! when they allowed; a cost above a limit's quota denies without asking the store.
 
 use super::cache::{Effect, Found};
+use super::resolve::Resolved;
 use std::time::Instant;
 
 use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
@@ -221,7 +222,7 @@ impl RateLimiter {
         // Subjects an override decides alone (`unlimited`, `block`) take no part in the joint
         // step: a block denies the whole request (the others are only looked at), an unlimited
         // subject is allowed beside whatever the others decide.
-        if resolved.iter().any(|r| r.without_store(0).is_some()) {
+        if resolved.iter().any(Resolved::decided_alone) {
             return self.decide_in_turn(subjects, which, answers).await;
         }
         let at_us = self.clock.at_us();

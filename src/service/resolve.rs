@@ -53,6 +53,13 @@ impl Resolved {
         limits_of(&self.policy, self.applied.as_deref())
     }
 
+    /// Whether an `unlimited` or `block` override decides the request without the store.
+    pub fn decided_alone(&self) -> bool {
+        self.applied
+            .as_deref()
+            .is_some_and(|a| matches!(a.effect, Effect::Unlimited | Effect::Block))
+    }
+
     /// The verdict of an `unlimited` or `block` override, which the store is not asked for, at
     /// `now_us`: every limit allowed with its whole quota left, or denied with nothing left
     /// until the override's expiry (0 without one). `None` for any other request.
