@@ -33,6 +33,9 @@ struct Entry {
     version: u64,
     /// The policy's decision counters, so that a decision takes this one lock, not a second.
     counters: Counted,
+    /// The policy's entry of `Inner::override_epochs`, kept here too so that a decision reads it
+    /// with the policy, without a second lookup.
+    override_epoch: u64,
 }
 
 /// A policy as this instance enforces it: the policy, the ETag of its version, and its decision
@@ -110,6 +113,10 @@ impl Inner {
         let deleted = over.is_none();
         let epoch = self.override_epochs.entry(Arc::from(policy)).or_default();
         *epoch = (*epoch).max(version);
+        let epoch = *epoch;
+        if let Some(e) = self.entries.get_mut(policy) {
+            e.override_epoch = epoch;
+        }
         let set = self.overrides.entry(Arc::from(policy)).or_default();
         if set.apply(id.clone(), version, over, live.as_deref()) && deleted {
             if version > self.applied {
@@ -141,6 +148,7 @@ impl Inner {
                     policy: Some(p.clone()),
                     version,
                     counters: Counted::default(),
+                    override_epoch: self.override_epochs.get(name).copied().unwrap_or(0),
                 },
             ),
             None if version > self.applied => {
@@ -151,6 +159,7 @@ impl Inner {
                         policy: None,
                         version,
                         counters: Counted::default(),
+                        override_epoch: 0,
                     },
                 )
             }
@@ -239,7 +248,7 @@ impl PolicyCache {
                 version: entry.version,
             },
             counters: entry.counters.clone(),
-            overrides_changed: inner.override_epochs.get(name).copied().unwrap_or(0),
+            overrides_changed: entry.override_epoch,
         })
     }
 
@@ -270,11 +279,7 @@ impl PolicyCache {
         let policy = best?.clone();
         let entry = inner.entries.get(policy.name.as_str())?;
         let generation = inner.generation.clone()?;
-        let changed = inner
-            .override_epochs
-            .get(policy.name.as_str())
-            .copied()
-            .unwrap_or(0);
+        let changed = entry.override_epoch;
         Some(Found {
             policy,
             etag: Etag {
@@ -387,7 +392,7 @@ impl PolicyCache {
             .overrides
             .get(name)
             .and_then(|set| set.find(key, now_us).cloned());
-        let changed = inner.override_epochs.get(name).copied().unwrap_or(0);
+        let changed = entry.override_epoch;
         Some((
             Found {
                 policy,
