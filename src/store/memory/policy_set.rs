@@ -48,6 +48,19 @@ impl Overrides {
     }
 }
 
+/// Whether `precondition` holds for an entry at version `current` (`None`: absent) of the store's
+/// `generation`, as the scripts check it.
+fn holds(precondition: &Precondition, current: Option<u64>, generation: &str) -> bool {
+    match precondition {
+        Precondition::None => true,
+        Precondition::Absent => current.is_none(),
+        Precondition::Exists => current.is_some(),
+        Precondition::Matches(etag) => {
+            current.is_some_and(|v| *etag == format!("{generation}.{v}"))
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct PolicySet {
     generation: Arc<str>,
@@ -109,21 +122,8 @@ impl PolicySet {
             return done(WriteStatus::Probed, self.version);
         }
         let refuse = |status| done(status, current.unwrap_or(0));
-        match w.precondition {
-            Precondition::None => {}
-            Precondition::Absent if current.is_some() => {
-                return refuse(WriteStatus::PreconditionFailed)
-            }
-            Precondition::Absent => {}
-            Precondition::Exists if current.is_none() => {
-                return refuse(WriteStatus::PreconditionFailed)
-            }
-            Precondition::Exists => {}
-            Precondition::Matches(etag) => {
-                if current.is_none_or(|v| *etag != format!("{generation}.{v}")) {
-                    return refuse(WriteStatus::PreconditionFailed);
-                }
-            }
+        if !holds(w.precondition, current, &generation) {
+            return refuse(WriteStatus::PreconditionFailed);
         }
         match (w.kind, current) {
             (WriteKind::Delete, None) => return refuse(WriteStatus::Missing),
@@ -240,21 +240,8 @@ impl PolicySet {
             Some((p, v)) if p.rate().is_some() => *v,
             _ => return refuse(OverrideStatus::NoPolicy),
         };
-        match w.precondition {
-            Precondition::None => {}
-            Precondition::Absent if current.is_some() => {
-                return refuse(OverrideStatus::PreconditionFailed)
-            }
-            Precondition::Absent => {}
-            Precondition::Exists if current.is_none() => {
-                return refuse(OverrideStatus::PreconditionFailed)
-            }
-            Precondition::Exists => {}
-            Precondition::Matches(etag) => {
-                if current.is_none_or(|v| *etag != format!("{generation}.{v}")) {
-                    return refuse(OverrideStatus::PreconditionFailed);
-                }
-            }
+        if !holds(w.precondition, current, &generation) {
+            return refuse(OverrideStatus::PreconditionFailed);
         }
         match (w.op, current) {
             (OverrideOp::Create, Some(_)) => return refuse(OverrideStatus::Exists),
