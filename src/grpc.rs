@@ -337,15 +337,21 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
         let denies = !a.shadow && a.verdict.limits().iter().any(|d| !d.allowed);
         if denies {
             over = true;
-            retry_after_us = retry_after_us.max(
-                a.verdict
-                    .limits()
-                    .iter()
-                    .filter(|d| !d.allowed)
-                    .map(|d| d.retry_after_us)
-                    .max()
-                    .unwrap_or(0),
-            );
+            let wait = a
+                .verdict
+                .limits()
+                .iter()
+                .filter(|d| !d.allowed)
+                .map(|d| d.retry_after_us)
+                .max()
+                .unwrap_or(0);
+            // A block without an expiry has no time to wait for, as over HTTP.
+            let wait = if a.decided_by == DecidedBy::Override && wait == 0 {
+                MAX_WAIT_US
+            } else {
+                wait
+            };
+            retry_after_us = retry_after_us.max(wait);
         }
         if a.degraded {
             degraded = Some(a.decided_by);

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    metric, spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
+    masters, metric, spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
 };
 
 const GRPC: (&str, &str) = ("RATELIMITER__GRPC__BIND", "127.0.0.1:0");
@@ -756,4 +756,172 @@ async fn descriptors_are_validated_and_unique_per_shape() {
         )
         .await;
     assert_eq!(r.status(), 422);
+}
+
+/// Creates an override of `policy` over HTTP, asserting 201; answers its id.
+async fn create_override(app: &TestApp, policy: &str, body: Value) -> String {
+    let r = app
+        .post(&format!("/v1/policies/{policy}/overrides"), &body)
+        .await;
+    let status = r.status();
+    let doc: Value = r.json().await.expect("JSON");
+    assert_eq!(status, 201, "{body}: {doc}");
+    doc["id"].as_str().expect("an id").to_owned()
+}
+
+/// `n` calls of one `remote_address` descriptor; answers how many were `OK`, and the last answer.
+async fn oks_of(
+    client: &mut RateLimitServiceClient<Channel>,
+    address: &str,
+    n: usize,
+) -> (usize, RateLimitResponse) {
+    let mut ok = 0;
+    let mut last = RateLimitResponse::default();
+    for _ in 0..n {
+        last = call(client, by_address(address)).await;
+        if last.overall_code == Code::Ok as i32 {
+            ok += 1;
+        }
+    }
+    (ok, last)
+}
+
+/// The descriptor's limit as the answer gives it: `(requests_per_unit, unit)`.
+fn current(r: &RateLimitResponse, i: usize) -> Option<(u32, i32)> {
+    let l = r.statuses.get(i)?.current_limit.as_ref()?;
+    Some((l.requests_per_unit, l.unit))
+}
+
+/// Overrides written over HTTP apply to the subject key a descriptor makes (the value of its one
+/// variable entry): by exact key and by prefix, with their quota in `current_limit` and the
+/// override named in `Ratelimit-Override`; `block` denies and `unlimited` allows, both without
+/// asking the store; every other address keeps the policy's limit.
+async fn overrides_apply_to_descriptor_subjects(backend: Backend) {
+    let app = app(backend).await;
+    app.create_policy(per_address(2)).await;
+    let hourly = |n: u64| json!({"per-address": {"capacity": n, "refill_tokens": n}});
+    let vip = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.0.0.9"}, "limits": hourly(5)}),
+    )
+    .await;
+    let acme = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"prefix": "10.7."}, "limits": hourly(3)}),
+    )
+    .await;
+    let blocked = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.6.6.6"}, "block": true}),
+    )
+    .await;
+    let health = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.0.0.1"}, "unlimited": true}),
+    )
+    .await;
+    let mut client = client(&app).await;
+    const HOUR: i32 = 3;
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.9", 7).await;
+    assert_eq!(ok, 5, "{backend:?}: the exact override's 5: {last:?}");
+    assert_eq!(current(&last, 0), Some((5, HOUR)), "{last:?}");
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={vip};match=exact").as_str())
+    );
+    assert_eq!(
+        header(&last, "RateLimit-Policy"),
+        Some("\"per-address\";q=5;w=3600")
+    );
+
+    let (ok, last) = oks_of(&mut client, "10.7.1.2", 5).await;
+    assert_eq!(ok, 3, "{backend:?}: the prefix's 3: {last:?}");
+    assert_eq!(current(&last, 0), Some((3, HOUR)));
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={acme};match=prefix").as_str())
+    );
+
+    let (ok, last) = oks_of(&mut client, "10.6.6.6", 2).await;
+    assert_eq!(ok, 0, "{backend:?}: blocked: {last:?}");
+    assert_eq!(last.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(last.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={blocked};match=exact").as_str())
+    );
+    assert_eq!(header(&last, "Retry-After"), None, "a block without expiry");
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.1", 20).await;
+    assert_eq!(ok, 20, "{backend:?}: unlimited: {last:?}");
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={health};match=exact").as_str())
+    );
+    // A cost above every quota is allowed too: no limit is consulted.
+    let mut big = by_address("10.0.0.1");
+    big.hits_addend = 1_000;
+    assert_eq!(call(&mut client, big).await.overall_code, Code::Ok as i32);
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.2", 3).await;
+    assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+    assert_eq!(current(&last, 0), Some((2, HOUR)));
+    assert_eq!(header(&last, "Ratelimit-Override"), None);
+
+    // Neither the blocked nor the unlimited subject reached the store.
+    if let Some(masters) = masters(&app) {
+        for mut conn in masters {
+            for pattern in ["*10.6.6.6*", "*10.0.0.1*"] {
+                let keys: Vec<String> = ::redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query(&mut conn)
+                    .expect("KEYS");
+                assert!(keys.is_empty(), "the store was consulted: {keys:?}");
+            }
+        }
+    }
+    // The HTTP API decides the same subject under the same override.
+    let d = app.acquire("per-address", "10.7.1.2", 1).await;
+    assert_eq!(d["allowed"], false, "the prefix's 3 are spent: {d}");
+    assert_eq!(d["override"]["id"], json!(acme));
+
+    // A blocked descriptor beside another denies the call, and the other keeps its units.
+    let both = request(
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.0.0.3")]),
+            descriptor(&[("remote_address", "10.6.6.6")]),
+        ],
+    );
+    let r = call(&mut client, both).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(
+        (r.statuses[0].code, r.statuses[1].code),
+        (Code::Ok as i32, Code::OverLimit as i32)
+    );
+    let alone = call(&mut client, by_address("10.0.0.3")).await;
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 1,
+        "nothing was taken by the denied call: {alone:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_the_embedded_store() {
+    overrides_apply_to_descriptor_subjects(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_redis() {
+    overrides_apply_to_descriptor_subjects(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_a_cluster() {
+    overrides_apply_to_descriptor_subjects(Backend::Cluster).await;
 }
