@@ -255,11 +255,7 @@ impl Grpc {
             }
             let cost = ask.cost.min(MAX_UNITS);
             let refund = Ask::Refund { cost, ticket: None };
-            let given = self
-                .limiter
-                .decide_hit(ask, refund)
-                .await
-                .map_err(status)?;
+            let given = self.limiter.decide_hit(ask, refund).await.map_err(status)?;
             answers[i] = Some(given);
         }
         let decided = if together.len() == asks.len() {

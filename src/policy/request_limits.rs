@@ -209,8 +209,9 @@ fn max_of(doc: &Map<String, Value>, limit: &Limit) -> Result<u64, ValidationErro
     const FIELD: &str = "request_limits.max_requests_per_unit";
     let n = match doc.get("max_requests_per_unit") {
         None | Some(Value::Null) => return Err(missing(FIELD)),
-        Some(Value::Number(n)) => whole(n)
-            .ok_or_else(|| ValidationError::invalid(FIELD, "must be a whole number"))?,
+        Some(Value::Number(n)) => {
+            whole(n).ok_or_else(|| ValidationError::invalid(FIELD, "must be a whole number"))?
+        }
         Some(_) => {
             return Err(ValidationError::WrongType {
                 field: FIELD.into(),
@@ -294,7 +295,11 @@ mod tests {
             ),
             (
                 json!({"algorithm": "token_bucket", "capacity": 5, "refill_tokens": 1, "refill_period_ms": 1000}),
-                vec![("capacity", 30), ("refill_tokens", 30), ("refill_period_ms", 60_000)],
+                vec![
+                    ("capacity", 30),
+                    ("refill_tokens", 30),
+                    ("refill_period_ms", 60_000),
+                ],
             ),
             (
                 json!({"algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 2}),
@@ -324,21 +329,44 @@ mod tests {
         let (limit, max) = one(&p);
         let at = |r, unit| fields(&max.limit_for(limit, asked(r, unit)));
         // Within: as asked, whatever its unit.
-        assert_eq!(at(100, Unit::Minute), (vec![("limit", 100), ("window_ms", 60_000)], false));
-        assert_eq!(at(1, Unit::Second), (vec![("limit", 1), ("window_ms", 1_000)], false));
-        assert_eq!(at(50, Unit::Hour), (vec![("limit", 50), ("window_ms", 3_600_000)], false));
+        assert_eq!(
+            at(100, Unit::Minute),
+            (vec![("limit", 100), ("window_ms", 60_000)], false)
+        );
+        assert_eq!(
+            at(1, Unit::Second),
+            (vec![("limit", 1), ("window_ms", 1_000)], false)
+        );
+        assert_eq!(
+            at(50, Unit::Hour),
+            (vec![("limit", 50), ("window_ms", 3_600_000)], false)
+        );
         // Above in rate: 2 a second is 120 a minute; the most a second may have is 1 (100/60).
-        assert_eq!(at(2, Unit::Second), (vec![("limit", 1), ("window_ms", 1_000)], true));
-        assert_eq!(at(101, Unit::Minute), (vec![("limit", 100), ("window_ms", 60_000)], true));
+        assert_eq!(
+            at(2, Unit::Second),
+            (vec![("limit", 1), ("window_ms", 1_000)], true)
+        );
+        assert_eq!(
+            at(101, Unit::Minute),
+            (vec![("limit", 100), ("window_ms", 60_000)], true)
+        );
         // Above in quota only: 1000 an hour is a slower rate, but 1000 at once.
-        assert_eq!(at(1_000, Unit::Hour), (vec![("limit", 100), ("window_ms", 3_600_000)], true));
-        let p = policy(json!({"name": "p", "algorithm": "gcra", "rate": 1, "period_ms": 1000,
-            "burst": 1, "request_limits": {"max_requests_per_unit": 10, "unit": "hour"}}));
+        assert_eq!(
+            at(1_000, Unit::Hour),
+            (vec![("limit", 100), ("window_ms", 3_600_000)], true)
+        );
+        let p = policy(
+            json!({"name": "p", "algorithm": "gcra", "rate": 1, "period_ms": 1000,
+            "burst": 1, "request_limits": {"max_requests_per_unit": 10, "unit": "hour"}}),
+        );
         let (limit, max) = one(&p);
         // No whole unit of a second fits 10 an hour: the maximum itself.
         assert_eq!(
             fields(&max.limit_for(limit, asked(5, Unit::Second))),
-            (vec![("rate", 10), ("period_ms", 3_600_000), ("burst", 10)], true)
+            (
+                vec![("rate", 10), ("period_ms", 3_600_000), ("burst", 10)],
+                true
+            )
         );
     }
 
@@ -382,17 +410,53 @@ mod tests {
         };
         for (rl, field, malformed) in [
             (json!(5), "request_limits", true),
-            (json!({"unit": "minute"}), "request_limits.max_requests_per_unit", false),
-            (json!({"max_requests_per_unit": 0, "unit": "minute"}), "request_limits.max_requests_per_unit", false),
-            (json!({"max_requests_per_unit": 1.5, "unit": "minute"}), "request_limits.max_requests_per_unit", false),
-            (json!({"max_requests_per_unit": "5", "unit": "minute"}), "request_limits.max_requests_per_unit", true),
-            (json!({"max_requests_per_unit": 5}), "request_limits.unit", false),
-            (json!({"max_requests_per_unit": 5, "unit": "year"}), "request_limits.unit", false),
-            (json!({"max_requests_per_unit": 5, "unit": 1}), "request_limits.unit", true),
-            (json!({"max_requests_per_unit": 5, "unit": "minute", "burst": 1}), "request_limits.burst", false),
+            (
+                json!({"unit": "minute"}),
+                "request_limits.max_requests_per_unit",
+                false,
+            ),
+            (
+                json!({"max_requests_per_unit": 0, "unit": "minute"}),
+                "request_limits.max_requests_per_unit",
+                false,
+            ),
+            (
+                json!({"max_requests_per_unit": 1.5, "unit": "minute"}),
+                "request_limits.max_requests_per_unit",
+                false,
+            ),
+            (
+                json!({"max_requests_per_unit": "5", "unit": "minute"}),
+                "request_limits.max_requests_per_unit",
+                true,
+            ),
+            (
+                json!({"max_requests_per_unit": 5}),
+                "request_limits.unit",
+                false,
+            ),
+            (
+                json!({"max_requests_per_unit": 5, "unit": "year"}),
+                "request_limits.unit",
+                false,
+            ),
+            (
+                json!({"max_requests_per_unit": 5, "unit": 1}),
+                "request_limits.unit",
+                true,
+            ),
+            (
+                json!({"max_requests_per_unit": 5, "unit": "minute", "burst": 1}),
+                "request_limits.burst",
+                false,
+            ),
         ] {
             let e = with(rl.clone());
-            assert_eq!((e.field(), e.is_malformed()), (Some(field), malformed), "{rl}: {e}");
+            assert_eq!(
+                (e.field(), e.is_malformed()),
+                (Some(field), malformed),
+                "{rl}: {e}"
+            );
         }
         let composite = json!({"name": "p", "limits": [
             {"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000},
@@ -413,7 +477,9 @@ mod tests {
             "request_limits": {"max_requests_per_unit": 100, "unit": "minute"}});
         let p = policy(v.clone());
         assert_eq!(serde_json::to_value(p.to_doc()).expect("serializes"), v);
-        let without = policy(json!({"name": "p", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}));
+        let without = policy(
+            json!({"name": "p", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000}),
+        );
         assert!(without.rate().and_then(|r| r.request_limits()).is_none());
         assert!(serde_json::to_value(without.to_doc())
             .expect("serializes")

@@ -211,7 +211,9 @@ impl RateLimiter {
     /// Decides `ask` for the subject alone, with the policy its descriptor matched.
     async fn decide_subject(&self, s: &Subject, ask: Ask<&str>) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let resolved = self.resolve_with(s.found.clone(), &s.key, ask, s.limit).await?;
+        let resolved = self
+            .resolve_with(s.found.clone(), &s.key, ask, s.limit)
+            .await?;
         self.decide_resolved(resolved, &s.key, started).await
     }
 
@@ -239,7 +241,9 @@ impl RateLimiter {
         for &i in which {
             let s = &subjects[i];
             let ask = Ask::Acquire { cost: s.cost };
-            let r = self.resolve_with(s.found.clone(), &s.key, ask, s.limit).await?;
+            let r = self
+                .resolve_with(s.found.clone(), &s.key, ask, s.limit)
+                .await?;
             resolved.push(r);
         }
         // Subjects an override decides alone (`unlimited`, `block`) take no part in the joint

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -924,4 +926,260 @@ async fn overrides_apply_to_descriptor_subjects_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overrides_apply_to_descriptor_subjects_on_a_cluster() {
     overrides_apply_to_descriptor_subjects(Backend::Cluster).await;
+}
+
+/// One descriptor `key = value` of domain `edge`, giving its own limit of `rpu` per `unit`
+/// (`envoy.type.v3.RateLimitUnit`: 1 SECOND, 2 MINUTE, 3 HOUR, 6 YEAR).
+fn with_limit(key: &str, value: &str, rpu: u32, unit: i32) -> RateLimitRequest {
+    let mut d = descriptor(&[(key, value)]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: rpu,
+        unit,
+    });
+    request("edge", vec![d])
+}
+
+/// `n` calls of `req`; answers how many were `OK`, and the last answer.
+async fn oks_of_request(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: &RateLimitRequest,
+    n: usize,
+) -> (usize, RateLimitResponse) {
+    let mut ok = 0;
+    let mut last = RateLimitResponse::default();
+    for _ in 0..n {
+        last = call(client, req.clone()).await;
+        if last.overall_code == Code::Ok as i32 {
+            ok += 1;
+        }
+    }
+    (ok, last)
+}
+
+/// A descriptor's `limit` is ignored by a policy without `request_limits`; with it, honoured
+/// within the maximum (5 a minute here), clamped in rate and in quota above it, and passed over
+/// where an override applies to the subject.
+async fn request_limits_are_ignored_honoured_or_clamped(backend: Backend) {
+    const SECOND: i32 = 1;
+    const MINUTE: i32 = 2;
+    const HOUR: i32 = 3;
+    const YEAR: i32 = 6;
+    let app = app(backend).await;
+    app.create_policy(json!({
+        "name": "plain", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "plain"}]}
+    }))
+    .await;
+    app.create_policy(json!({
+        "name": "asked", "algorithm": "token_bucket",
+        "capacity": 2, "refill_tokens": 2, "refill_period_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "client"}]},
+        "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}
+    }))
+    .await;
+    let read: Value = app
+        .get("/v1/policies/asked")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        read["request_limits"],
+        json!({"max_requests_per_unit": 5, "unit": "minute"})
+    );
+    let vip = create_override(
+        &app,
+        "asked",
+        json!({"match": {"key": "vip"}, "limits": {"asked": {"capacity": 4, "refill_tokens": 4}}}),
+    )
+    .await;
+    let mut client = client(&app).await;
+
+    // Without `request_limits`: ignored, whatever it is (even a unit no limit can have).
+    for (value, unit) in [("a", MINUTE), ("b", YEAR)] {
+        let (ok, last) =
+            oks_of_request(&mut client, &with_limit("plain", value, 10, unit), 4).await;
+        assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+        assert_eq!(current(&last, 0), Some((2, HOUR)));
+    }
+
+    // Within the maximum: as asked.
+    let (ok, last) = oks_of_request(&mut client, &with_limit("client", "c1", 3, MINUTE), 5).await;
+    assert_eq!(ok, 3, "{backend:?}: 3 a minute, as asked: {last:?}");
+    assert_eq!(current(&last, 0), Some((3, MINUTE)));
+    assert_eq!(
+        header(&last, "RateLimit-Policy"),
+        Some("\"asked\";q=3;w=60")
+    );
+    assert_eq!(header(&last, "Ratelimit-Override"), None);
+
+    // Above it: 50 a minute is 5 a minute; 100 an hour is a slower rate but 100 at once, so 5
+    // an hour; 1 a second is faster, and no whole second fits 5 a minute: 5 a minute.
+    for (value, rpu, unit, expected) in [
+        ("c2", 50, MINUTE, (5, MINUTE)),
+        ("c3", 100, HOUR, (5, HOUR)),
+        ("c4", 1, SECOND, (5, MINUTE)),
+    ] {
+        let (ok, last) =
+            oks_of_request(&mut client, &with_limit("client", value, rpu, unit), 7).await;
+        assert_eq!(ok, 5, "{backend:?}: {rpu} per {unit} clamped: {last:?}");
+        assert_eq!(current(&last, 0), Some(expected), "{rpu} per {unit}");
+    }
+
+    // No limit given: the policy's own.
+    let plain = request("edge", vec![descriptor(&[("client", "c5")])]);
+    let (ok, last) = oks_of_request(&mut client, &plain, 4).await;
+    assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+    assert_eq!(current(&last, 0), Some((2, HOUR)));
+
+    // An override of the subject wins over the request's limit.
+    let (ok, last) = oks_of_request(&mut client, &with_limit("client", "vip", 3, MINUTE), 6).await;
+    assert_eq!(ok, 4, "{backend:?}: the override's 4: {last:?}");
+    assert_eq!(current(&last, 0), Some((4, HOUR)));
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={vip};match=exact").as_str())
+    );
+
+    // A limit the policy would take but that no limit can be: refused, nothing decided.
+    for (rpu, unit, names) in [
+        (0, MINUTE, "requests_per_unit"),
+        (5, YEAR, "YEAR"),
+        (5, 99, "unit"),
+    ] {
+        let status = client
+            .should_rate_limit(with_limit("client", "c6", rpu, unit))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains(names) && status.message().contains("descriptors[0]"),
+            "{status:?}"
+        );
+    }
+    let r = call(&mut client, with_limit("client", "c6", 5, MINUTE)).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "nothing taken by the refusals"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_the_embedded_store() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_redis() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_a_cluster() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Cluster).await;
+}
+
+/// Two descriptors of one call, both giving their own limit, decided together: all or nothing
+/// holds with the limits they gave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_hold_all_or_nothing_over_descriptors_on_redis() {
+    let app = app(Backend::Redis).await;
+    for (name, key) in [("joint-a", "ja"), ("joint-b", "jb")] {
+        app.create_policy(json!({
+            "name": name, "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
+            "descriptor": {"domain": "edge", "entries": [{"key": key}]},
+            "request_limits": {"max_requests_per_unit": 100, "unit": "hour"}
+        }))
+        .await;
+    }
+    let mut client = client(&app).await;
+    let both = |a: u32, b: u32| {
+        let mut req = with_limit("ja", "s", a, 3);
+        req.descriptors
+            .extend(with_limit("jb", "s", b, 3).descriptors);
+        req
+    };
+    let (ok, last) = oks_of_request(&mut client, &both(5, 3), 5).await;
+    assert_eq!(ok, 3, "the tighter of the two given limits: {last:?}");
+    assert_eq!(
+        (current(&last, 0), current(&last, 1)),
+        (Some((5, 3)), Some((3, 3)))
+    );
+    assert_eq!(
+        last.statuses[0].limit_remaining, 2,
+        "nothing taken by the denials"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_request_limits_are_refused_naming_the_member() {
+    let app = app(Backend::Embedded).await;
+    let fw = json!({"name": "rl", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000});
+    let with = |rl: Value| {
+        let mut p = fw.clone();
+        p["request_limits"] = rl;
+        p
+    };
+    for (doc, field, status) in [
+        (
+            with(json!({"max_requests_per_unit": 0, "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 1_000_000_001_u64, "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 5, "unit": "fortnight"})),
+            "request_limits.unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 5, "unit": "minute", "burst": 2})),
+            "request_limits.burst",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": "5", "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            400,
+        ),
+        (
+            json!({"name": "rl", "algorithm": "sliding_window_log", "limit": 1, "window_ms": 1_000,
+                   "request_limits": {"max_requests_per_unit": 10_001, "unit": "minute"}}),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            json!({"name": "rl", "limits": [
+                {"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000},
+                {"name": "b", "algorithm": "fixed_window", "limit": 9, "window_ms": 60_000}],
+                "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            "request_limits",
+            422,
+        ),
+        (
+            json!({"name": "rl", "algorithm": "concurrency", "limit": 1, "lease_ms": 1_000,
+                   "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            "request_limits",
+            422,
+        ),
+    ] {
+        let r = app.post("/v1/policies", &doc).await;
+        assert_eq!(r.status(), status, "{doc}");
+        let body: Value = r.json().await.expect("problem");
+        assert_eq!(body["field"], field, "{doc}: {body}");
+    }
+    assert_eq!(
+        app.get("/v1/policies/rl").await.status(),
+        404,
+        "nothing stored"
+    );
 }
