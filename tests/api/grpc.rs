@@ -1183,3 +1183,27 @@ async fn bad_request_limits_are_refused_naming_the_member() {
         "nothing stored"
     );
 }
+
+/// The local denial cache (on by default with Redis) never answers a denial decided under a
+/// request's own limit: the next request may give another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_under_a_request_limit_is_not_cached_for_the_next_request() {
+    const HOUR: i32 = 3;
+    let app = app(Backend::Redis).await;
+    app.create_policy(json!({
+        "name": "uncached", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "uncached"}]},
+        "request_limits": {"max_requests_per_unit": 100, "unit": "hour"}
+    }))
+    .await;
+    let mut client = client(&app).await;
+    let (ok, last) = oks_of_request(&mut client, &with_limit("uncached", "s", 1, HOUR), 3).await;
+    assert_eq!(ok, 1, "{last:?}");
+    let (ok, last) = oks_of_request(&mut client, &with_limit("uncached", "s", 3, HOUR), 3).await;
+    assert_eq!(ok, 2, "3 an hour, of which 1 was used: {last:?}");
+    let hits = [("policy", "uncached")];
+    assert_eq!(
+        metric(&app, "ratelimiter_denial_cache_hits_total", &hits).await,
+        0.0
+    );
+}
