@@ -15,7 +15,9 @@
 //! decided once for the sum of their costs; a descriptor of cost 0 (`hits_addend` set to 0)
 //! takes nothing and answers what an acquire of 1 unit would (a peek); a policy in shadow mode
 //! is decided after the others, on its own (it answers allowed whatever it decides), taking only
-//! when they allowed; a cost above a limit's quota denies without asking the store.
+//! when they allowed; a cost above a limit's quota denies without asking the store. A
+//! descriptor's own `limit` ([`Hit::limit`]) is decided with where its policy allows one and no
+//! override applies (`resolve`); a subject named twice takes the first one's.
 
 use super::cache::{Effect, Found};
 use super::resolve::given_limits;
