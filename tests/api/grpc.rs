@@ -1080,10 +1080,19 @@ async fn request_limits_are_ignored_honoured_or_clamped_on_a_cluster() {
 }
 
 /// Two descriptors of one call, both giving their own limit, decided together: all or nothing
-/// holds with the limits they gave.
+/// holds with the limits they gave (on a Cluster, in turn, with what was taken refunded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_limits_hold_all_or_nothing_over_descriptors_on_redis() {
-    let app = app(Backend::Redis).await;
+    request_limits_hold_all_or_nothing(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_hold_all_or_nothing_over_descriptors_on_a_cluster() {
+    request_limits_hold_all_or_nothing(Backend::Cluster).await;
+}
+
+async fn request_limits_hold_all_or_nothing(backend: Backend) {
+    let app = app(backend).await;
     for (name, key) in [("joint-a", "ja"), ("joint-b", "jb")] {
         app.create_policy(json!({
             "name": name, "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
@@ -1100,7 +1109,10 @@ async fn request_limits_hold_all_or_nothing_over_descriptors_on_redis() {
         req
     };
     let (ok, last) = oks_of_request(&mut client, &both(5, 3), 5).await;
-    assert_eq!(ok, 3, "the tighter of the two given limits: {last:?}");
+    assert_eq!(
+        ok, 3,
+        "{backend:?}: the tighter of the two given limits: {last:?}"
+    );
     assert_eq!(
         (current(&last, 0), current(&last, 1)),
         (Some((5, 3)), Some((3, 3)))
