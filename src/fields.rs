@@ -141,6 +141,7 @@ mod tests {
             shadow: false,
             ticket: None,
             applied: None,
+            given: None,
         }
     }
 

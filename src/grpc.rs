@@ -10,6 +10,12 @@
 //! denial (written by [`crate::fields`], as over HTTP), in `response_headers_to_add`, which Envoy
 //! adds to its answer to the client.
 //!
+//! A descriptor's `limit` (Envoy's `RateLimitOverride { requests_per_unit, unit }`) is ignored
+//! unless its policy has `request_limits`; then it is passed down and decided with, clamped to
+//! the policy's maximum, where no override applies to the subject (`service::resolve`). A
+//! `limit` such a policy cannot take (0 requests, a unit of `UNKNOWN` or `YEAR`, longer than any
+//! window) is `INVALID_ARGUMENT`.
+//!
 //! Failures: a policy with `fail_mode: closed` whose store cannot answer fails the call with
 //! `UNAVAILABLE` (Envoy's `failure_mode_deny` then decides); `open` and `local` answer, marked
 //! by a `Decided-By: fail_open` or `fail_local` field. An empty domain, no descriptors, a
@@ -22,6 +28,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -40,7 +48,8 @@ use crate::config::GrpcSettings;
 use crate::fields;
 use crate::limiter::{MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
-use crate::policy::{LimitKey, Policy};
+use crate::policy::request_limits::{Requested, Unit as RequestUnit};
+use crate::policy::{LimitKey, Policy, Rate};
 use crate::service::{Acquired, Ask, DecidedBy, Hit, RateLimiter, ServiceError};
 
 mod incoming;
@@ -192,6 +201,16 @@ impl Grpc {
                         policy.name
                     ))
                 })?;
+            // The descriptor's own limit, for a policy that lets requests give one; else ignored.
+            let limit = match (&d.limit, policy.rate().and_then(Rate::request_limits)) {
+                (Some(given), Some(_)) => Some(requested(given).map_err(|reason| {
+                    Status::invalid_argument(format!(
+                        "`descriptors[{i}]` (served by policy `{}`): {reason}",
+                        policy.name
+                    ))
+                })?),
+                _ => None,
+            };
             let cost = d
                 .hits_addend
                 .map_or(default_cost, |h| h.value)
@@ -218,7 +237,12 @@ impl Grpc {
             }
             negative.push(d.is_negative_hits);
             slots.push(Some(asks.len()));
-            asks.push(Hit { found, key, cost });
+            asks.push(Hit {
+                found,
+                key,
+                cost,
+                limit,
+            });
         }
         // Negative hits give units back (a refund without a ticket) and take part in nothing
         // else (a negative 0 is a look, as a 0 is); the rest are decided together.
@@ -229,14 +253,9 @@ impl Grpc {
                 together.push(i);
                 continue;
             }
-            let name = ask.found.policy.name.as_str();
             let cost = ask.cost.min(MAX_UNITS);
             let refund = Ask::Refund { cost, ticket: None };
-            let given = self
-                .limiter
-                .decide(name, &ask.key, refund)
-                .await
-                .map_err(status)?;
+            let given = self.limiter.decide_hit(ask, refund).await.map_err(status)?;
             answers[i] = Some(given);
         }
         let decided = if together.len() == asks.len() {
@@ -337,15 +356,21 @@ fn respond(slots: &[Option<usize>], answers: &[Option<Acquired>]) -> RateLimitRe
         let denies = !a.shadow && a.verdict.limits().iter().any(|d| !d.allowed);
         if denies {
             over = true;
-            retry_after_us = retry_after_us.max(
-                a.verdict
-                    .limits()
-                    .iter()
-                    .filter(|d| !d.allowed)
-                    .map(|d| d.retry_after_us)
-                    .max()
-                    .unwrap_or(0),
-            );
+            let wait = a
+                .verdict
+                .limits()
+                .iter()
+                .filter(|d| !d.allowed)
+                .map(|d| d.retry_after_us)
+                .max()
+                .unwrap_or(0);
+            // A block without an expiry has no time to wait for, as over HTTP.
+            let wait = if a.decided_by == DecidedBy::Override && wait == 0 {
+                MAX_WAIT_US
+            } else {
+                wait
+            };
+            retry_after_us = retry_after_us.max(wait);
         }
         if a.degraded {
             degraded = Some(a.decided_by);
@@ -407,6 +432,25 @@ fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
     }
 }
 
+/// A descriptor's `limit` as the service takes it, or why it cannot be one.
+fn requested(given: &RateLimitOverride) -> Result<Requested, &'static str> {
+    // `envoy.type.v3.RateLimitUnit` has no WEEK yet; the response's unit has, as 7: taken too.
+    const WEEK: i32 = 7;
+    let unit = match RateLimitUnit::try_from(given.unit) {
+        Ok(RateLimitUnit::Second) => RequestUnit::Second,
+        Ok(RateLimitUnit::Minute) => RequestUnit::Minute,
+        Ok(RateLimitUnit::Hour) => RequestUnit::Hour,
+        Ok(RateLimitUnit::Day) => RequestUnit::Day,
+        Ok(RateLimitUnit::Month) => RequestUnit::Month,
+        Err(_) if given.unit == WEEK => RequestUnit::Week,
+        Ok(RateLimitUnit::Year) => {
+            return Err("its limit's unit, YEAR, is longer than any window (at most 31 days)")
+        }
+        Ok(RateLimitUnit::Unknown) | Err(_) => return Err("its limit's unit is not known"),
+    };
+    Requested::new(u64::from(given.requests_per_unit), unit)
+}
+
 /// The unit a window maps onto exactly; `UNKNOWN` for any other window (a 90-second window, a
 /// bucket that refills in 2.5 s): the exact window is in `RateLimit-Policy`'s `w`.
 fn unit(window_us: u64) -> Unit {
@@ -417,6 +461,8 @@ fn unit(window_us: u64) -> Unit {
         w if w == 3_600 * S => Unit::Hour,
         w if w == 86_400 * S => Unit::Day,
         w if w == 7 * 86_400 * S => Unit::Week,
+        // As envoyproxy/ratelimit counts a month, and a request-given `limit` of MONTH is kept.
+        w if w == 30 * 86_400 * S => Unit::Month,
         _ => Unit::Unknown,
     }
 }
@@ -472,6 +518,7 @@ mod tests {
         assert_eq!(unit(3_600_000_000), Unit::Hour);
         assert_eq!(unit(86_400_000_000), Unit::Day);
         assert_eq!(unit(604_800_000_000), Unit::Week);
+        assert_eq!(unit(2_592_000_000_000), Unit::Month);
         assert_eq!(unit(90_000_000), Unit::Unknown);
         assert_eq!(unit(2_500_000), Unit::Unknown);
     }

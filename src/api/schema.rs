@@ -30,6 +30,7 @@ use super::policies::PolicyPath;
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
 use crate::limiter::Field;
 use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
+use crate::policy::request_limits::Unit;
 use crate::policy::tiers::MAX_TIERS;
 use crate::policy::{
     concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_KEY_BYTES,
@@ -195,6 +196,49 @@ fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     policy_object(title, name_is)
         .property("descriptor", descriptor())
         .property("tiers", tiers())
+        .property("request_limits", request_limits())
+}
+
+/// `request_limits`: whether an Envoy descriptor's own `limit` is honoured, and the most it may
+/// give.
+fn request_limits() -> ObjectBuilder {
+    let units: Vec<Value> = Unit::ALL.iter().map(|u| Value::from(u.as_str())).collect();
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .description(Some(
+            "Lets an Envoy descriptor's own `limit` (`RateLimitOverride { requests_per_unit, \
+             unit }`) replace this policy's limit for that request, within this maximum; left \
+             out, a descriptor's `limit` is ignored. Only for a policy of one limit (422 for \
+             several, or a concurrency policy). `requests_per_unit` per `unit` becomes a window \
+             of the unit admitting them (`fixed_window`, the sliding windows), a bucket of them \
+             refilled over the unit (`token_bucket`: `capacity` = `refill_tokens`), or `rate` = \
+             `burst` per `period_ms` of the unit (`gcra`). A request looser than the maximum in \
+             rate (units per second) or in quota (units at once) is clamped in its own unit to \
+             the most within both, or to the maximum itself when no whole unit fits. An \
+             override of the subject wins over the request's limit.",
+        ))
+        .property(
+            "max_requests_per_unit",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::Integer))
+                .minimum(Some(1))
+                .maximum(Some(MAX_UNITS))
+                .description(Some(
+                    "The most requests per `unit` a request may give; within the bounds of the \
+                     limit's quota field (10000 for `sliding_window_log`)",
+                )),
+        )
+        .required("max_requests_per_unit")
+        .property(
+            "unit",
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::String))
+                .enum_values(Some(units))
+                .description(Some("The unit of the maximum; `month` is 30 days")),
+        )
+        .required("unit")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .examples([serde_json::json!({"max_requests_per_unit": 1000, "unit": "minute"})])
 }
 
 /// `tiers`: named changes of a rate policy's limits, which overrides give subjects.

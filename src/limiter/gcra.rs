@@ -210,6 +210,11 @@ impl super::Rule for Params {
         self.burst
     }
 
+    fn per_period(requests: u64, period_ms: u64) -> super::ScriptArgs {
+        // `requests` per period, all of them at once if they come at once.
+        super::ScriptArgs::new(&[requests, period_ms, requests])
+    }
+
     fn from_fields(values: &[u64]) -> Self {
         let [rate, period_ms, burst] = super::fields::<3>(values);
         Self::new(rate, period_ms, burst)

@@ -53,6 +53,11 @@ pub trait Rule: Copy {
     /// The parameters from the fields' values, in [`Rule::FIELDS`] order, each within its
     /// bounds.
     fn from_fields(values: &[u64]) -> Self;
+    /// The fields' values, in [`Rule::FIELDS`] order, of a limit of `requests` units per
+    /// `period_ms`, as Envoy's `RateLimitOverride { requests_per_unit, unit }` means one: a
+    /// window of `period_ms` admitting `requests`, or a bucket of `requests` refilled over
+    /// `period_ms`. The caller keeps both within the fields' bounds.
+    fn per_period(requests: u64, period_ms: u64) -> ScriptArgs;
     /// The pure decision: whether `cost` units fit at `now_us`. When they fit and `take` is set
     /// they are taken (`state` and `ttl_us` say what to keep); otherwise nothing is taken and the
     /// decision describes the subject as it stands: `allowed` says whether the units fit,
@@ -171,6 +176,10 @@ macro_rules! window_rule {
             const QUOTA_FIELD: &'static str = "limit";
             type State = State;
 
+            fn per_period(requests: u64, period_ms: u64) -> super::ScriptArgs {
+                super::ScriptArgs::new(&[requests, period_ms])
+            }
+
             fn from_fields(values: &[u64]) -> Self {
                 let [limit, window_ms] = super::fields::<2>(values);
                 Params {
@@ -269,6 +278,14 @@ macro_rules! algorithms {
             pub const fn fields(self) -> &'static [Field] {
                 match self {
                     $(Algorithm::$variant => <$module::Params as Rule>::FIELDS),+
+                }
+            }
+
+            /// The fields' values of a limit of `requests` units per `period_ms`
+            /// ([`Rule::per_period`]).
+            pub fn per_period(self, requests: u64, period_ms: u64) -> ScriptArgs {
+                match self {
+                    $(Algorithm::$variant => <$module::Params as Rule>::per_period(requests, period_ms)),+
                 }
             }
 

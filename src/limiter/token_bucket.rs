@@ -113,6 +113,11 @@ impl super::Rule for Params {
     const QUOTA_FIELD: &'static str = "capacity";
     type State = State;
 
+    fn per_period(requests: u64, period_ms: u64) -> super::ScriptArgs {
+        // A bucket of the whole quota, refilled over the period.
+        super::ScriptArgs::new(&[requests, requests, period_ms])
+    }
+
     fn from_fields(values: &[u64]) -> Self {
         let [capacity, refill_tokens, refill_period_ms] = super::fields::<3>(values);
         Self::new(capacity, refill_tokens.max(1), refill_period_ms * 1_000)

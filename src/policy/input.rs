@@ -9,7 +9,7 @@ use serde_json::{Map, Number, Value};
 
 use super::{
     concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+    RequestLimits, Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
 
@@ -94,13 +94,14 @@ impl ValidationError {
 }
 
 /// Fields of a policy besides its limit's (flat form) or its `limits`.
-const POLICY_FIELDS: [&str; 6] = [
+const POLICY_FIELDS: [&str; 7] = [
     "name",
     "description",
     "fail_mode",
     "mode",
     "descriptor",
     "tiers",
+    "request_limits",
 ];
 
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
@@ -181,11 +182,16 @@ pub fn parse_policy(
     };
 
     let tiers = doc.get("tiers").filter(|t| !t.is_null());
+    let request_limits = doc.get("request_limits").filter(|r| !r.is_null());
     match limits {
         Limits::Rate(limits) => {
             let rate = Rate::new(limits)?
                 .with_mode(mode)
                 .with_descriptor(descriptor);
+            let request_limits = request_limits
+                .map(|r| RequestLimits::parse(r, rate.limits()))
+                .transpose()?;
+            let rate = rate.with_request_limits(request_limits);
             let rate = match tiers {
                 Some(t) => {
                     let tiers = Tiers::parse(t, rate.limits())?;
@@ -201,7 +207,12 @@ pub fn parse_policy(
             ))
         }
         Limits::Concurrency(params) => {
-            only_rate_fields(mode, descriptor.as_ref(), tiers.is_some())?;
+            only_rate_fields(
+                mode,
+                descriptor.as_ref(),
+                tiers.is_some(),
+                request_limits.is_some(),
+            )?;
             Ok(Policy::concurrent(name, params, description, fail_mode))
         }
     }
@@ -223,7 +234,15 @@ pub(super) fn only_rate_fields(
     mode: Mode,
     descriptor: Option<&Descriptor>,
     tiers: bool,
+    request_limits: bool,
 ) -> Result<(), ValidationError> {
+    // A lease is not a request of Envoy's, and holds no rate to give.
+    if request_limits {
+        return Err(ValidationError::invalid(
+            "request_limits",
+            "is for rate policies: a concurrency policy's limit is not given by requests",
+        ));
+    }
     // A concurrency limit's subjects are not given other limits (no tiers, no overrides) yet.
     if tiers {
         return Err(ValidationError::invalid(

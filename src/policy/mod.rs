@@ -14,6 +14,7 @@ pub mod descriptor;
 pub mod input;
 mod name;
 pub mod overrides;
+pub mod request_limits;
 pub mod stored;
 pub mod tiers;
 
@@ -27,6 +28,7 @@ pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS
 pub use descriptor::Descriptor;
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName, MAX_KEY_BYTES, NAME_PATTERN};
+pub use request_limits::RequestLimits;
 pub use tiers::{Changes, Limits, Tiers};
 
 /// Longest `description`, in bytes.
@@ -165,6 +167,8 @@ pub struct Rate {
     descriptor: Option<Descriptor>,
     /// Other limits, by name, that an override may give a subject.
     tiers: Tiers,
+    /// Whether a request may give its own limit (Envoy's descriptor `limit`), and the most.
+    request_limits: Option<RequestLimits>,
 }
 
 impl Rate {
@@ -196,6 +200,7 @@ impl Rate {
             mode: Mode::Enforce,
             descriptor: None,
             tiers: Tiers::default(),
+            request_limits: None,
         }
     }
 
@@ -215,6 +220,18 @@ impl Rate {
     pub fn with_tiers(mut self, tiers: Tiers) -> Self {
         self.tiers = tiers;
         self
+    }
+
+    /// The same limits letting requests give their own limit, of at most `request_limits` (read
+    /// for these limits: [`RequestLimits::parse`]).
+    pub fn with_request_limits(mut self, request_limits: Option<RequestLimits>) -> Self {
+        self.request_limits = request_limits;
+        self
+    }
+
+    /// Whether a request may give its own limit, and the most it may give.
+    pub fn request_limits(&self) -> Option<&RequestLimits> {
+        self.request_limits.as_ref()
     }
 
     /// The limits, in policy order: never empty.
@@ -471,6 +488,9 @@ impl Serialize for PolicyDoc {
         }
         if let Some(tiers) = p.rate().map(Rate::tiers).filter(|t| !t.is_empty()) {
             map.serialize_entry("tiers", tiers)?;
+        }
+        if let Some(r) = p.rate().and_then(Rate::request_limits) {
+            map.serialize_entry("request_limits", r)?;
         }
         map.end()
     }

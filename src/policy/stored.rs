@@ -16,7 +16,7 @@ use serde_json::{Map, Number, Value};
 use super::input::{bounded, description, is_any_field, missing, only_rate_fields, rate_algorithm};
 use super::{
     concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    Tiers, ValidationError,
+    RequestLimits, Tiers, ValidationError,
 };
 use crate::limiter::Field;
 
@@ -41,6 +41,9 @@ pub struct StoredDoc {
     descriptor: Option<Value>,
     #[serde(default)]
     tiers: Option<StoredTiers>,
+    /// Kept as JSON: [`RequestLimits::parse`] is its one reader, for input too.
+    #[serde(default)]
+    request_limits: Option<Value>,
     /// The flat form's algorithm's fields (every other key of the document).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
@@ -79,8 +82,10 @@ impl TryFrom<StoredDoc> for Policy {
             mode,
             descriptor,
             tiers,
+            request_limits,
             fields,
         } = doc;
+        let request_limits = request_limits.filter(|r| !r.is_null());
         let name = PolicyName::parse(&name).map_err(|r| ValidationError::invalid("name", r))?;
         let description = text
             .as_deref()
@@ -100,10 +105,16 @@ impl TryFrom<StoredDoc> for Policy {
                 if let Some(key) = fields.keys().next() {
                     return Err(beside_limits(key));
                 }
-                Kind::Rate(with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?)
+                let rate = with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?;
+                Kind::Rate(with_request_limits(rate, request_limits.as_ref())?)
             }
             (None, Some(algorithm)) if algorithm == concurrency::NAME => {
-                only_rate_fields(mode, descriptor.as_ref(), tiers.is_some())?;
+                only_rate_fields(
+                    mode,
+                    descriptor.as_ref(),
+                    tiers.is_some(),
+                    request_limits.is_some(),
+                )?;
                 Kind::Concurrency(concurrency_params(&fields)?)
             }
             (None, Some(algorithm)) => {
@@ -111,7 +122,8 @@ impl TryFrom<StoredDoc> for Policy {
                 let rate = Rate::new(vec![limit])?
                     .with_mode(mode)
                     .with_descriptor(descriptor);
-                Kind::Rate(with_tiers(rate, tiers)?)
+                let rate = with_tiers(rate, tiers)?;
+                Kind::Rate(with_request_limits(rate, request_limits.as_ref())?)
             }
             (None, None) => {
                 return Err(ValidationError::Missing {
@@ -170,6 +182,14 @@ fn with_tiers(rate: Rate, tiers: Option<StoredTiers>) -> Result<Rate, Validation
             Ok(rate.with_tiers(tiers))
         }
     }
+}
+
+/// The rate limits with their stored `request_limits`, checked as input is.
+fn with_request_limits(rate: Rate, stored: Option<&Value>) -> Result<Rate, ValidationError> {
+    let request_limits = stored
+        .map(|r| RequestLimits::parse(r, rate.limits()))
+        .transpose()?;
+    Ok(rate.with_request_limits(request_limits))
 }
 
 fn beside_limits(key: &str) -> ValidationError {
@@ -293,6 +313,7 @@ mod tests {
                 {"name": "daily", "algorithm": "fixed_window", "limit": 10000, "window_ms": 86400000}
             ], "tiers": {"pro": {"minute": {"rate": 1000, "burst": 200}}, "free": {}}}),
             json!({"name": "f", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "tiers": {"pro": {"f": {"limit": 50}}}}),
+            json!({"name": "r", "algorithm": "token_bucket", "capacity": 5, "refill_tokens": 5, "refill_period_ms": 1000, "request_limits": {"max_requests_per_unit": 100, "unit": "minute"}}),
             json!({"name": "d", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "max_lease_ms": 60000}),
             json!({"name": "e", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000}),
         ] {
@@ -339,6 +360,16 @@ mod tests {
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "descriptor": {"domain": "d", "entries": [{"key": "k"}]}}),
             json!({"algorithm": "fixed_window", "limit": 5, "window_ms": 1}),
             json!({"name": "a"}),
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "request_limits": {"max_requests_per_unit": 0, "unit": "minute"}}),
+            json!({"name": "r", "algorithm": "sliding_window_log", "limit": 5, "window_ms": 1, "request_limits": {"max_requests_per_unit": 10001, "unit": "minute"}}),
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "request_limits": {"max_requests_per_unit": 5, "unit": "year"}}),
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "request_limits": {"max_requests_per_unit": 5}}),
+            json!({"name": "r", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "request_limits": {"max_requests_per_unit": 5, "unit": "minute", "x": 1}}),
+            json!({"name": "r", "limits": [
+                {"name": "x", "algorithm": "fixed_window", "limit": 5, "window_ms": 1},
+                {"name": "y", "algorithm": "fixed_window", "limit": 5, "window_ms": 2}
+            ], "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
         ] {
             assert!(parse_policy(&v, None).is_err(), "input accepts {v}");
             assert!(stored(&v).is_err(), "a stored document accepts {v}");

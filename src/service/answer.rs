@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::cache::{Applied, Effect};
 use super::Ticket;
 use crate::limiter::{Op, Verdict};
-use crate::policy::{Limit, Policy, Rate};
+use crate::policy::{Limit, Limits, Policy, Rate};
 use crate::store::Etag;
 
 /// Who decided an acquire: the answer's `decided_by`. [`DecidedBy::Redis`] and
@@ -72,13 +72,18 @@ pub struct Acquired {
     pub ticket: Option<Ticket>,
     /// The override that applied to the subject, if one did.
     pub applied: Option<Arc<Applied>>,
+    /// The limits the request gave (an Envoy descriptor's `limit`, as clamped), when they
+    /// replaced the policy's.
+    pub given: Option<Arc<Limits>>,
 }
 
 impl Acquired {
-    /// The limits the subject was decided with, in policy order: an override's, or the policy's.
+    /// The limits the subject was decided with, in policy order: an override's, the request's,
+    /// or the policy's.
     pub fn limits(&self) -> &[Limit] {
-        match self.applied.as_deref().map(|a| &a.effect) {
-            Some(Effect::Limits { limits, .. }) => limits.limits(),
+        match (self.applied.as_deref().map(|a| &a.effect), &self.given) {
+            (Some(Effect::Limits { limits, .. }), _) => limits.limits(),
+            (None, Some(given)) => given.limits(),
             _ => self.policy.rate().map_or(&[], Rate::limits),
         }
     }

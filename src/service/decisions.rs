@@ -67,6 +67,7 @@ impl RateLimiter {
             shadow,
             counters,
             applied,
+            given,
             ..
         } = resolved;
         let degraded = decided_by.is_degraded();
@@ -109,6 +110,7 @@ impl RateLimiter {
             shadow,
             ticket,
             applied,
+            given,
         })
     }
 

@@ -15,14 +15,17 @@
 //! decided once for the sum of their costs; a descriptor of cost 0 (`hits_addend` set to 0)
 //! takes nothing and answers what an acquire of 1 unit would (a peek); a policy in shadow mode
 //! is decided after the others, on its own (it answers allowed whatever it decides), taking only
-//! when they allowed; a cost above a limit's quota denies without asking the store.
+//! when they allowed; a cost above a limit's quota denies without asking the store. A
+//! descriptor's own `limit` ([`Hit::limit`]) is decided with where its policy allows one and no
+//! override applies (`resolve`); a subject named twice takes the first one's.
 
 use super::cache::{Effect, Found};
-use super::resolve::Resolved;
+use super::resolve::{given_limits, Resolved};
 use std::time::Instant;
 
 use super::{Acquired, DecidedBy, RateLimiter, ServiceError};
 use crate::limiter::{Decision, Op, Verdict};
+use crate::policy::request_limits::Requested;
 use crate::policy::{LimitKey, Mode};
 use crate::store::{joint_limits, Ask, Plan, Store, MAX_JOINT_LIMITS};
 
@@ -34,13 +37,18 @@ pub struct Hit {
     pub key: LimitKey,
     /// Units to take; 0 takes nothing (a peek of 1 unit).
     pub cost: u64,
+    /// The limit the descriptor gave (its `limit`), when its policy lets requests give one:
+    /// decided with as `resolve` says (clamped, and only where no override applies).
+    pub limit: Option<Requested>,
 }
 
-/// One subject of the request: the asks that name it, and their summed cost.
+/// One subject of the request: the asks that name it, their summed cost, and the first one's
+/// limit (every one within the policy's maximum, whichever it is).
 struct Subject {
     found: Found,
     key: LimitKey,
     cost: u64,
+    limit: Option<Requested>,
 }
 
 /// How a subject is decided.
@@ -77,6 +85,7 @@ impl RateLimiter {
                         found: ask.found.clone(),
                         key: ask.key.clone(),
                         cost: ask.cost,
+                        limit: ask.limit,
                     });
                 }
             }
@@ -84,7 +93,7 @@ impl RateLimiter {
         let kinds: Vec<Kind> = subjects
             .iter()
             .map(|s| {
-                let quota = self.quota_of(&s.found, &s.key);
+                let quota = self.quota_of(s);
                 if s.cost == 0 {
                     Kind::Peek
                 } else if self.shadow || s.found.policy.mode() == Mode::Shadow {
@@ -139,7 +148,7 @@ impl RateLimiter {
                 }
                 Kind::Shadow => {
                     let op = if allowed { Op::Acquire } else { Op::Peek };
-                    let cost = s.cost.min(self.quota_of(&s.found, &s.key));
+                    let cost = s.cost.min(self.quota_of(s));
                     let cost = cost.max(1);
                     let ask = match op {
                         Op::Acquire => Ask::Acquire { cost },
@@ -159,10 +168,23 @@ impl RateLimiter {
             .collect())
     }
 
+    /// Decides `ask` for one hit alone (a negative hit's refund), with the policy its descriptor
+    /// matched and the limit it gave.
+    pub async fn decide_hit(&self, hit: &Hit, ask: Ask<&str>) -> Result<Acquired, ServiceError> {
+        let subject = Subject {
+            found: hit.found.clone(),
+            key: hit.key.clone(),
+            cost: hit.cost,
+            limit: hit.limit,
+        };
+        self.decide_subject(&subject, ask).await
+    }
+
     /// The most units the subject can be granted at once: the tightest of the limits it is
-    /// decided with (an override's, or its policy's); unbounded under an `unlimited` or `block`
-    /// override, which no cost exceeds.
-    fn quota_of(&self, found: &Found, key: &LimitKey) -> u64 {
+    /// decided with (an override's, the request's, or its policy's); unbounded under an
+    /// `unlimited` or `block` override, which no cost exceeds.
+    fn quota_of(&self, s: &Subject) -> u64 {
+        let (found, key) = (&s.found, &s.key);
         let now = self.clock.now_us();
         let applied = (found.overrides_changed > 0)
             .then(|| {
@@ -173,10 +195,13 @@ impl RateLimiter {
         match applied.as_deref().map(|a| &a.effect) {
             Some(Effect::Limits { limits, .. }) => limits.tightest().params.quota(),
             Some(Effect::Unlimited | Effect::Block) => u64::MAX,
-            _ => found
-                .policy
-                .rate()
-                .map_or(0, |r| r.tightest().params.quota()),
+            _ => match given_limits(&found.policy, applied.as_deref(), s.limit) {
+                Some(given) => given.tightest().params.quota(),
+                None => found
+                    .policy
+                    .rate()
+                    .map_or(0, |r| r.tightest().params.quota()),
+            },
         }
     }
 
@@ -188,7 +213,9 @@ impl RateLimiter {
     /// Decides `ask` for the subject alone, with the policy its descriptor matched.
     async fn decide_subject(&self, s: &Subject, ask: Ask<&str>) -> Result<Acquired, ServiceError> {
         let started = Instant::now();
-        let resolved = self.resolve_with(s.found.clone(), &s.key, ask).await?;
+        let resolved = self
+            .resolve_with(s.found.clone(), &s.key, ask, s.limit)
+            .await?;
         self.decide_resolved(resolved, &s.key, started).await
     }
 
@@ -216,7 +243,9 @@ impl RateLimiter {
         for &i in which {
             let s = &subjects[i];
             let ask = Ask::Acquire { cost: s.cost };
-            let r = self.resolve_with(s.found.clone(), &s.key, ask).await?;
+            let r = self
+                .resolve_with(s.found.clone(), &s.key, ask, s.limit)
+                .await?;
             resolved.push(r);
         }
         // Subjects an override decides alone (`unlimited`, `block`) take no part in the joint
@@ -243,8 +272,10 @@ impl RateLimiter {
         };
         let allowed = decided.iter().all(|(v, _)| v.allowed);
         let mut resolved_applied = vec![None; subjects.len()];
+        let mut resolved_given = vec![None; subjects.len()];
         for (&i, r) in which.iter().zip(&resolved) {
             resolved_applied[i] = r.applied.clone();
+            resolved_given[i] = r.given.clone();
         }
         for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
             let s = &subjects[i];
@@ -264,6 +295,7 @@ impl RateLimiter {
                 shadow: false,
                 ticket: None,
                 applied: resolved_applied[i].clone(),
+                given: resolved_given[i].clone(),
             });
         }
         Ok(allowed)

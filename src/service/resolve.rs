@@ -7,7 +7,10 @@
 //! of one subject, a calendar window's boundaries) has this one home. The override that applies
 //! to the subject ([`Applied`]) is found here: its limits replace the policy's in the plan, and
 //! the cost is bounded by them; an `unlimited` or `block` override is decided without a plan
-//! ([`Resolved::without_store`]).
+//! ([`Resolved::without_store`]). Where no override applies, a limit the request gave (an Envoy
+//! descriptor's `limit`, [`Requested`]) replaces the policy's when the policy's `request_limits`
+//! allows it, clamped to its maximum ([`given_limits`]): the operator's override wins over the
+//! request's limit.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +21,8 @@ use super::{RateLimiter, ServiceError, Ticket};
 use crate::limiter::concurrency::Params as LeaseParams;
 use crate::limiter::{Decision, Verdict};
 use crate::limiter::{Op, MAX_LIMITS};
-use crate::policy::{Kind, LimitKey, Limits, Mode, Policy};
+use crate::policy::request_limits::Requested;
+use crate::policy::{Kind, LimitKey, Limits, Mode, Policy, Rate};
 use crate::store::{Ask, Claim, Etag, Plan};
 
 /// A rate policy's request, resolved: the policy as this instance has it, the operation with its
@@ -41,6 +45,9 @@ pub struct Resolved {
     pub shadow: bool,
     /// The override that applies to the subject, if one does.
     pub applied: Option<Arc<Applied>>,
+    /// The limits the request gave, as clamped ([`given_limits`]), when they replace the
+    /// policy's.
+    pub given: Option<Arc<Limits>>,
     /// What the denial cache keys the subject's denials by: the newer of the policy's version
     /// and its overrides' newest change; `None` when no denial may be cached (the override that
     /// applies ends by itself, and a denial under it could outlive it).
@@ -50,7 +57,7 @@ pub struct Resolved {
 impl Resolved {
     /// The limits the subject is decided with: an override's, or the policy's own.
     pub fn limits(&self) -> &Limits {
-        limits_of(&self.policy, self.applied.as_deref())
+        limits_of(&self.policy, self.applied.as_deref(), self.given.as_deref())
     }
 
     /// Whether an `unlimited` or `block` override decides the request without the store.
@@ -104,15 +111,40 @@ impl Resolved {
     }
 }
 
-/// The limits `applied` gives the policy's subject, or the policy's own.
-fn limits_of<'a>(policy: &'a Policy, applied: Option<&'a Applied>) -> &'a Limits {
+/// The limits `applied` gives the policy's subject, or those the request gave (`given`), or the
+/// policy's own.
+fn limits_of<'a>(
+    policy: &'a Policy,
+    applied: Option<&'a Applied>,
+    given: Option<&'a Limits>,
+) -> &'a Limits {
     static NONE: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
-    match applied.map(|a| &a.effect) {
-        Some(Effect::Limits { limits, .. }) => limits,
+    match (applied.map(|a| &a.effect), given) {
+        (Some(Effect::Limits { limits, .. }), _) => limits,
+        (None, Some(given)) => given,
         _ => policy
             .rate()
-            .map_or_else(|| NONE.get_or_init(Limits::empty), crate::policy::Rate::own),
+            .map_or_else(|| NONE.get_or_init(Limits::empty), Rate::own),
     }
+}
+
+/// The limits a request's own limit `asked` gives the subject in place of the policy's: only
+/// when the policy's `request_limits` allows one, clamped to its maximum, and no override
+/// applies to the subject (an operator's override, even a stale one, wins over the request).
+pub(super) fn given_limits(
+    policy: &Policy,
+    applied: Option<&Applied>,
+    asked: Option<Requested>,
+) -> Option<Arc<Limits>> {
+    let (None, Some(asked)) = (applied, asked) else {
+        return None;
+    };
+    let rate = policy.rate()?;
+    let max = rate.request_limits()?;
+    let [limit] = rate.limits() else {
+        return None;
+    };
+    Some(Arc::new(max.limit_for(limit, asked).limits))
 }
 
 impl RateLimiter {
@@ -127,15 +159,17 @@ impl RateLimiter {
         ask: Ask<&str>,
     ) -> Result<Resolved, ServiceError> {
         let found = self.policy(name).await?;
-        self.resolve_with(found, key, ask).await
+        self.resolve_with(found, key, ask, None).await
     }
 
-    /// [`RateLimiter::resolve`], for a policy already looked up (an Envoy descriptor's).
+    /// [`RateLimiter::resolve`], for a policy already looked up (an Envoy descriptor's), with the
+    /// limit the request gave, if it gave one ([`given_limits`]).
     pub(super) async fn resolve_with(
         &self,
         found: Found,
         key: &LimitKey,
         ask: Ask<&str>,
+        asked: Option<Requested>,
     ) -> Result<Resolved, ServiceError> {
         let Found {
             policy,
@@ -156,11 +190,14 @@ impl RateLimiter {
                     .override_for(policy.name.as_str(), key.as_str(), self.clock.now_us())
             })
             .flatten();
+        let given = given_limits(&policy, applied.as_deref(), asked);
+        // A denial under the request's own limit is that request's: another may give another.
         let denial_version = match applied.as_deref() {
             Some(a) if a.over.expires_at_us.is_some() => None,
+            _ if given.is_some() => None,
             _ => Some(etag.version.max(overrides_changed)),
         };
-        let limits = limits_of(&policy, applied.as_deref());
+        let limits = limits_of(&policy, applied.as_deref(), given.as_deref());
         let decided_alone = applied
             .as_deref()
             .is_some_and(|a| matches!(a.effect, Effect::Unlimited | Effect::Block));
@@ -203,6 +240,7 @@ impl RateLimiter {
             marks,
             shadow,
             applied,
+            given,
             denial_version,
         })
     }

@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -15,7 +17,7 @@ use serde_json::{json, Value};
 use tonic::transport::Channel;
 
 use crate::helpers::{
-    metric, spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
+    masters, metric, spawn_app_on_cluster, spawn_app_with, Backend, TestApp, TestCluster, TestRedis,
 };
 
 const GRPC: (&str, &str) = ("RATELIMITER__GRPC__BIND", "127.0.0.1:0");
@@ -756,4 +758,464 @@ async fn descriptors_are_validated_and_unique_per_shape() {
         )
         .await;
     assert_eq!(r.status(), 422);
+}
+
+/// Creates an override of `policy` over HTTP, asserting 201; answers its id.
+async fn create_override(app: &TestApp, policy: &str, body: Value) -> String {
+    let r = app
+        .post(&format!("/v1/policies/{policy}/overrides"), &body)
+        .await;
+    let status = r.status();
+    let doc: Value = r.json().await.expect("JSON");
+    assert_eq!(status, 201, "{body}: {doc}");
+    doc["id"].as_str().expect("an id").to_owned()
+}
+
+/// `n` calls of one `remote_address` descriptor; answers how many were `OK`, and the last answer.
+async fn oks_of(
+    client: &mut RateLimitServiceClient<Channel>,
+    address: &str,
+    n: usize,
+) -> (usize, RateLimitResponse) {
+    let mut ok = 0;
+    let mut last = RateLimitResponse::default();
+    for _ in 0..n {
+        last = call(client, by_address(address)).await;
+        if last.overall_code == Code::Ok as i32 {
+            ok += 1;
+        }
+    }
+    (ok, last)
+}
+
+/// The descriptor's limit as the answer gives it: `(requests_per_unit, unit)`.
+fn current(r: &RateLimitResponse, i: usize) -> Option<(u32, i32)> {
+    let l = r.statuses.get(i)?.current_limit.as_ref()?;
+    Some((l.requests_per_unit, l.unit))
+}
+
+/// Overrides written over HTTP apply to the subject key a descriptor makes (the value of its one
+/// variable entry): by exact key and by prefix, with their quota in `current_limit` and the
+/// override named in `Ratelimit-Override`; `block` denies and `unlimited` allows, both without
+/// asking the store; every other address keeps the policy's limit.
+async fn overrides_apply_to_descriptor_subjects(backend: Backend) {
+    let app = app(backend).await;
+    app.create_policy(per_address(2)).await;
+    let hourly = |n: u64| json!({"per-address": {"capacity": n, "refill_tokens": n}});
+    let vip = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.0.0.9"}, "limits": hourly(5)}),
+    )
+    .await;
+    let acme = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"prefix": "10.7."}, "limits": hourly(3)}),
+    )
+    .await;
+    let blocked = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.6.6.6"}, "block": true}),
+    )
+    .await;
+    let health = create_override(
+        &app,
+        "per-address",
+        json!({"match": {"key": "10.0.0.1"}, "unlimited": true}),
+    )
+    .await;
+    let mut client = client(&app).await;
+    const HOUR: i32 = 3;
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.9", 7).await;
+    assert_eq!(ok, 5, "{backend:?}: the exact override's 5: {last:?}");
+    assert_eq!(current(&last, 0), Some((5, HOUR)), "{last:?}");
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={vip};match=exact").as_str())
+    );
+    assert_eq!(
+        header(&last, "RateLimit-Policy"),
+        Some("\"per-address\";q=5;w=3600")
+    );
+
+    let (ok, last) = oks_of(&mut client, "10.7.1.2", 5).await;
+    assert_eq!(ok, 3, "{backend:?}: the prefix's 3: {last:?}");
+    assert_eq!(current(&last, 0), Some((3, HOUR)));
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={acme};match=prefix").as_str())
+    );
+
+    let (ok, last) = oks_of(&mut client, "10.6.6.6", 2).await;
+    assert_eq!(ok, 0, "{backend:?}: blocked: {last:?}");
+    assert_eq!(last.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(last.statuses[0].limit_remaining, 0);
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={blocked};match=exact").as_str())
+    );
+    assert_eq!(header(&last, "Retry-After"), None, "a block without expiry");
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.1", 20).await;
+    assert_eq!(ok, 20, "{backend:?}: unlimited: {last:?}");
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={health};match=exact").as_str())
+    );
+    // A cost above every quota is allowed too: no limit is consulted.
+    let mut big = by_address("10.0.0.1");
+    big.hits_addend = 1_000;
+    assert_eq!(call(&mut client, big).await.overall_code, Code::Ok as i32);
+
+    let (ok, last) = oks_of(&mut client, "10.0.0.2", 3).await;
+    assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+    assert_eq!(current(&last, 0), Some((2, HOUR)));
+    assert_eq!(header(&last, "Ratelimit-Override"), None);
+
+    // Neither the blocked nor the unlimited subject reached the store.
+    if let Some(masters) = masters(&app) {
+        for mut conn in masters {
+            for pattern in ["*10.6.6.6*", "*10.0.0.1*"] {
+                let keys: Vec<String> = ::redis::cmd("KEYS")
+                    .arg(pattern)
+                    .query(&mut conn)
+                    .expect("KEYS");
+                assert!(keys.is_empty(), "the store was consulted: {keys:?}");
+            }
+        }
+    }
+    // The HTTP API decides the same subject under the same override.
+    let d = app.acquire("per-address", "10.7.1.2", 1).await;
+    assert_eq!(d["allowed"], false, "the prefix's 3 are spent: {d}");
+    assert_eq!(d["override"]["id"], json!(acme));
+
+    // A blocked descriptor beside another denies the call, and the other keeps its units.
+    let both = request(
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.0.0.3")]),
+            descriptor(&[("remote_address", "10.6.6.6")]),
+        ],
+    );
+    let r = call(&mut client, both).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{r:?}");
+    assert_eq!(
+        (r.statuses[0].code, r.statuses[1].code),
+        (Code::Ok as i32, Code::OverLimit as i32)
+    );
+    let alone = call(&mut client, by_address("10.0.0.3")).await;
+    assert_eq!(
+        alone.statuses[0].limit_remaining, 1,
+        "nothing was taken by the denied call: {alone:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_the_embedded_store() {
+    overrides_apply_to_descriptor_subjects(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_redis() {
+    overrides_apply_to_descriptor_subjects(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_apply_to_descriptor_subjects_on_a_cluster() {
+    overrides_apply_to_descriptor_subjects(Backend::Cluster).await;
+}
+
+/// One descriptor `key = value` of domain `edge`, giving its own limit of `rpu` per `unit`
+/// (`envoy.type.v3.RateLimitUnit`: 1 SECOND, 2 MINUTE, 3 HOUR, 6 YEAR).
+fn with_limit(key: &str, value: &str, rpu: u32, unit: i32) -> RateLimitRequest {
+    let mut d = descriptor(&[(key, value)]);
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: rpu,
+        unit,
+    });
+    request("edge", vec![d])
+}
+
+/// `n` calls of `req`; answers how many were `OK`, and the last answer.
+async fn oks_of_request(
+    client: &mut RateLimitServiceClient<Channel>,
+    req: &RateLimitRequest,
+    n: usize,
+) -> (usize, RateLimitResponse) {
+    let mut ok = 0;
+    let mut last = RateLimitResponse::default();
+    for _ in 0..n {
+        last = call(client, req.clone()).await;
+        if last.overall_code == Code::Ok as i32 {
+            ok += 1;
+        }
+    }
+    (ok, last)
+}
+
+/// A descriptor's `limit` is ignored by a policy without `request_limits`; with it, honoured
+/// within the maximum (5 a minute here), clamped in rate and in quota above it, and passed over
+/// where an override applies to the subject.
+async fn request_limits_are_ignored_honoured_or_clamped(backend: Backend) {
+    const SECOND: i32 = 1;
+    const MINUTE: i32 = 2;
+    const HOUR: i32 = 3;
+    const YEAR: i32 = 6;
+    let app = app(backend).await;
+    app.create_policy(json!({
+        "name": "plain", "algorithm": "fixed_window", "limit": 2, "window_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "plain"}]}
+    }))
+    .await;
+    app.create_policy(json!({
+        "name": "asked", "algorithm": "token_bucket",
+        "capacity": 2, "refill_tokens": 2, "refill_period_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "client"}]},
+        "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}
+    }))
+    .await;
+    let read: Value = app
+        .get("/v1/policies/asked")
+        .await
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(
+        read["request_limits"],
+        json!({"max_requests_per_unit": 5, "unit": "minute"})
+    );
+    let vip = create_override(
+        &app,
+        "asked",
+        json!({"match": {"key": "vip"}, "limits": {"asked": {"capacity": 4, "refill_tokens": 4}}}),
+    )
+    .await;
+    let mut client = client(&app).await;
+
+    // Without `request_limits`: ignored, whatever it is (even a unit no limit can have).
+    for (value, unit) in [("a", MINUTE), ("b", YEAR)] {
+        let (ok, last) =
+            oks_of_request(&mut client, &with_limit("plain", value, 10, unit), 4).await;
+        assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+        assert_eq!(current(&last, 0), Some((2, HOUR)));
+    }
+
+    // Within the maximum: as asked.
+    let (ok, last) = oks_of_request(&mut client, &with_limit("client", "c1", 3, MINUTE), 5).await;
+    assert_eq!(ok, 3, "{backend:?}: 3 a minute, as asked: {last:?}");
+    assert_eq!(current(&last, 0), Some((3, MINUTE)));
+    assert_eq!(
+        header(&last, "RateLimit-Policy"),
+        Some("\"asked\";q=3;w=60")
+    );
+    assert_eq!(header(&last, "Ratelimit-Override"), None);
+
+    // Above it: 50 a minute is 5 a minute; 100 an hour is a slower rate but 100 at once, so 5
+    // an hour; 1 a second is faster, and no whole second fits 5 a minute: 5 a minute.
+    for (value, rpu, unit, expected) in [
+        ("c2", 50, MINUTE, (5, MINUTE)),
+        ("c3", 100, HOUR, (5, HOUR)),
+        ("c4", 1, SECOND, (5, MINUTE)),
+    ] {
+        let (ok, last) =
+            oks_of_request(&mut client, &with_limit("client", value, rpu, unit), 7).await;
+        assert_eq!(ok, 5, "{backend:?}: {rpu} per {unit} clamped: {last:?}");
+        assert_eq!(current(&last, 0), Some(expected), "{rpu} per {unit}");
+    }
+
+    // No limit given: the policy's own.
+    let plain = request("edge", vec![descriptor(&[("client", "c5")])]);
+    let (ok, last) = oks_of_request(&mut client, &plain, 4).await;
+    assert_eq!(ok, 2, "{backend:?}: the policy's own: {last:?}");
+    assert_eq!(current(&last, 0), Some((2, HOUR)));
+
+    // An override of the subject wins over the request's limit.
+    let (ok, last) = oks_of_request(&mut client, &with_limit("client", "vip", 3, MINUTE), 6).await;
+    assert_eq!(ok, 4, "{backend:?}: the override's 4: {last:?}");
+    assert_eq!(current(&last, 0), Some((4, HOUR)));
+    assert_eq!(
+        header(&last, "Ratelimit-Override"),
+        Some(format!("id={vip};match=exact").as_str())
+    );
+
+    // A limit the policy would take but that no limit can be: refused, nothing decided.
+    for (rpu, unit, names) in [
+        (0, MINUTE, "requests_per_unit"),
+        (5, YEAR, "YEAR"),
+        (5, 99, "unit"),
+    ] {
+        let status = client
+            .should_rate_limit(with_limit("client", "c6", rpu, unit))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().contains(names) && status.message().contains("descriptors[0]"),
+            "{status:?}"
+        );
+    }
+    let r = call(&mut client, with_limit("client", "c6", 5, MINUTE)).await;
+    assert_eq!(
+        r.statuses[0].limit_remaining, 4,
+        "nothing taken by the refusals"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_the_embedded_store() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_redis() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_are_ignored_honoured_or_clamped_on_a_cluster() {
+    request_limits_are_ignored_honoured_or_clamped(Backend::Cluster).await;
+}
+
+/// Two descriptors of one call, both giving their own limit, decided together: all or nothing
+/// holds with the limits they gave (on a Cluster, in turn, with what was taken refunded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_hold_all_or_nothing_over_descriptors_on_redis() {
+    request_limits_hold_all_or_nothing(Backend::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_limits_hold_all_or_nothing_over_descriptors_on_a_cluster() {
+    request_limits_hold_all_or_nothing(Backend::Cluster).await;
+}
+
+async fn request_limits_hold_all_or_nothing(backend: Backend) {
+    let app = app(backend).await;
+    for (name, key) in [("joint-a", "ja"), ("joint-b", "jb")] {
+        app.create_policy(json!({
+            "name": name, "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
+            "descriptor": {"domain": "edge", "entries": [{"key": key}]},
+            "request_limits": {"max_requests_per_unit": 100, "unit": "hour"}
+        }))
+        .await;
+    }
+    let mut client = client(&app).await;
+    let both = |a: u32, b: u32| {
+        let mut req = with_limit("ja", "s", a, 3);
+        req.descriptors
+            .extend(with_limit("jb", "s", b, 3).descriptors);
+        req
+    };
+    let (ok, last) = oks_of_request(&mut client, &both(5, 3), 5).await;
+    assert_eq!(
+        ok, 3,
+        "{backend:?}: the tighter of the two given limits: {last:?}"
+    );
+    assert_eq!(
+        (current(&last, 0), current(&last, 1)),
+        (Some((5, 3)), Some((3, 3)))
+    );
+    assert_eq!(
+        last.statuses[0].limit_remaining, 2,
+        "nothing taken by the denials"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_request_limits_are_refused_naming_the_member() {
+    let app = app(Backend::Embedded).await;
+    let fw = json!({"name": "rl", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000});
+    let with = |rl: Value| {
+        let mut p = fw.clone();
+        p["request_limits"] = rl;
+        p
+    };
+    for (doc, field, status) in [
+        (
+            with(json!({"max_requests_per_unit": 0, "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 1_000_000_001_u64, "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 5, "unit": "fortnight"})),
+            "request_limits.unit",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": 5, "unit": "minute", "burst": 2})),
+            "request_limits.burst",
+            422,
+        ),
+        (
+            with(json!({"max_requests_per_unit": "5", "unit": "minute"})),
+            "request_limits.max_requests_per_unit",
+            400,
+        ),
+        (
+            json!({"name": "rl", "algorithm": "sliding_window_log", "limit": 1, "window_ms": 1_000,
+                   "request_limits": {"max_requests_per_unit": 10_001, "unit": "minute"}}),
+            "request_limits.max_requests_per_unit",
+            422,
+        ),
+        (
+            json!({"name": "rl", "limits": [
+                {"name": "a", "algorithm": "fixed_window", "limit": 1, "window_ms": 1_000},
+                {"name": "b", "algorithm": "fixed_window", "limit": 9, "window_ms": 60_000}],
+                "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            "request_limits",
+            422,
+        ),
+        (
+            json!({"name": "rl", "algorithm": "concurrency", "limit": 1, "lease_ms": 1_000,
+                   "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            "request_limits",
+            422,
+        ),
+    ] {
+        let r = app.post("/v1/policies", &doc).await;
+        assert_eq!(r.status(), status, "{doc}");
+        let body: Value = r.json().await.expect("problem");
+        assert_eq!(body["field"], field, "{doc}: {body}");
+    }
+    assert_eq!(
+        app.get("/v1/policies/rl").await.status(),
+        404,
+        "nothing stored"
+    );
+}
+
+/// The local denial cache (on by default with Redis) never answers a denial decided under a
+/// request's own limit: the next request may give another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_under_a_request_limit_is_not_cached_for_the_next_request() {
+    const HOUR: i32 = 3;
+    let app = app(Backend::Redis).await;
+    app.create_policy(json!({
+        "name": "uncached", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "uncached"}]},
+        "request_limits": {"max_requests_per_unit": 100, "unit": "hour"}
+    }))
+    .await;
+    let mut client = client(&app).await;
+    let (ok, last) = oks_of_request(&mut client, &with_limit("uncached", "s", 1, HOUR), 3).await;
+    assert_eq!(ok, 1, "{last:?}");
+    let (ok, last) = oks_of_request(&mut client, &with_limit("uncached", "s", 3, HOUR), 3).await;
+    assert_eq!(ok, 2, "3 an hour, of which 1 was used: {last:?}");
+    let hits = [("policy", "uncached")];
+    assert_eq!(
+        metric(&app, "ratelimiter_denial_cache_hits_total", &hits).await,
+        0.0
+    );
 }
