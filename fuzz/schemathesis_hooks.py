@@ -64,7 +64,11 @@ Schemathesis generates.
   other one naming no policy outside the stateful phase, and every one in it (so that the links
   from a creation's `Location` to GET/PUT/DELETE of `{id}` have creations to follow). Every
   other positive case on one override (`{id}`) outside the stateful phase gets a real id: the
-  hook creates an override of FUZZ_OVERRIDE_POLICY for a key of its own. Override writes never
+  hook creates an override of FUZZ_OVERRIDE_POLICY for a key of its own, gives a generated
+  `If-Match` that override's real ETag instead, leaves out every other `If-None-Match` (which
+  never holds for a replacement), and keeps the override's match in a replacement (a generated
+  match is often another override's: 409), so that replacements and deletions are made for
+  real, not only refused with 412 or 409, which are right but test nothing more. Override writes never
   name a fixed policy (they would change the quotas the decisions rely on): those are sent to
   FUZZ_OVERRIDE_POLICY too, negative cases included (a fixed name is a valid one).
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
@@ -101,9 +105,8 @@ LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
 LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
 _lease_cases = 0
 STATEFUL_LEASE_MS = 60_000
-# The policy with tiers whose overrides the hook creates and to which it sends override cases
-# that name no usable policy; its overrides' fixed ids (from fuzz/schemathesis.sh) are among
-# those a case on one override may get.
+# The policy with tiers (created by fuzz/schemathesis.sh) whose overrides the hook creates for
+# cases on one override, and to which it sends override cases that name no usable policy.
 OVERRIDE_POLICY = os.environ.get("FUZZ_OVERRIDE_POLICY", "")
 # The operations on a policy's overrides, and the writes among them (method, path).
 OVERRIDE_PATHS = frozenset(["/v1/policies/{name}/overrides", "/v1/policies/{name}/overrides/{id}",
