@@ -153,7 +153,10 @@ create_policy fuzz-lease-ids '{"name":"fuzz-lease-ids","algorithm":"concurrency"
 # override real ids of it (see fuzz/schemathesis_hooks.py), so that reads, replacements,
 # deletions and resolves meet real overrides, and the listing pages over more than one.
 OVERRIDE_POLICY=fuzz-plans
-create_policy fuzz-plans '{"name":"fuzz-plans","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000,"refill_tokens":100,"refill_period_ms":1000},{"name":"daily","algorithm":"fixed_window","limit":100000,"window_ms":86400000}],"tiers":{"pro":{"burst":{"capacity":10000}},"enterprise":{"burst":{"capacity":100000},"daily":{"limit":10000000}}}}'
+# Its quotas are the largest there is, in every tier and override too, for the same reason as
+# the other fixed policies': Schemathesis reuses the names it sees in answers, so decisions name
+# it, and any cost the schema allows must fit whatever limits the subject is decided with.
+create_policy fuzz-plans '{"name":"fuzz-plans","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000,"refill_period_ms":1000},{"name":"daily","algorithm":"fixed_window","limit":1000000000,"window_ms":86400000}],"tiers":{"pro":{"burst":{"refill_tokens":10000}},"enterprise":{"burst":{"refill_tokens":100000},"daily":{"window_ms":3600000}}}}'
 create_override() {
     local code
     code=$(curl -sS -o "$WORK/body" -w '%{http_code}' -H 'Content-Type: application/json' \
@@ -165,7 +168,7 @@ create_override() {
 }
 tomorrow=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
 create_override '{"match":{"key":"acme-corp"},"tier":"pro","reason":"enterprise plan"}'
-create_override '{"match":{"prefix":"acme-"},"limits":{"daily":{"limit":1000000}}}'
+create_override '{"match":{"prefix":"acme-"},"limits":{"daily":{"window_ms":60000}}}'
 create_override '{"match":{"cidr":"203.0.113.0/24"},"unlimited":true}'
 create_override "{\"match\":{\"key\":\"abuser\"},\"block\":true,\"expires_at\":\"$tomorrow\"}"
 
