@@ -191,7 +191,7 @@ def block(policy):
     expect("resolve scraper-42", why, decided_by="block", override=blocked)
     if "limits" in why or why["candidates"][0]["precedence"] != "prefix/8":
         fail(f"resolve scraper-42: {why}")
-    print(f"block: every key starting with 'scraper-' denied, decided_by=override")
+    print("block: every key starting with 'scraper-' denied, decided_by=override")
 
 
 def main():
