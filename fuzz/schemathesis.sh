@@ -23,10 +23,13 @@ SEED=${SCHEMATHESIS_SEED:-20240601}
 # negative_data_rejection (anything off the schema is refused with a 4xx) and
 # positive_data_acceptance (anything the schema allows is accepted), which hold because the
 # policy schema is one closed object per algorithm (`additionalProperties: false`) and every
-# bound comes from the same constants as the server's checks. What JSON Schema cannot say (a PUT
-# body's name equal to the path's, distinct limit names, lengths in bytes, a cost within the
-# policy's own quota, a refund's ticket issued for its own policy and key) is kept out of
-# positive cases by fuzz/schemathesis_hooks.py, which says why for each; 412 (a precondition
+# bound comes from the same constants as the server's checks (an override is one closed object
+# per thing it sets, so "exactly one of tier, limits, unlimited, block" is the schema's too).
+# What JSON Schema cannot say (a PUT body's name equal to the path's, distinct limit names,
+# lengths in bytes, a cost within the policy's own quota, a refund's ticket issued for its own
+# policy and key, tiers naming the policy's own limits, an override's tier being one of its
+# policy's, a range without host bits, an expiry within a year) is kept out of positive cases by
+# fuzz/schemathesis_hooks.py, which says why for each; 412 (a precondition
 # that does not hold) counts as an acceptance, see fuzz/schemathesis.toml. Then the stateful
 # checks, over links Schemathesis infers (POST's Location to GET/PUT/DELETE): use_after_free (a
 # deleted policy is gone) and ensure_resource_availability (a created one is there at once);
@@ -36,8 +39,9 @@ SEED=${SCHEMATHESIS_SEED:-20240601}
 # no tokens, and the spec marks auth optional (`security: [{}, {bearer}]`), so they would test
 # nothing.
 # Schemathesis warns that PUT and DELETE "mostly rejected generated data": most generated writes
-# name an ETag that is no policy's version (412) or a policy that does not exist (404), as they
-# should.
+# name an ETag that is no policy's (or override's) version (412) or a policy or override that
+# does not exist (404), as they should. That the lease and override operations were exercised
+# with real data, not only refused, is checked after the run (below).
 # Crashes / transport errors (connection reset, timeouts, invalid responses) are always reported
 # by Schemathesis as errors and make it exit non-zero regardless of the checks chosen.
 CHECKS=${SCHEMATHESIS_CHECKS:-not_a_server_error,status_code_conformance,content_type_conformance,response_headers_conformance,response_schema_conformance,negative_data_rejection,positive_data_acceptance,use_after_free,ensure_resource_availability,unsupported_method,allow_header_conformance,missing_required_header}
@@ -129,7 +133,7 @@ create_policy() {
         exit 2
     fi
 }
-FIXED_POLICIES="api-per-user llm-tokens login-failures login a A 0 exports fuzz-lease-ids"
+FIXED_POLICIES="api-per-user llm-tokens login-failures login a A 0 exports fuzz-lease-ids fuzz-plans"
 LEASE_POLICIES="exports fuzz-lease-ids"
 LEASE_HOOK_POLICY=fuzz-lease-ids
 create_policy api-per-user '{"name":"api-per-user","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000000000,"refill_period_ms":1000}'
@@ -141,6 +145,32 @@ create_policy A '{"name":"A","limits":[{"name":"burst","algorithm":"token_bucket
 create_policy 0 '{"name":"0","algorithm":"sliding_window_counter","limit":1000000000,"window_ms":1000,"mode":"shadow"}'
 create_policy exports '{"name":"exports","algorithm":"concurrency","limit":10000,"lease_ms":600000,"max_lease_ms":86400000}'
 create_policy fuzz-lease-ids '{"name":"fuzz-lease-ids","algorithm":"concurrency","limit":10000,"lease_ms":600000,"max_lease_ms":86400000}'
+
+# --- Overrides, with real data ------------------------------------------------------------------
+# "fuzz-plans" (FUZZ_OVERRIDE_POLICY) is a policy of two limits with tiers, and overrides of each
+# kind (an exact key with a tier, a prefix with limits, a range unlimited, a key blocked until a
+# time): the hooks send override cases that name no usable policy to it and give cases on one
+# override real ids of it (see fuzz/schemathesis_hooks.py), so that reads, replacements,
+# deletions and resolves meet real overrides, and the listing pages over more than one.
+OVERRIDE_POLICY=fuzz-plans
+# Its quotas are the largest there is, in every tier and override too, for the same reason as
+# the other fixed policies': Schemathesis reuses the names it sees in answers, so decisions name
+# it, and any cost the schema allows must fit whatever limits the subject is decided with.
+create_policy fuzz-plans '{"name":"fuzz-plans","limits":[{"name":"burst","algorithm":"token_bucket","capacity":1000000000,"refill_tokens":1000,"refill_period_ms":1000},{"name":"daily","algorithm":"fixed_window","limit":1000000000,"window_ms":86400000}],"tiers":{"pro":{"burst":{"refill_tokens":10000}},"enterprise":{"burst":{"refill_tokens":100000},"daily":{"window_ms":3600000}}}}'
+create_override() {
+    local code
+    code=$(curl -sS -o "$WORK/body" -w '%{http_code}' -H 'Content-Type: application/json' \
+        -X POST "$BASE/v1/policies/$OVERRIDE_POLICY/overrides" -d "$1")
+    if [[ $code != 201 ]]; then
+        echo "schemathesis.sh: creating override $1 failed with $code: $(cat "$WORK/body")" >&2
+        exit 2
+    fi
+}
+tomorrow=$(date -u -d '+1 day' +%Y-%m-%dT%H:%M:%SZ)
+create_override '{"match":{"key":"acme-corp"},"tier":"pro","reason":"enterprise plan"}'
+create_override '{"match":{"prefix":"acme-"},"limits":{"daily":{"window_ms":60000}}}'
+create_override '{"match":{"cidr":"203.0.113.0/24"},"unlimited":true}'
+create_override "{\"match\":{\"key\":\"abuser\"},\"block\":true,\"expires_at\":\"$tomorrow\"}"
 
 # --- Schemathesis ---------------------------------------------------------------------------
 seed_args=()
@@ -159,7 +189,8 @@ CONFIG="$PWD/fuzz/schemathesis.toml"
 echo "==> schemathesis: $BASE/openapi.json, checks $CHECKS, max $EXAMPLES examples"
 set +e
 (cd "$ST_DIR" && FUZZ_FIXED_POLICIES=$FIXED_POLICIES FUZZ_LEASE_POLICIES=$LEASE_POLICIES \
-    FUZZ_LEASE_HOOK_POLICY=$LEASE_HOOK_POLICY FUZZ_BASE_URL=$BASE SCHEMATHESIS_HOOKS="$HOOKS" \
+    FUZZ_LEASE_HOOK_POLICY=$LEASE_HOOK_POLICY FUZZ_OVERRIDE_POLICY=$OVERRIDE_POLICY \
+    FUZZ_BASE_URL=$BASE FUZZ_TALLY="$WORK/tally" SCHEMATHESIS_HOOKS="$HOOKS" \
     "$ST" --config-file "$CONFIG" run "$BASE/openapi.json" \
     --checks "$CHECKS" \
     --max-examples "$EXAMPLES" \
@@ -190,6 +221,36 @@ if [[ $status -eq 0 ]]; then
             status=1
         fi
     done
+fi
+
+# The override operations too: each answered 2xx at least once (FUZZ_TALLY, written by the
+# hooks), so each met a policy and an override that exist; and the hooks' and the stateful
+# phase's creations are there beside the four made above.
+if [[ $status -eq 0 ]]; then
+    for op in "GET /v1/policies/{name}/overrides" "POST /v1/policies/{name}/overrides" \
+        "GET /v1/policies/{name}/overrides/{id}" "PUT /v1/policies/{name}/overrides/{id}" \
+        "DELETE /v1/policies/{name}/overrides/{id}" "GET /v1/policies/{name}/resolve"; do
+        ok=$(grep -cF "$op 2" "$WORK/tally" || true)
+        echo "==> $op: $ok answered 2xx of $(grep -cF "$op " "$WORK/tally" || true)"
+        if [[ $ok -eq 0 ]]; then
+            echo "schemathesis.sh: $op never succeeded: it was not exercised with real data" >&2
+            status=1
+        fi
+    done
+    count=0
+    cursor=
+    while :; do
+        curl -fsS --max-time 5 "$BASE/v1/policies/$OVERRIDE_POLICY/overrides?limit=1000${cursor:+&cursor=$cursor}" >"$WORK/page" ||
+            { echo "schemathesis.sh: listing the overrides of $OVERRIDE_POLICY failed" >&2; status=1; break; }
+        read -r n cursor < <(python3 -c 'import json, sys; p = json.load(open(sys.argv[1])); print(len(p["overrides"]), p.get("next_cursor", ""))' "$WORK/page")
+        count=$((count + n))
+        [[ -z $cursor ]] && break
+    done
+    echo "==> overrides of $OVERRIDE_POLICY after the run: $count"
+    if [[ $status -eq 0 && $count -le 4 ]]; then
+        echo "schemathesis.sh: no override was created during the run: the override operations were not exercised" >&2
+        status=1
+    fi
 fi
 
 if [[ $status -ne 0 ]]; then

@@ -46,6 +46,31 @@ Schemathesis generates.
   bound). A renewal's `lease_ms` is held to the same bound by its lease's policy, which the hook
   does not look up: renewals of real ids are of LEASE_HOOK_POLICY, which allows a day too; and a
   policy's `max_lease_ms` below its `lease_ms` is raised to it.
+- A policy's `tiers` name its limits (a policy of one limit: the policy's name) and, for each,
+  fields of that limit's algorithm within their bounds; a concurrency policy has none (422
+  naming `tiers`). A generated tier never fits, so a positive rate policy's tiers are rebuilt,
+  under their generated names (at most MAX_TIERS), each setting one field of one of its limits
+  to the limit's own value (within its bounds by construction); a concurrency policy's are
+  dropped.
+- Overrides (`/v1/policies/{name}/overrides[/{id}]`, `/resolve`) need a rate policy that exists;
+  a `tier` that is one of its tiers; `limits` that name its limits and their algorithms' fields;
+  a `cidr` without host bits; an `expires_at` in the future and at most a year ahead; a `reason`
+  of at most 1,024 bytes and a `key` or `prefix` of at most 256; a `PUT` body's `id` equal to the
+  path's. None of that is JSON Schema's to say, so positive cases are brought within it: the
+  `cidr` is replaced by a range of 10.0.0.0/8, `expires_at` is an hour ahead, texts are cut to
+  their bytes, `tier` and `limits` are rebuilt from the policy the case names (asked of the
+  service). A positive case naming a concurrency policy, or a `tier` its policy lacks, is sent
+  to FUZZ_OVERRIDE_POLICY (a policy with tiers, created by fuzz/schemathesis.sh); so is every
+  other one naming no policy outside the stateful phase, and every one in it (so that the links
+  from a creation's `Location` to GET/PUT/DELETE of `{id}` have creations to follow). Every
+  other positive case on one override (`{id}`) outside the stateful phase gets a real id: the
+  hook creates an override of FUZZ_OVERRIDE_POLICY for a key of its own, gives a generated
+  `If-Match` that override's real ETag instead, leaves out every other `If-None-Match` (which
+  never holds for a replacement), and keeps the override's match in a replacement (a generated
+  match is often another override's: 409), so that replacements and deletions are made for
+  real, not only refused with 412 or 409, which are right but test nothing more. Override writes never
+  name a fixed policy (they would change the quotas the decisions rely on): those are sent to
+  FUZZ_OVERRIDE_POLICY too, negative cases included (a fixed name is a valid one).
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
@@ -54,8 +79,11 @@ Schemathesis generates.
   ignore, such as a `Content-Type` on a `DELETE` without a body, would delete one.
 """
 
+import datetime
+import ipaddress
 import json
 import os
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -77,6 +105,27 @@ LEASE_HOOK_POLICY = os.environ.get("FUZZ_LEASE_HOOK_POLICY", "")
 LEASE_PATHS = frozenset(["/v1/leases/{id}", "/v1/leases/{id}/renew"])
 _lease_cases = 0
 STATEFUL_LEASE_MS = 60_000
+# The policy with tiers (created by fuzz/schemathesis.sh) whose overrides the hook creates for
+# cases on one override, and to which it sends override cases that name no usable policy.
+OVERRIDE_POLICY = os.environ.get("FUZZ_OVERRIDE_POLICY", "")
+# The operations on a policy's overrides, and the writes among them (method, path).
+OVERRIDE_PATHS = frozenset(["/v1/policies/{name}/overrides", "/v1/policies/{name}/overrides/{id}",
+                            "/v1/policies/{name}/resolve"])
+OVERRIDE_WRITES = frozenset([("POST", "/v1/policies/{name}/overrides"),
+                             ("PUT", "/v1/policies/{name}/overrides/{id}"),
+                             ("DELETE", "/v1/policies/{name}/overrides/{id}")])
+REASON_BYTES = 1024
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+MAX_TIERS = 64
+# The fields of each rate algorithm a tier or an override's `limits` may change.
+ALGORITHM_FIELDS = {
+    "token_bucket": ("capacity", "refill_tokens", "refill_period_ms"),
+    "gcra": ("rate", "period_ms", "burst"),
+    "fixed_window": ("limit", "window_ms"),
+    "sliding_window_log": ("limit", "window_ms"),
+    "sliding_window_counter": ("limit", "window_ms"),
+}
+_override_cases = 0
 
 
 def _utf8_prefix(text, limit):
@@ -122,6 +171,164 @@ def _real_lease():
             return json.loads(response.read()).get("lease")
     except (urllib.error.URLError, OSError, ValueError):
         return None
+
+
+def _hook_match():
+    """The match of the override the hook creates for the current case: a key of its own."""
+    return {"key": f"hook-{os.getpid()}-{_override_cases}"}
+
+
+def _real_override():
+    """The id and ETag of a new override of OVERRIDE_POLICY, for a key no other case uses, or
+    None."""
+    if not BASE_URL or not OVERRIDE_POLICY:
+        return None
+    body = {"match": _hook_match(), "tier": "pro"}
+    request = urllib.request.Request(f"{BASE_URL}/v1/policies/{OVERRIDE_POLICY}/overrides",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read()).get("id"), response.headers.get("ETag")
+    except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        return None
+
+
+def _rate_limits(policy):
+    """A rate policy document's limits as (name, algorithm, {field: value}), in its order."""
+    if isinstance(policy.get("limits"), list) and len(policy["limits"]) > 1:
+        limits = [(l.get("name"), l.get("algorithm"), l) for l in policy["limits"]
+                  if isinstance(l, dict)]
+    elif isinstance(policy.get("limits"), list):
+        # A policy of one limit names it after itself, in either form.
+        limits = [(policy.get("name"), l.get("algorithm"), l) for l in policy["limits"]
+                  if isinstance(l, dict)]
+    else:
+        limits = [(policy.get("name"), policy.get("algorithm"), policy)]
+    out = []
+    for name, algorithm, doc in limits:
+        fields = {f: doc[f] for f in ALGORITHM_FIELDS.get(algorithm, ())
+                  if isinstance(doc.get(f), int) and not isinstance(doc.get(f), bool)}
+        if isinstance(name, str) and fields:
+            out.append((name, algorithm, fields))
+    return out
+
+
+def _valid_changes(policy, n):
+    """Changes valid for `policy` (a tier's or an override's `limits`): the `n`th (cycling) of
+    its limits' fields set to the limit's own value; None when it has no rate limit."""
+    choices = [(name, field, value) for name, _, fields in _rate_limits(policy)
+               for field, value in fields.items()]
+    if not choices:
+        return None
+    name, field, value = choices[n % len(choices)]
+    return {name: {field: value}}
+
+
+def _rebuild_tiers(body, name):
+    """A positive policy write's `tiers`, made valid for its own limits (see the module doc);
+    `name` is the policy's, which a flat policy's one limit is named after."""
+    tiers = body.get("tiers")
+    if not isinstance(tiers, dict):
+        return
+    if body.get("algorithm") == "concurrency":
+        del body["tiers"]
+        return
+    names = list(tiers)[:MAX_TIERS]
+    rebuilt = {}
+    for i, tier in enumerate(names):
+        changes = _valid_changes({**body, "name": body.get("name", name)}, i)
+        if changes is None:
+            break
+        # Tier names follow the policy names' pattern, which the schema states only in prose.
+        rebuilt[tier if NAME.fullmatch(tier) else f"tier-{i}"] = changes
+    if rebuilt or not names:
+        body["tiers"] = rebuilt
+    else:
+        del body["tiers"]
+
+
+def _override_body_in_rules(body, policy, path_id):
+    """A positive override body brought within the rules JSON Schema cannot say (module doc),
+    for `policy` (its document); False when `policy` cannot take it as it is (no such tier)."""
+    if isinstance(body.get("id"), str):
+        # A creation's `id` is the service's to choose; a replacement's is the path's.
+        if path_id is None:
+            del body["id"]
+        else:
+            body["id"] = path_id
+    m = body.get("match")
+    if isinstance(m, dict):
+        body["match"] = m = dict(m)
+        for member in ("key", "prefix"):
+            if isinstance(m.get(member), str):
+                m[member] = _utf8_prefix(m[member], KEY_BYTES)
+        if isinstance(m.get("cidr"), str):
+            try:
+                net = ipaddress.ip_network(m["cidr"], strict=True)
+                valid = "/" in m["cidr"] and not (net.version == 6 and net.prefixlen >= 96
+                                                  and net.network_address.ipv4_mapped)
+            except ValueError:
+                valid = False
+            if not valid:
+                m["cidr"] = f"10.{len(m['cidr']) % 256}.0.0/16"
+    if isinstance(body.get("expires_at"), str):
+        at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(hours=1)
+        body["expires_at"] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(body.get("reason"), str):
+        body["reason"] = _utf8_prefix(body["reason"], REASON_BYTES)
+    if isinstance(body.get("tier"), str):
+        tiers = sorted(policy.get("tiers") or {})
+        if not tiers:
+            return False
+        if body["tier"] not in tiers:
+            body["tier"] = tiers[len(body["tier"]) % len(tiers)]
+    if isinstance(body.get("limits"), dict):
+        changes = _valid_changes(policy, len(body["limits"]))
+        if changes is None:
+            return False
+        body["limits"] = changes
+    return True
+
+
+def _overrides_in_rules(case, method, path, body, stateful):
+    """A positive case on a policy's overrides, made to name a usable policy (module doc)."""
+    global _override_cases
+    params = case.path_parameters
+    if not params or not OVERRIDE_POLICY:
+        return
+    _override_cases += 1
+    if path == "/v1/policies/{name}/overrides/{id}" and not stateful and _override_cases % 2 == 0:
+        real = _real_override()
+        if real is not None and real[0]:
+            params["name"], params["id"] = OVERRIDE_POLICY, real[0]
+            # A generated `If-Match` is never the new override's version, and `If-None-Match: *`
+            # never holds for a replacement (412s, which are right but test nothing more): the
+            # real ETag instead, and every other `If-None-Match` left out.
+            headers = case.headers
+            if headers and real[1] and headers.get("If-Match") not in (None, "*"):
+                headers["If-Match"] = real[1]
+            if headers and "If-None-Match" in headers and _override_cases % 4 == 0:
+                del headers["If-None-Match"]
+            # Its replacement keeps its match (a generated one is often another override's, a
+            # 409), so that what it sets is what changes.
+            if method == "PUT" and body is not None and isinstance(body.get("match"), dict):
+                body["match"] = _hook_match()
+    if path == "/v1/policies/{name}/resolve" and isinstance(case.query, dict) \
+            and isinstance(case.query.get("key"), str):
+        case.query["key"] = _utf8_prefix(case.query["key"], KEY_BYTES)
+    policy = _policy(params.get("name"))
+    if (policy is None and (stateful or _override_cases % 2 == 1)) \
+            or (policy is not None and policy.get("algorithm") == "concurrency"):
+        params["name"] = OVERRIDE_POLICY
+        policy = _policy(OVERRIDE_POLICY)
+    if policy is None or body is None or method not in ("POST", "PUT"):
+        return
+    if not _override_body_in_rules(body, policy, params.get("id")):
+        params["name"] = OVERRIDE_POLICY
+        policy = _policy(OVERRIDE_POLICY)
+        if policy is not None:
+            _override_body_in_rules(body, policy, params.get("id"))
 
 
 def _distinct_names(limits):
@@ -173,7 +380,15 @@ def before_call(context, case, kwargs):
         params = case.path_parameters
         if params and params.get("name") in FIXED:
             params["name"] = f"{params['name'][:60]}-w"
+    if (method, path) in OVERRIDE_WRITES and OVERRIDE_POLICY:
+        params = case.path_parameters
+        if params and params.get("name") in FIXED:
+            params["name"] = OVERRIDE_POLICY
     if not meta.generation.mode.is_positive:
+        return
+    stateful = meta.phase.name == "stateful"
+    if path in OVERRIDE_PATHS:
+        _overrides_in_rules(case, method, path, body, stateful)
         return
 
     if path == "/v1/policies/{name}" and method == "PUT":
@@ -189,6 +404,7 @@ def before_call(context, case, kwargs):
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
         _descriptor_in_bytes(body.get("descriptor"))
+        _rebuild_tiers(body, (case.path_parameters or {}).get("name"))
         # A concurrency policy's `max_lease_ms` is at least its `lease_ms` (a 422 naming
         # `max_lease_ms` otherwise), which JSON Schema cannot say.
         lease, longest = body.get("lease_ms"), body.get("max_lease_ms")
@@ -204,7 +420,6 @@ def before_call(context, case, kwargs):
         policy = _policy(body.get("policy"))
         if policy is not None and policy.get("algorithm") == "concurrency":
             body["policy"] = "a"
-    stateful = meta.phase.name == "stateful"
     if stateful and path in ("/v1/leases", "/v1/leases/{id}/renew") and body is not None \
             and isinstance(body.get("lease_ms"), (int, float)):
         body["lease_ms"] = max(body["lease_ms"], STATEFUL_LEASE_MS)
@@ -240,3 +455,17 @@ def before_call(context, case, kwargs):
             del body["ticket"]
         else:
             body["ticket"] = ticket
+
+
+# Where every answer's method, path and status are written (FUZZ_TALLY), so that
+# fuzz/schemathesis.sh can tell that an operation was exercised for real (answered 2xx), not only
+# refused; the lease counters tell it for leases, nothing but this for overrides.
+TALLY = os.environ.get("FUZZ_TALLY", "")
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    if TALLY:
+        with open(TALLY, "a", encoding="utf-8") as tally:
+            tally.write(f"{case.operation.method.upper()} {case.operation.path} "
+                        f"{response.status_code}\n")

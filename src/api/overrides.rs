@@ -51,7 +51,12 @@ pub struct OverrideList {
 #[into_params(parameter_in = Query)]
 pub struct ResolveQuery {
     /// The subject key to explain (1 to 256 bytes).
-    #[param(example = "acme-corp", min_length = 1, max_length = 256)]
+    #[param(
+        required = true,
+        example = "acme-corp",
+        min_length = 1,
+        max_length = 256
+    )]
     pub key: Option<String>,
 }
 
@@ -250,6 +255,8 @@ pub async fn replace(
     let precondition = match condition(&req)? {
         Condition::One(p) => p,
         Condition::Never => {
+            // Bad input first, as for a policy: the 412 is for a write that could be made.
+            limiter.check_override(&name, &id, &body.0).await?;
             return Err(ServiceError::PreconditionFailed { current: None }.into());
         }
     };

@@ -143,7 +143,12 @@ fn mode() -> RefOr<Schema> {
                 values.push(Value::Null);
             }
             o.description = Some(
-                "`enforce` (denials are denials) or `shadow`: every acquire is decided and                  counted exactly as in `enforce`, a would-be denial taking nothing, but answered                  as allowed with `\"shadow\": true` and what enforcement would have answered                  (`would_allow`, `retry_after_ms`, `violated`). `enforce` when left out, unless                  the service runs with `limits.shadow` set, which puts every policy in shadow                  mode."
+                "`enforce` (denials are denials) or `shadow`: every acquire is decided and \
+                     counted exactly as in `enforce`, a would-be denial taking nothing, but answered \
+                     as allowed with `\"shadow\": true` and what enforcement would have answered \
+                     (`would_allow`, `retry_after_ms`, `violated`). `enforce` when left out, unless \
+                     the service runs with `limits.shadow` set, which puts every policy in shadow \
+                     mode."
                     .into(),
             );
             RefOr::T(Schema::Object(o))
@@ -241,12 +246,14 @@ fn request_limits() -> ObjectBuilder {
         .examples([serde_json::json!({"max_requests_per_unit": 1000, "unit": "minute"})])
 }
 
-/// `tiers`: named changes of a rate policy's limits, which overrides give subjects.
-fn tiers() -> ObjectBuilder {
+/// Changes of a rate policy's limits (a tier, or an override's `limits`): per limit, by name, the
+/// fields whose values replace the limit's own.
+fn limit_changes() -> ObjectBuilder {
     let fields = ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::Object))
         .description(Some(
-            "The fields of one limit to change, each within the field's own bounds and of the              limit's algorithm (`algorithm` itself cannot change)",
+            "The fields of one limit to change, each within the field's own bounds and of the \
+                 limit's algorithm (`algorithm` itself cannot change)",
         ))
         .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
             ObjectBuilder::new()
@@ -254,18 +261,27 @@ fn tiers() -> ObjectBuilder {
                 .minimum(Some(1))
                 .build(),
         )))));
-    let tier = ObjectBuilder::new()
+    ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::Object))
         .description(Some(
-            "Per limit of the policy, by its name (a policy of one limit: the policy's name),              the fields whose values replace the limit's own",
+            "Per limit of the policy, by its name (a policy of one limit: the policy's name), \
+                 the fields whose values replace the limit's own",
         ))
         .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
             fields.build(),
-        )))));
+        )))))
+}
+
+/// `tiers`: named changes of a rate policy's limits, which overrides give subjects.
+fn tiers() -> ObjectBuilder {
+    let tier = limit_changes();
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
         .description(Some(format!(
-            "At most {MAX_TIERS} tiers, by name (`{NAME_PATTERN}`): each replaces some fields of              some limits, for the subjects an override gives it (`POST              /v1/policies/{{name}}/overrides` with `tier`). Replacement, not minimum: a tier may              raise a limit as well as lower it. The subject's counters are kept."
+            "At most {MAX_TIERS} tiers, by name (`{NAME_PATTERN}`): each replaces some fields of \
+                 some limits, for the subjects an override gives it (`POST \
+                 /v1/policies/{{name}}/overrides` with `tier`). Replacement, not minimum: a tier may \
+                 raise a limit as well as lower it. The subject's counters are kept."
         )))
         .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
             tier.build(),
@@ -619,8 +635,15 @@ impl IntoParams for DeleteHeaders {
     }
 }
 
-/// An override's `match`: exactly one of `key`, `prefix` or `cidr`.
+/// `{"type": "null"}`: a field that may be given only as `null` (left out, as the parser reads it).
+fn null_only() -> ObjectBuilder {
+    ObjectBuilder::new().schema_type(Type::Null)
+}
+
+/// An override's `match`: exactly one of `key`, `prefix` or `cidr` (the others left out or
+/// `null`).
 fn override_match() -> OneOfBuilder {
+    const MEMBERS: [&str; 3] = ["key", "prefix", "cidr"];
     let member = |name: &str, description: &str, example: &str, max: Option<usize>| {
         let mut text = ObjectBuilder::new()
             .schema_type(Type::String)
@@ -629,10 +652,13 @@ fn override_match() -> OneOfBuilder {
         if let Some(max) = max {
             text = text.max_length(Some(max));
         }
-        ObjectBuilder::new()
+        let mut o = ObjectBuilder::new()
             .schema_type(Type::Object)
-            .property(name, text.examples([example]))
-            .required(name)
+            .property(name, text.examples([example]));
+        for other in MEMBERS.into_iter().filter(|m| *m != name) {
+            o = o.property(other, null_only());
+        }
+        o.required(name)
             .additional_properties(Some(AdditionalProperties::FreeForm(false)))
     };
     OneOfBuilder::new()
@@ -662,13 +688,18 @@ fn override_match() -> OneOfBuilder {
         ))
 }
 
+/// What an override sets: exactly one of these, given and not `null`.
+const OVERRIDE_SETS: [&str; 4] = ["tier", "limits", "unlimited", "block"];
+
 /// An override document: what `POST` and `PUT` take (`answer`: false) and every answer holds
-/// (`answer`: true, with `id` and `created_at` required).
-fn override_doc(answer: bool) -> ObjectBuilder {
+/// (`answer`: true, with `id` and `created_at` required). One object per thing it sets (`tier`,
+/// `limits`, `unlimited`, `block`), in which the other three may only be left out or `null`, so
+/// that the schema says "exactly one" as the parser does.
+fn override_doc(answer: bool) -> OneOfBuilder {
     use crate::policy::overrides::MAX_REASON_BYTES;
     let text = |description: &str| {
         ObjectBuilder::new()
-            .schema_type(Type::String)
+            .schema_type(nullable_string())
             .description(Some(description))
     };
     let flag = |description: &str| {
@@ -677,70 +708,85 @@ fn override_doc(answer: bool) -> ObjectBuilder {
             .enum_values(Some([true]))
             .description(Some(description))
     };
-    let mut o = ObjectBuilder::new()
-        .schema_type(Type::Object)
-        .description(Some(
-            "An override of a policy for the subjects its `match` selects. It sets exactly one \
-             of `tier`, `limits`, `unlimited` or `block`.",
+    let date_time = || {
+        Some(utoipa::openapi::SchemaFormat::KnownFormat(
+            utoipa::openapi::KnownFormat::DateTime,
         ))
-        .property(
-            "id",
-            text("Chosen by the service (16 hex digits); a `PUT` body may repeat the path's")
-                .pattern(Some("^[0-9a-f]{16}$")),
-        )
-        .property("match", override_match())
-        .property(
-            "tier",
-            text("One of the policy's `tiers`, by name").pattern(Some(NAME_PATTERN)),
-        )
-        .property(
-            "limits",
-            ObjectBuilder::new()
-                .schema_type(Type::Object)
+    };
+    let sets = |name: &str| -> ObjectBuilder {
+        match name {
+            "tier" => ObjectBuilder::new()
+                .schema_type(Type::String)
+                .description(Some("One of the policy's `tiers`, by name"))
+                .pattern(Some(NAME_PATTERN)),
+            "limits" => limit_changes()
                 .description(Some(
-                    "Per limit of the policy, by name, the fields whose values replace the \
-                     limit's own (as a tier's)",
+                    "Per limit of the policy, by name (a policy of one limit: the policy's \
+                     name), the fields whose values replace the limit's own (as a tier's)",
                 ))
                 .examples([serde_json::json!({"daily": {"limit": 1000000}})]),
-        )
-        .property(
-            "unlimited",
-            flag("`true`: allowed without consulting the store (`decided_by: override`)"),
-        )
-        .property(
-            "block",
-            flag("`true`: denied without consulting the store (`decided_by: override`)"),
-        )
-        .property(
-            "expires_at",
-            text(
-                "RFC 3339, in the future, at most a year ahead: after it the subject falls back \
-                 to the next override by precedence, or to the policy",
+            "unlimited" => {
+                flag("`true`: allowed without consulting the store (`decided_by: override`)")
+            }
+            _ => flag("`true`: denied without consulting the store (`decided_by: override`)"),
+        }
+    };
+    let mut doc = OneOfBuilder::new().description(Some(
+        "An override of a policy for the subjects its `match` selects. It sets exactly one of \
+         `tier`, `limits`, `unlimited` or `block` (the others left out, or `null`).",
+    ));
+    for set in OVERRIDE_SETS {
+        let mut o = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .title(Some(set))
+            .property(
+                "id",
+                text("Chosen by the service (16 hex digits); a `PUT` body may repeat the path's")
+                    .pattern(Some("^[0-9a-f]{16}$")),
             )
-            .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
-                utoipa::openapi::KnownFormat::DateTime,
-            )))
-            .examples(["2027-01-31T00:00:00Z"]),
-        )
-        .property(
-            "reason",
-            text(&format!(
-                "Free text for audit, at most {MAX_REASON_BYTES} bytes"
-            ))
-            .max_length(Some(MAX_REASON_BYTES)),
-        )
-        .property(
-            "created_at",
-            text("When it was created (RFC 3339, UTC); ignored in a body").format(Some(
-                utoipa::openapi::SchemaFormat::KnownFormat(utoipa::openapi::KnownFormat::DateTime),
-            )),
-        )
-        .required("match")
-        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-    if answer {
-        o = o.required("id").required("created_at");
+            .property("match", override_match());
+        for other in OVERRIDE_SETS {
+            o = if other == set {
+                o.property(other, sets(other))
+            } else {
+                o.property(other, null_only())
+            };
+        }
+        o = o
+            .property(
+                "expires_at",
+                text(
+                    "RFC 3339, in the future, at most a year ahead: after it the subject falls \
+                     back to the next override by precedence, or to the policy",
+                )
+                .format(date_time())
+                .examples(["2027-01-31T00:00:00Z"]),
+            )
+            .property(
+                "reason",
+                text(&format!(
+                    "Free text for audit, at most {MAX_REASON_BYTES} bytes"
+                ))
+                .max_length(Some(MAX_REASON_BYTES)),
+            )
+            .property(
+                "created_at",
+                if answer {
+                    text("When it was created (RFC 3339, UTC)").format(date_time())
+                } else {
+                    // Any text: what a read answered is accepted back, and ignored.
+                    text("When it was created, as a read answers it; ignored")
+                },
+            )
+            .required("match")
+            .required(set)
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        if answer {
+            o = o.required("id").required("created_at");
+        }
+        doc = doc.item(o);
     }
-    o
+    doc
 }
 
 /// The body of `POST` and `PUT /v1/policies/{name}/overrides[/{id}]`.
@@ -748,7 +794,7 @@ pub struct OverrideBody;
 
 impl PartialSchema for OverrideBody {
     fn schema() -> RefOr<Schema> {
-        RefOr::T(Schema::Object(
+        RefOr::T(Schema::OneOf(
             override_doc(false)
                 .examples([serde_json::json!({"match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan"})])
                 .build(),
@@ -767,7 +813,7 @@ pub struct OverrideAnswer;
 
 impl PartialSchema for OverrideAnswer {
     fn schema() -> RefOr<Schema> {
-        RefOr::T(Schema::Object(
+        RefOr::T(Schema::OneOf(
             override_doc(true)
                 .examples([serde_json::json!({"id": "3f9b1e2d4a6870c1", "match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan", "created_at": "2026-12-01T10:00:00Z"})])
                 .build(),

@@ -85,6 +85,21 @@ impl RateLimiter {
             .and_then(wrote)
     }
 
+    /// Checks a client's replacement of the override `id` of `policy` as a write would (the
+    /// policy exists and takes it), writing nothing: for a write whose precondition can never
+    /// hold, so that bad input is answered as bad input before the 412, as for a policy.
+    pub async fn check_override(
+        &self,
+        policy: &PolicyName,
+        id: &OverrideId,
+        body: &Value,
+    ) -> Result<(), ServiceError> {
+        let (current, _) = self.get_policy(policy).await?;
+        parse_override(body, &current, Some(id), self.clock.now_us())
+            .map(|_| ())
+            .map_err(ServiceError::Invalid)
+    }
+
     /// Deletes the override `id` of `policy`, if `precondition` holds.
     pub async fn delete_override(
         &self,

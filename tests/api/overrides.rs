@@ -24,6 +24,7 @@ crate::on_every_store!(
     deleting_a_policy_deletes_its_overrides,
     replacements_keep_created_at_and_honour_if_match,
     the_caps_are_enforced_by_the_write,
+    a_replacement_that_can_never_hold_answers_bad_input_first,
 );
 
 /// `policy`, a fixed window of 2 per hour, with a tier `pro` of 5 and `max` of 50.
@@ -1018,4 +1019,39 @@ async fn an_override_naming_a_tier_the_policy_dropped_stops_applying_and_says_wh
                       "tiers": {"pro": {"drop": {"limit": 9}}}});
     assert_eq!(app.put("/v1/policies/drop", &with).await.status(), 200);
     assert_eq!(app.acquire("drop", "k", 1).await["limit"], 9);
+}
+
+/// `If-None-Match: *` never holds for a replacement (it never creates); bad input is still
+/// answered as bad input, naming the field, as for a policy, and only a good body gets the 412.
+async fn a_replacement_that_can_never_hold_answers_bad_input_first(backend: Backend) {
+    let app = spawn_app(backend).await;
+    flat(&app, "never").await;
+    let o = create(&app, "never", json!({"match": {"key": "k"}, "tier": "pro"})).await;
+    let path = format!(
+        "/v1/policies/never/overrides/{}",
+        o["id"].as_str().unwrap_or("")
+    );
+    let put = |body: Value| {
+        let app = &app;
+        let url = app.url(&path);
+        async move {
+            app.client
+                .put(url)
+                .header("if-none-match", "*")
+                .json(&body)
+                .send()
+                .await
+                .expect("sent")
+        }
+    };
+    let r = put(json!({"match": {"key": "k"}, "tier": "pro", "colour": "red"})).await;
+    assert_eq!(r.status(), 422);
+    let p: Value = r.json().await.expect("problem");
+    assert_eq!(p["field"], "colour", "{p}");
+    let r = put(json!({"match": {"key": "k"}, "tier": "gold"})).await;
+    assert_eq!(r.status(), 422);
+    let r = put(json!({"match": {"key": "k"}, "tier": "max"})).await;
+    assert_eq!(r.status(), 412);
+    let read: Value = app.get(&path).await.json().await.expect("JSON");
+    assert_eq!(read["tier"], "pro", "nothing written: {read}");
 }

@@ -229,11 +229,19 @@ for path, item in spec.get("paths", {}).items():
 # Required whatever the spec says.
 must_paths = {"/v1/acquire", "/v1/peek", "/v1/report", "/v1/refund", "/v1/reset",
               "/v1/policies", "/v1/policies/{name}",
-              "/v1/leases", "/v1/leases/{id}/renew", "/v1/leases/{id}"}
-must_tags = {"decisions", "policies", "leases", "operations"}
-# The lease operations, each under the lease tag, in the spec and on the page.
+              "/v1/leases", "/v1/leases/{id}/renew", "/v1/leases/{id}",
+              "/v1/policies/{name}/overrides", "/v1/policies/{name}/overrides/{id}",
+              "/v1/policies/{name}/resolve"}
+must_tags = {"decisions", "policies", "leases", "overrides", "operations"}
+# The lease and override operations, each under its tag, in the spec and on the page.
 must_ops = {("leases", "post", "/v1/leases"), ("leases", "post", "/v1/leases/{id}/renew"),
-            ("leases", "delete", "/v1/leases/{id}")}
+            ("leases", "delete", "/v1/leases/{id}"),
+            ("overrides", "get", "/v1/policies/{name}/overrides"),
+            ("overrides", "post", "/v1/policies/{name}/overrides"),
+            ("overrides", "get", "/v1/policies/{name}/overrides/{id}"),
+            ("overrides", "put", "/v1/policies/{name}/overrides/{id}"),
+            ("overrides", "delete", "/v1/policies/{name}/overrides/{id}"),
+            ("overrides", "get", "/v1/policies/{name}/resolve")}
 
 problems = []
 if not dom.ops:
