@@ -19,10 +19,11 @@ call() {
 header() { grep -i "^$1:" "$tmp/h" | head -n1 | sed 's/^[^:]*: *//' | tr -d '\r'; }
 field()  { sed -n "s/.*\"$1\":\([a-z0-9]*\).*/\1/p" "$tmp/b"; }
 
-# 3 tokens, refilled at 1 per second: the fourth request waits about 1 s.
-status=$(call POST /v1/policies "{\"name\":\"$POLICY\",\"algorithm\":\"token_bucket\",\"capacity\":3,\"refill_tokens\":1,\"refill_period_ms\":1000}")
+# 3 tokens, refilled at 1 per 3 seconds: the fourth request waits up to 3 s (slow enough that
+# no token comes back between the first three, however loaded the machine).
+status=$(call POST /v1/policies "{\"name\":\"$POLICY\",\"algorithm\":\"token_bucket\",\"capacity\":3,\"refill_tokens\":1,\"refill_period_ms\":3000}")
 [ "$status" = 201 ] || fail "create policy: expected 201, got $status: $(cat "$tmp/b")"
-echo "created policy $POLICY (token bucket, 3 tokens, 1/s)"
+echo "created policy $POLICY (token bucket, 3 tokens, 1 per 3 s)"
 
 acquire() {
   status=$(call POST /v1/acquire "{\"policy\":\"$POLICY\",\"key\":\"$KEY\",\"cost\":1}")
