@@ -41,6 +41,7 @@ import os
 import signal
 import statistics
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -79,8 +80,11 @@ def start_instance(procs, binary, redis_port, extra=None):
     env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}",
                RATELIMITER__REDIS__URL=f"redis://127.0.0.1:{redis_port}", **(extra or {}))
     env.pop("RATELIMITER_CONFIG", None)
+    log = tempfile.NamedTemporaryFile(prefix="ratelimiter-bench-overrides-", suffix=".log", delete=False)
     started = time.monotonic()
-    child = procs.start([binary], env=env)
+    # Its log kept (warnings only), so that an instance that exits early says why.
+    child = run.subprocess.Popen([binary], env=env, stdout=run.subprocess.DEVNULL, stderr=log)
+    procs.children.append(child)
     base = f"http://127.0.0.1:{port}"
     deadline = started + 120
     while True:
@@ -90,7 +94,10 @@ def start_instance(procs, binary, redis_port, extra=None):
         except OSError:
             pass
         if child.poll() is not None:
-            run.fail(f"the service exited with {child.returncode} before it was ready")
+            log.flush()
+            with open(log.name, errors="replace") as f:
+                tail = f.read()[-2000:]
+            run.fail(f"the service exited with {child.returncode} before it was ready:\n{tail}")
         if time.monotonic() > deadline:
             run.fail("the service was not ready within 120 s")
         time.sleep(0.005)
@@ -204,8 +211,10 @@ def propagation(a, followers, runs, stamp):
     return {"write_on_a": summary(write_ms), **{name: summary(v) for name, v in seen.items()}}
 
 
-def acquire_rounds(base, connections, duration, rounds):
-    """Interleaved wrk runs of the three cells; answers each cell's runs."""
+def acquire_rounds(base, pid, redis_port, connections, duration, rounds):
+    """Interleaved wrk runs of the three cells; answers each cell's runs, each with the CPU time
+    per acquire of the service (`pid`) and of Redis, and Redis's script calls per acquire (how
+    well decisions share a batch)."""
     script = os.path.join(run.BENCH, "wrk_keys.lua")
     cells = {
         "plain": (PLAIN, "k"),
@@ -221,7 +230,10 @@ def acquire_rounds(base, connections, duration, rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
             policy, prefix = cells[name]
-            w = run.wrk(base + "/v1/acquire", connections, duration, script, [policy, prefix, SPREAD])
+            calls = run.script_calls(redis_port)
+            w = run.with_cpu(lambda: run.wrk(base + "/v1/acquire", connections, duration, script,
+                                             [policy, prefix, SPREAD]), pid, redis_port)
+            w["script_calls_per_acquire"] = (run.script_calls(redis_port) - calls) / max(1, w["requests"])
             if w["errors"]:
                 run.fail(f"{name}: {w['errors']} errors or non-2xx answers")
             results[name].append(w)
@@ -343,11 +355,14 @@ def main():
             stop(child)
 
         print("bench: acquires", file=sys.stderr)
-        cells = acquire_rounds(a, opts.connections, opts.duration, opts.rounds)
+        cells = acquire_rounds(a, a_child.pid, with_port, opts.connections, opts.duration, opts.rounds)
         medians = {name: statistics.median(w["rps"] for w in ws) for name, ws in cells.items()}
         result["acquire"] = {
             name: {"rps_median": round(medians[name]), "rps_runs": [round(w["rps"]) for w in ws],
-                   "p99_ms_median": round(statistics.median(w["p99_ms"] for w in ws), 2)}
+                   "p99_ms_median": round(statistics.median(w["p99_ms"] for w in ws), 2),
+                   "service_cpu_us_median": round(statistics.median(w["service_cpu_us"] for w in ws), 1),
+                   "redis_cpu_us_median": round(statistics.median(w["redis_cpu_us"] for w in ws), 1),
+                   "script_calls_per_acquire": round(statistics.median(w["script_calls_per_acquire"] for w in ws), 3)}
             for name, ws in cells.items()
         }
         # Per round too: the two cells of one round share the machine's state of that moment.
@@ -401,13 +416,17 @@ def report(r):
         p = r["propagation"][key]
         print(f"  {label:<40} {p['median_ms']:>7.1f} ms {p['max_ms']:>7.1f} ms")
     print(f"\nacquires/s at {r['settings']['connections']} connections, {r['settings']['rounds']} interleaved rounds "
-          f"of {r['settings']['duration_s']} s     median      p99   ratio (of medians; median per round)")
+          f"of {r['settings']['duration_s']} s")
+    print(f"  {'':<34} {'median':>8} {'p99':>9} {'ratio':>6} {'per round':>9} {'cpu/acq':>8} {'redis':>6} {'calls':>6}")
     for name, label in [("plain", "policy without overrides"), ("ovr_without", "keys without an override"),
                         ("ovr_with", "keys with an override")]:
         a = r["acquire"][name]
         ratio = r["acquire_ratio"].get(name)
-        tail = f"   {ratio['of_medians']:.3f}; {ratio['median_per_round']:.3f}" if ratio else ""
-        print(f"  {label:<58} {a['rps_median']:>7,} {a['p99_ms_median']:>6.2f} ms{tail}")
+        ratios = f"{ratio['of_medians']:>6.3f} {ratio['median_per_round']:>9.3f}" if ratio else f"{'':>6} {'':>9}"
+        print(f"  {label:<34} {a['rps_median']:>8,} {a['p99_ms_median']:>6.2f} ms {ratios} "
+              f"{a['service_cpu_us_median']:>5.1f} µs {a['redis_cpu_us_median']:>4.1f} µs {a['script_calls_per_acquire']:>6.3f}")
+    print("  (ratio: of the medians, and the median of each round's ratio; cpu/acq: the service's CPU time per acquire;"
+          "\n   redis: Redis's; calls: Redis script calls per acquire)")
     if r["lookup_ns"]:
         print("\nindex lookup (criterion, 100,000 exact + 1,000 prefix + 1,000 ranges), ns median")
         for case, ns in r["lookup_ns"].items():
