@@ -134,25 +134,46 @@ def create_policies(base):
 
 def write_overrides(base, matches, threads):
     """POSTs one `limits` override per match over `threads` keep-alive connections; answers the
-    seconds it took."""
+    seconds it took and how many writes were sent again because the store did not answer within
+    its deadline (503, outcome unknown: a 409 for the same match afterwards means the first one
+    took effect)."""
     host, port = base.removeprefix("http://").split(":")
 
     def write(chunk):
         conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        again = 0
         for m in chunk:
             body = json.dumps({"match": m, **OVERRIDE_LIMITS})
-            conn.request("POST", f"/v1/policies/{OVR}/overrides", body, {"Content-Type": "application/json"})
-            r = conn.getresponse()
-            answer = r.read()
-            if r.status != 201:
-                run.fail(f"creating the override of {m}: HTTP {r.status} {answer[:300]!r}")
+            for attempt in range(10):
+                conn.request("POST", f"/v1/policies/{OVR}/overrides", body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                answer = r.read()
+                if r.status == 201 or (r.status == 409 and attempt > 0 and b"override-conflict" in answer):
+                    break
+                if r.status != 503:
+                    run.fail(f"creating the override of {m}: HTTP {r.status} {answer[:300]!r}")
+                again += 1
+                time.sleep(0.05)
+            else:
+                run.fail(f"creating the override of {m}: 503 ten times: {answer[:300]!r}")
         conn.close()
+        return again
 
     started = time.monotonic()
     chunks = [matches[t::threads] for t in range(threads)]
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        list(pool.map(write, chunks))
-    return time.monotonic() - started
+        again = sum(pool.map(write, chunks))
+    return time.monotonic() - started, again
+
+
+def commandstats(port):
+    """Calls of each Redis command so far."""
+    out = {}
+    for line in run.redis_cli(port, "INFO", "commandstats").splitlines():
+        name, _, stats = line.partition(":")
+        if name.startswith("cmdstat_"):
+            out[name.removeprefix("cmdstat_")] = int(stats.split("calls=")[1].split(",")[0])
+    return out
 
 
 def new_instance(procs, binary, redis_port, extra, key, overridden):
@@ -312,9 +333,20 @@ def main():
         matches = ([exact_match(i) for i in range(1, opts.exact + 1)] + [prefix_match(i) for i in range(opts.prefix)]
                    + [cidr_match(i) for i in range(opts.cidr)])
         print(f"bench: writing {len(matches)} overrides", file=sys.stderr)
-        write_s = write_overrides(a, matches, opts.threads)
-        result["writes"] = {"count": len(matches), "seconds": round(write_s, 2),
-                            "per_s": round(len(matches) / write_s)}
+        before, cpu = commandstats(with_port), run.redis_cpu_s(with_port)
+        a_cpu = run.cpu_s(a_child.pid)
+        write_s, again = write_overrides(a, matches, opts.threads)
+        # Let the refreshes the writes' announcements started finish, then count what they cost.
+        time.sleep(2)
+        after = commandstats(with_port)
+        result["writes"] = {
+            "count": len(matches), "seconds": round(write_s, 2), "per_s": round(len(matches) / write_s),
+            "sent_again_after_503": again,
+            "redis_cpu_us_per_write": round((run.redis_cpu_s(with_port) - cpu) * 1e6 / len(matches), 1),
+            "service_cpu_us_per_write": round((run.cpu_s(a_child.pid) - a_cpu) * 1e6 / len(matches), 1),
+            "redis_calls_per_write": {k: round((v - before.get(k, 0)) / len(matches), 3)
+                                      for k, v in sorted(after.items()) if v - before.get(k, 0) >= len(matches) / 100},
+        }
         result["redis_used_memory_mib"] = {
             "with": round(int(redis_info(with_port)["used_memory"]) / 2**20, 1),
             "without": round(int(redis_info(without_port)["used_memory"]) / 2**20, 1),
@@ -401,7 +433,9 @@ def report(r):
           f"load average {r['load_before']['1m']} before, {r['load_after']['1m']} after, on {r['load_before']['cores']} cores")
     w = r["writes"]
     print(f"\nbulk writes      {w['count']:,} in {w['seconds']} s: {w['per_s']:,}/s "
-          f"({r['settings']['threads']} connections, one instance)")
+          f"({r['settings']['threads']} connections, one instance; {w['sent_again_after_503']} sent again after a 503)")
+    print(f"  per write: {w['service_cpu_us_per_write']} µs of the service's CPU, {w['redis_cpu_us_per_write']} µs of "
+          f"Redis's; Redis calls " + ", ".join(f"{k} {v}" for k, v in w["redis_calls_per_write"].items()))
     print(f"redis memory     {r['redis_used_memory_mib']['with']} MiB with, {r['redis_used_memory_mib']['without']} MiB without")
     n = r["new_instance"]
     print("\nnew instance          with overrides   without")
