@@ -261,6 +261,62 @@ def acquire_rounds(base, pid, redis_port, connections, duration, rounds):
     return results
 
 
+def symbol_shares(data):
+    """Each symbol's share (%) of a perf recording's samples, self time."""
+    out = run.subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children", "--sort", "sym"],
+                             capture_output=True, text=True).stdout
+    shares = {}
+    for line in out.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[0].endswith("%"):
+            try:
+                shares[parts[1].strip()] = shares.get(parts[1].strip(), 0.0) + float(parts[0].rstrip("%"))
+            except ValueError:
+                pass
+    return shares
+
+
+def profile_cells(base, pid, redis_port, connections, seconds, path):
+    """perf profiles of the service (`pid`) during a run of each cell, twice in turn; writes to
+    `path` the symbols whose share of the samples differs most between keys with an override and
+    the policy without any, with the keys without an override beside them."""
+    script = os.path.join(run.BENCH, "wrk_keys.lua")
+    cells = [("plain", PLAIN, "k"), ("ovr_with", OVR, "c"), ("ovr_without", OVR, "k")]
+    tmp = tempfile.mkdtemp(prefix="ratelimiter-perf-")
+    shares = {name: [] for name, _, _ in cells}
+    lines = []
+    for rep in range(2):
+        for name, policy, prefix in cells:
+            data = os.path.join(tmp, f"{name}-{rep}.data")
+            recorder = run.subprocess.Popen(["perf", "record", "-F", "999", "-p", str(pid), "-o", data, "--", "sleep",
+                                             str(seconds + 1)], stdout=run.subprocess.DEVNULL,
+                                            stderr=run.subprocess.DEVNULL)
+            time.sleep(0.3)
+            w = run.with_cpu(lambda: run.wrk(base + "/v1/acquire", connections, seconds, script,
+                                             [policy, prefix, SPREAD]), pid, redis_port)
+            recorder.wait()
+            shares[name].append(symbol_shares(data))
+            lines.append(f"# {name} run {rep + 1}: {w['rps']:,.0f} acquires/s, service CPU {w['service_cpu_us']:.1f} µs "
+                         f"per acquire (perf running)")
+
+    def mean(name, symbol):
+        return sum(s.get(symbol, 0.0) for s in shares[name]) / len(shares[name])
+
+    symbols = set().union(*shares["plain"], *shares["ovr_with"])
+    ranked = sorted(symbols, key=lambda sym: mean("plain", sym) - mean("ovr_with", sym))
+    lines.append("# self time, % of the service's samples (mean of 2 runs): keys with an override minus the policy "
+                 "without any; then the plain policy, keys with, keys without an override")
+    for sym in ranked[:25] + ["..."] + ranked[-8:]:
+        if sym == "...":
+            lines.append("...")
+            continue
+        lines.append(f"{mean('ovr_with', sym) - mean('plain', sym):+6.2f} {mean('plain', sym):6.2f} "
+                     f"{mean('ovr_with', sym):6.2f} {mean('ovr_without', sym):6.2f}  {sym[:140]}")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path
+
+
 def criterion_lookups(skip):
     """ns per lookup from `cargo bench --bench overrides` (run unless `skip`, then read from
     target/criterion either way)."""
@@ -296,6 +352,8 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="2,000 exact, 50 prefix, 50 cidr, 1 new instance each, 5 propagations, 2 rounds of 2 s, "
                          "no cargo bench: checks that the table comes out (CI)")
+    ap.add_argument("--profile", action="store_true",
+                    help="perf profiles of the service for each kind of key afterwards (perf_event_paranoid <= 1 or root)")
     ap.add_argument("--no-cargo-bench", action="store_true", help="read the last criterion results, do not run it")
     ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
     ap.add_argument("--out", default=os.path.join(run.BENCH, "results"))
@@ -308,6 +366,8 @@ def main():
         run.fail("--exact is 1 to 100,000, --prefix and --cidr at most 1,000 each")
     for tool, package in [("wrk", "wrk"), ("redis-server", "redis-server"), ("redis-cli", "redis-server")]:
         run.need(tool, package)
+    if opts.profile:
+        run.need("perf", "linux-perf")
     if not opts.no_build:
         run.subprocess.check_call(["cargo", "build", "--release", "--locked", "--quiet"], cwd=run.ROOT)
     target = os.environ.get("CARGO_TARGET_DIR", os.path.join(run.ROOT, "target"))
@@ -406,6 +466,12 @@ def main():
             for name in ("ovr_without", "ovr_with")
         }
         result["writer_rss_after_load_mib"] = round(run.rss_mib(a_child.pid), 1)
+        if opts.profile:
+            print("bench: profiles", file=sys.stderr)
+            os.makedirs(opts.out, exist_ok=True)
+            result["profile"] = os.path.relpath(profile_cells(
+                a, a_child.pid, with_port, opts.connections, opts.duration,
+                os.path.join(opts.out, f"{stamp}-profile-overrides.txt")), run.ROOT)
     finally:
         procs.stop_all()
 
