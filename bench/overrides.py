@@ -38,6 +38,7 @@ import datetime
 import http.client
 import json
 import os
+import random
 import signal
 import statistics
 import sys
@@ -219,8 +220,9 @@ def propagation(a, followers, runs, stamp):
             if time.monotonic() - started > 70:
                 run.fail(f"{key} not in force on {sorted(waiting)} after 70 s")
             time.sleep(0.001)
-        # Away from the previous write's refresh, at a different phase of each log poll.
-        time.sleep(0.1 + (i % 5) * 0.037)
+        # Away from the previous write's refresh, at a random phase of the followers' log polls
+        # (a fixed step would sample a few phases only).
+        time.sleep(random.uniform(0.1, 0.35))
     for c in conns.values():
         c.close()
 
