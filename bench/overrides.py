@@ -55,6 +55,8 @@ POLICY = {"algorithm": "token_bucket", **run.POLICIES["token_bucket"]}
 OVERRIDE_LIMITS = {"limits": {OVR: {"capacity": 900_000_000}}}
 # Subjects: c<i> have an exact override, k<i> have none (neither matches a prefix or a range).
 SPREAD = 100_000
+# The instances' logs, removed at the end (kept only to say why an instance exited early).
+LOGS = []
 
 
 def exact_match(i):
@@ -82,6 +84,7 @@ def start_instance(procs, binary, redis_port, extra=None):
                RATELIMITER__REDIS__URL=f"redis://127.0.0.1:{redis_port}", **(extra or {}))
     env.pop("RATELIMITER_CONFIG", None)
     log = tempfile.NamedTemporaryFile(prefix="ratelimiter-bench-overrides-", suffix=".log", delete=False)
+    LOGS.append(log.name)
     started = time.monotonic()
     # Its log kept (warnings only), so that an instance that exits early says why.
     child = run.subprocess.Popen([binary], env=env, stdout=run.subprocess.DEVNULL, stderr=log)
@@ -476,6 +479,8 @@ def main():
                 os.path.join(opts.out, f"{stamp}-profile-overrides.txt")), run.ROOT)
     finally:
         procs.stop_all()
+        for path in LOGS:
+            os.unlink(path)
 
     result["lookup_ns"] = criterion_lookups(opts.no_cargo_bench)
     result["load_after"] = load_average()
