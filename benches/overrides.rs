@@ -1,6 +1,8 @@
 //! The cost of finding the override that applies to a key, on a policy with 100,000 exact keys,
 //! 1,000 prefixes and 1,000 address ranges (the scale issue 24 sets): an exact hit, a prefix hit,
-//! a range hit, and misses, beside the same lookups on a policy with no overrides.
+//! a range hit, and misses, beside the same lookups on a policy with no overrides; and an exact
+//! hit and a miss over every subject in turn, as decisions meet them (the index out of the CPU's
+//! cache).
 //!
 //!     cargo bench --bench overrides
 
@@ -49,6 +51,18 @@ fn full() -> OverrideIndex<u32> {
     OverrideIndex::new(matches.into_iter().zip(0..)).expect("no conflicts")
 }
 
+/// The 100,000 subjects `<of_key><i>` in a scrambled order (a multiplicative step modulo
+/// 100,000), concatenated, with where each ends.
+fn spread_keys(of_key: &str) -> (String, Vec<usize>) {
+    let mut text = String::new();
+    let mut ends = Vec::with_capacity(100_000);
+    for n in 0..100_000u64 {
+        text.push_str(&format!("{of_key}{}", (n * 7_919) % 100_000));
+        ends.push(text.len());
+    }
+    (text, ends)
+}
+
 fn lookups(c: &mut Criterion) {
     let full = full();
     let counts = full.counts();
@@ -74,6 +88,25 @@ fn lookups(c: &mut Criterion) {
     for (name, key, _) in cases {
         group.bench_function(format!("{name}_no_overrides"), |b| {
             b.iter(|| empty.find(black_box(key)).is_some())
+        });
+    }
+    // A decision's key is a different subject each time: the cases above repeat one key, whose
+    // part of the index stays in the CPU's cache, so they show the work and not the memory
+    // reads. These draw the key from every subject in a scrambled order (laid out in one buffer,
+    // read in order, so that reading the key itself costs what a request's parsed key does).
+    for (name, of_key) in [
+        ("exact_hit_spread", "customer-"),
+        ("miss_key_spread", "visitor-"),
+    ] {
+        let (text, ends) = spread_keys(of_key);
+        let mut at = 0;
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                let start = if at == 0 { 0 } else { ends[at - 1] };
+                let key = &text[start..ends[at]];
+                at = (at + 1) % ends.len();
+                full.find(black_box(key)).is_some()
+            })
         });
     }
     group.finish();
