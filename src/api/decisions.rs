@@ -3,6 +3,8 @@
 //! /v1/reset`. A concurrency policy is refused with 422 naming `policy` (its endpoints are in
 //! `leases`), except by reset, which ends the subject's leases.
 
+use std::sync::Arc;
+
 use actix_web::http::header;
 use actix_web::{post, web, HttpResponse};
 use serde::{Deserialize, Serialize};
@@ -18,6 +20,7 @@ use super::schema;
 use crate::fields;
 use crate::limiter::{Op, MAX_UNITS};
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, Rate, ValidationError};
+use crate::service::cache::Applied;
 use crate::service::ticket::MAX_TICKET_BYTES;
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, Ticket};
 
@@ -187,15 +190,38 @@ pub struct AcquireResponse {
     pub would_allow: Option<bool>,
     /// The override that applied to the subject, if one did (also in `Ratelimit-Override`):
     /// the answer's limits are those it set. `GET /v1/policies/{name}/resolve?key=` explains it.
-    #[serde(rename = "override", skip_serializing_if = "Option::is_none")]
-    pub applied: Option<AppliedOverride>,
+    #[serde(
+        rename = "override",
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "applied_override"
+    )]
+    #[schema(value_type = Option<AppliedOverride>)]
+    pub applied: Option<Arc<Applied>>,
     /// The tier the subject was decided with, when an override gave it one.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(null))]
     pub tier: Option<String>,
 }
 
-/// The override that applied to a decision.
+/// The override that applied, as `{"id", "match"}`, written straight from it.
+fn applied_override<S: serde::Serializer>(
+    applied: &Option<Arc<Applied>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    match applied {
+        Some(a) => {
+            let mut map = s.serialize_map(Some(2))?;
+            map.serialize_entry("id", a.over.id.as_str())?;
+            map.serialize_entry("match", &a.over.matches)?;
+            map.end()
+        }
+        None => s.serialize_none(),
+    }
+}
+
+/// The override that applied to a decision (its schema: the answer writes it from the override).
+#[allow(dead_code)]
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({"id": "3f9b1e2d4a6870c1", "match": {"key": "acme-corp"}}))]
 pub struct AppliedOverride {
@@ -634,11 +660,8 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             refunded: (a.op == Op::Refund).then(|| a.refunded()),
             shadow: a.shadow.then_some(true),
             would_allow: a.shadow.then_some(verdict.allowed),
-            applied: a.applied.as_deref().map(|o| AppliedOverride {
-                id: o.over.id.to_string(),
-                matches: serde_json::to_value(&o.over.matches).unwrap_or_default(),
-            }),
             tier: a.tier().map(str::to_owned),
+            applied: a.applied,
         },
     )
 }

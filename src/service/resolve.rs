@@ -77,7 +77,7 @@ impl Resolved {
             Effect::Block => false,
             Effect::Limits { .. } | Effect::Stale(_) => return None,
         };
-        let wait = match (allowed, applied.over.expires_at_us) {
+        let wait = match (allowed, applied.expires_at_us) {
             (false, Some(e)) => e.saturating_sub(now_us),
             _ => 0,
         };
@@ -193,7 +193,7 @@ impl RateLimiter {
         let given = given_limits(&policy, applied.as_deref(), asked);
         // A denial under the request's own limit is that request's: another may give another.
         let denial_version = match applied.as_deref() {
-            Some(a) if a.over.expires_at_us.is_some() => None,
+            Some(a) if a.expires_at_us.is_some() => None,
             _ if given.is_some() => None,
             _ => Some(etag.version.max(overrides_changed)),
         };

@@ -26,6 +26,8 @@ pub enum Effect {
 #[derive(Debug, Clone)]
 pub struct Applied {
     pub over: Arc<Override>,
+    /// The override's expiry, copied here for the decision that reads it.
+    pub expires_at_us: Option<u64>,
     /// The version of its last write.
     pub version: u64,
     pub effect: Effect,
@@ -56,6 +58,7 @@ impl Applied {
             (Some(_), Sets::Block) => Effect::Block,
         };
         Self {
+            expires_at_us: over.expires_at_us,
             over,
             version,
             effect,
@@ -69,13 +72,33 @@ impl Applied {
     }
 }
 
+/// An indexed override: when it stops applying, beside the override itself, so that the
+/// lookup of a decision reads its liveness from the index's own memory instead of following two
+/// pointers to the override's document (at 100,000 subjects, each a likely cache miss).
+#[derive(Debug, Clone)]
+struct Indexed {
+    /// It applies before this time (µs): its expiry, `u64::MAX` without one, 0 when stale.
+    until_us: u64,
+    applied: Arc<Applied>,
+}
+
+impl Indexed {
+    fn of(applied: Arc<Applied>) -> Self {
+        let until_us = match applied.effect {
+            Effect::Stale(_) => 0,
+            _ => applied.over.expires_at_us.unwrap_or(u64::MAX),
+        };
+        Self { until_us, applied }
+    }
+}
+
 /// One policy's overrides.
 #[derive(Debug, Default)]
 pub struct PolicyOverrides {
     /// By id, in order (what a list pages through): the override (`None`: deleted, a
     /// tombstone) and the version of its last change.
     entries: BTreeMap<OverrideId, (Option<Arc<Override>>, u64)>,
-    index: OverrideIndex<Arc<Applied>>,
+    index: OverrideIndex<Indexed>,
     /// Whether an override was ever indexed over another of the same match (this instance's own
     /// write applied before the deletion it followed): only then can a removal uncover another
     /// to index, which takes a scan.
@@ -137,22 +160,26 @@ impl PolicyOverrides {
     fn index_one(&mut self, applied: Arc<Applied>) {
         let m = applied.over.matches.clone();
         if let Some(there) = self.index.get(&m) {
-            if there.over.id != applied.over.id {
+            if there.applied.over.id != applied.over.id {
                 self.shadowed = true;
             }
-            if there.version > applied.version {
+            if there.applied.version > applied.version {
                 return;
             }
             self.index.remove(&m);
         }
-        let _ = self.index.insert(m, applied);
+        let _ = self.index.insert(m, Indexed::of(applied));
     }
 
     /// Takes `old` out of the index if it is the one indexed for its match, and indexes the
     /// newest other live override of that match, if any.
     fn unindex(&mut self, old: &Override, policy: Option<&Policy>) {
         let m: &Match = &old.matches;
-        if self.index.get(m).is_none_or(|a| a.over.id != old.id) {
+        if self
+            .index
+            .get(m)
+            .is_none_or(|a| a.applied.over.id != old.id)
+        {
             return;
         }
         self.index.remove(m);
@@ -176,8 +203,8 @@ impl PolicyOverrides {
     /// The override applying to `key` at `now_us`.
     pub fn find(&self, key: &str, now_us: u64) -> Option<&Arc<Applied>> {
         self.index
-            .find_where(key, |a| a.applies(now_us))
-            .map(|(_, a)| a)
+            .find_where(key, |a| now_us < a.until_us)
+            .map(|(_, a)| &a.applied)
     }
 
     /// Every override matching `key`, in order of precedence (the one that applies, if live,
@@ -186,7 +213,7 @@ impl PolicyOverrides {
         self.index
             .candidates(key)
             .into_iter()
-            .map(|(_, a)| a.clone())
+            .map(|(_, a)| a.applied.clone())
             .collect()
     }
 
