@@ -48,6 +48,9 @@ pub struct Found {
     /// The version of the newest change to the policy's overrides (0: none), which the denial
     /// cache keys the policy's subjects by beside the policy's own.
     pub overrides_changed: u64,
+    /// The override of the subject, when it was looked up with the policy under the same lock
+    /// ([`PolicyCache::get_for`]): `Some(None)` when none applies; `None` when not looked up.
+    pub(super) applied: Option<Option<Arc<Applied>>>,
 }
 
 #[derive(Debug, Default)]
@@ -249,6 +252,7 @@ impl PolicyCache {
             },
             counters: entry.counters.clone(),
             overrides_changed: entry.override_epoch,
+            applied: None,
         })
     }
 
@@ -288,6 +292,7 @@ impl PolicyCache {
             },
             counters: entry.counters.clone(),
             overrides_changed: changed,
+            applied: None,
         })
     }
 
@@ -376,35 +381,28 @@ impl PolicyCache {
         inner.apply_override(policy, id.as_str(), etag.version, over);
     }
 
-    /// The policy and the override that applies to its subject `key` at `now_us`, if any: one
-    /// lookup under one lock, as [`PolicyCache::get`].
-    pub fn get_for(
-        &self,
-        name: &str,
-        key: &str,
-        now_us: u64,
-    ) -> Option<(Found, Option<Arc<Applied>>)> {
+    /// The policy and the override that applies to its subject `key` at `now_us`, if any
+    /// ([`Found::applied`]): under one lock, as [`PolicyCache::get`] (a second lock per decision
+    /// is a second write to the lock's shared counter, which the cores then pass between them).
+    pub fn get_for(&self, name: &str, key: &str, now_us: u64) -> Option<Found> {
         let inner = self.read();
         let entry = inner.entries.get(name)?;
         let policy = entry.policy.clone()?;
         let generation = inner.generation.clone()?;
-        let applied = inner
-            .overrides
-            .get(name)
-            .and_then(|set| set.find(key, now_us).cloned());
-        let changed = entry.override_epoch;
-        Some((
-            Found {
-                policy,
-                etag: Etag {
-                    generation,
-                    version: entry.version,
-                },
-                counters: entry.counters.clone(),
-                overrides_changed: changed,
+        // A policy that never had overrides costs no second lookup.
+        let applied = (entry.override_epoch > 0)
+            .then(|| inner.overrides.get(name)?.find(key, now_us).cloned())
+            .flatten();
+        Some(Found {
+            policy,
+            etag: Etag {
+                generation,
+                version: entry.version,
             },
-            applied,
-        ))
+            counters: entry.counters.clone(),
+            overrides_changed: entry.override_epoch,
+            applied: Some(applied),
+        })
     }
 
     /// The override of the policy named `name` that applies to its subject `key` at `now_us`.

@@ -141,6 +141,15 @@ impl RateLimiter {
             .ok_or_else(|| ServiceError::UnknownPolicy(name.to_owned()))
     }
 
+    /// The policy from the cache with the override of its subject `key` looked up with it
+    /// ([`super::cache::PolicyCache::get_for`]); on a miss, as [`RateLimiter::policy`].
+    pub(super) async fn policy_for(&self, name: &str, key: &str) -> Result<Found, ServiceError> {
+        if let Some(hit) = self.cache.get_for(name, key, self.clock.now_us()) {
+            return Ok(hit);
+        }
+        self.policy(name).await
+    }
+
     /// Brings the cache up to date with the store.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         self.refresh_unless_started_after(None).await

@@ -158,7 +158,7 @@ impl RateLimiter {
         key: &LimitKey,
         ask: Ask<&str>,
     ) -> Result<Resolved, ServiceError> {
-        let found = self.policy(name).await?;
+        let found = self.policy_for(name, key.as_str()).await?;
         self.resolve_with(found, key, ask, None).await
     }
 
@@ -176,6 +176,7 @@ impl RateLimiter {
             etag,
             counters,
             overrides_changed,
+            applied,
         } = found;
         let rate = match &policy.kind {
             Kind::Rate(rate) => rate,
@@ -183,13 +184,16 @@ impl RateLimiter {
                 return Err(ServiceError::ConcurrencyPolicy(policy.name.to_string()))
             }
         };
-        // A policy without overrides costs nothing more: no lookup.
-        let applied = (overrides_changed > 0)
-            .then(|| {
-                self.cache
-                    .override_for(policy.name.as_str(), key.as_str(), self.clock.now_us())
-            })
-            .flatten();
+        // Looked up with the policy, or now; a policy without overrides costs no lookup.
+        let applied = match applied {
+            Some(applied) => applied,
+            None => (overrides_changed > 0)
+                .then(|| {
+                    self.cache
+                        .override_for(policy.name.as_str(), key.as_str(), self.clock.now_us())
+                })
+                .flatten(),
+        };
         let given = given_limits(&policy, applied.as_deref(), asked);
         // A denial under the request's own limit is that request's: another may give another.
         let denial_version = match applied.as_deref() {
