@@ -201,7 +201,6 @@ fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     policy_object(title, name_is)
         .property("descriptor", descriptor())
         .property("tiers", tiers())
-        .property("request_limits", request_limits())
 }
 
 /// `request_limits`: whether an Envoy descriptor's own `limit` is honoured, and the most it may
@@ -362,7 +361,9 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
     for a in Algorithm::ALL {
         one_of = one_of.item(limit_object(
             a,
-            rate_policy_object(format!("{} policy", a.as_str()), name_is),
+            // `request_limits` only in the flat form: a policy of one limit.
+            rate_policy_object(format!("{} policy", a.as_str()), name_is)
+                .property("request_limits", request_limits()),
         ));
     }
     one_of = one_of.item(
