@@ -203,9 +203,15 @@ fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
         .property("tiers", tiers())
 }
 
-/// `request_limits`: whether an Envoy descriptor's own `limit` is honoured, and the most it may
-/// give.
-fn request_limits() -> ObjectBuilder {
+/// `request_limits` of a policy of one limit of `algorithm`: whether an Envoy descriptor's own
+/// `limit` is honoured, and the most it may give (within the bounds of the algorithm's quota
+/// field).
+fn request_limits(algorithm: Algorithm) -> ObjectBuilder {
+    let quota = algorithm
+        .fields()
+        .iter()
+        .find(|f| f.name == algorithm.quota_field())
+        .map_or(MAX_UNITS, |f| f.max);
     let units: Vec<Value> = Unit::ALL.iter().map(|u| Value::from(u.as_str())).collect();
     ObjectBuilder::new()
         .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
@@ -226,7 +232,7 @@ fn request_limits() -> ObjectBuilder {
             ObjectBuilder::new()
                 .schema_type(SchemaType::new(Type::Integer))
                 .minimum(Some(1))
-                .maximum(Some(MAX_UNITS))
+                .maximum(Some(quota))
                 .description(Some(
                     "The most requests per `unit` a request may give; within the bounds of the \
                      limit's quota field (10000 for `sliding_window_log`)",
@@ -363,7 +369,7 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
             a,
             // `request_limits` only in the flat form: a policy of one limit.
             rate_policy_object(format!("{} policy", a.as_str()), name_is)
-                .property("request_limits", request_limits()),
+                .property("request_limits", request_limits(a)),
         ));
     }
     one_of = one_of.item(
