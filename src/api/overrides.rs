@@ -191,7 +191,7 @@ pub async fn create(
     Ok(HttpResponse::Created()
         .insert_header((header::LOCATION, location(&name, &o.id)))
         .insert_header((header::ETAG, etag_header(&etag)))
-        .json(doc(&o)))
+        .json(o.to_doc()))
 }
 
 /// Get an override.
@@ -217,7 +217,7 @@ pub async fn read(
     let (o, etag) = limiter.get_override(&name, &id).await?;
     Ok(HttpResponse::Ok()
         .insert_header((header::ETAG, etag_header(&etag)))
-        .json(doc(&o)))
+        .json(o.to_doc()))
 }
 
 /// Replace an override.
@@ -265,7 +265,7 @@ pub async fn replace(
         .await?;
     Ok(HttpResponse::Ok()
         .insert_header((header::ETAG, etag_header(&etag)))
-        .json(doc(&o)))
+        .json(o.to_doc()))
 }
 
 /// Delete an override.

@@ -859,7 +859,7 @@ async fn an_override_on_one_instance_ends_a_cached_denial_on_another(a: TestApp,
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // And the expiry of nothing: deleting it is announced as well.
+    // Deleting it is announced as well: the subject is back at the policy's limit at once.
     let list: Value = a
         .get("/v1/policies/shared/overrides")
         .await

@@ -68,7 +68,15 @@ impl Applied {
 
     /// Whether it applies at `now_us`: live, and not stale.
     pub fn applies(&self, now_us: u64) -> bool {
-        self.over.is_live(now_us) && !matches!(self.effect, Effect::Stale(_))
+        now_us < self.until_us()
+    }
+
+    /// It applies before this time (µs): its expiry, `u64::MAX` without one, 0 when stale.
+    fn until_us(&self) -> u64 {
+        match self.effect {
+            Effect::Stale(_) => 0,
+            _ => self.expires_at_us.unwrap_or(u64::MAX),
+        }
     }
 }
 
@@ -77,18 +85,17 @@ impl Applied {
 /// pointers to the override's document (at 100,000 subjects, each a likely cache miss).
 #[derive(Debug, Clone)]
 struct Indexed {
-    /// It applies before this time (µs): its expiry, `u64::MAX` without one, 0 when stale.
+    /// [`Applied::until_us`], copied.
     until_us: u64,
     applied: Arc<Applied>,
 }
 
 impl Indexed {
     fn of(applied: Arc<Applied>) -> Self {
-        let until_us = match applied.effect {
-            Effect::Stale(_) => 0,
-            _ => applied.over.expires_at_us.unwrap_or(u64::MAX),
-        };
-        Self { until_us, applied }
+        Self {
+            until_us: applied.until_us(),
+            applied,
+        }
     }
 }
 
