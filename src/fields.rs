@@ -88,9 +88,9 @@ pub fn override_field(out: &mut impl Sink, a: &Acquired) {
         return;
     };
     out.text("id=");
-    out.text(applied.over.id.as_str());
+    out.text(applied.id.as_str());
     out.text(";match=");
-    out.text(applied.over.matches.kind().as_str());
+    out.text(applied.kind.as_str());
     if let Some(tier) = a.tier() {
         out.text(";tier=");
         out.text(tier);

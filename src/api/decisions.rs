@@ -19,6 +19,7 @@ use super::reply::{
 use super::schema;
 use crate::fields;
 use crate::limiter::{Op, MAX_UNITS};
+use crate::policy::overrides::MatchKind;
 use crate::policy::{input::parse_cost, LimitKey, PolicyName, Rate, ValidationError};
 use crate::service::cache::Applied;
 use crate::service::ticket::MAX_TICKET_BYTES;
@@ -196,24 +197,51 @@ pub struct AcquireResponse {
         serialize_with = "applied_override"
     )]
     #[schema(value_type = Option<AppliedOverride>)]
-    pub applied: Option<Arc<Applied>>,
+    pub applied: Option<AppliedAnswer>,
     /// The tier the subject was decided with, when an override gave it one.
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(example = json!(null))]
     pub tier: Option<String>,
 }
 
+/// The override that applied, and the subject's key when the override's match is that key.
+#[derive(Debug)]
+pub struct AppliedAnswer {
+    applied: Arc<Applied>,
+    /// An exact match's text is the key itself: written from the request's copy, which the
+    /// decision has just read, rather than from the override's own memory.
+    exact: Option<String>,
+}
+
+impl AppliedAnswer {
+    fn new(applied: Arc<Applied>, key: &LimitKey) -> Self {
+        let exact = (applied.kind == MatchKind::Exact).then(|| key.as_str().to_owned());
+        Self { applied, exact }
+    }
+}
+
 /// The override that applied, as `{"id", "match"}`, written straight from it.
 fn applied_override<S: serde::Serializer>(
-    applied: &Option<Arc<Applied>>,
+    applied: &Option<AppliedAnswer>,
     s: S,
 ) -> Result<S::Ok, S::Error> {
     use serde::ser::SerializeMap;
+    struct Exact<'a>(&'a str);
+    impl serde::Serialize for Exact<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            let mut map = s.serialize_map(Some(1))?;
+            map.serialize_entry("key", self.0)?;
+            map.end()
+        }
+    }
     match applied {
         Some(a) => {
             let mut map = s.serialize_map(Some(2))?;
-            map.serialize_entry("id", a.over.id.as_str())?;
-            map.serialize_entry("match", &a.over.matches)?;
+            map.serialize_entry("id", a.applied.id.as_str())?;
+            match &a.exact {
+                Some(key) => map.serialize_entry("match", &Exact(key))?,
+                None => map.serialize_entry("match", &a.applied.over.matches)?,
+            }
             map.end()
         }
         None => s.serialize_none(),
@@ -647,7 +675,6 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
         &AcquireResponse {
             allowed,
             policy: name.to_owned(),
-            key: key.into_string(),
             limit,
             remaining: d.remaining,
             reset_after_ms: d.reset_after_us.div_ceil(1_000),
@@ -661,7 +688,8 @@ fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
             shadow: a.shadow.then_some(true),
             would_allow: a.shadow.then_some(verdict.allowed),
             tier: a.tier().map(str::to_owned),
-            applied: a.applied,
+            applied: a.applied.map(|applied| AppliedAnswer::new(applied, &key)),
+            key: key.into_string(),
         },
     )
 }

@@ -348,8 +348,8 @@ fn answer(r: &Resolution, key: &LimitKey) -> ResolveAnswer {
     let applied = r.applied.as_deref();
     let (decided_by, tier) = match applied.map(|a| &a.effect) {
         None | Some(Effect::Stale(_)) => ("policy", None),
-        Some(Effect::Limits { tier: Some(t), .. }) => ("tier", Some(t.to_string())),
-        Some(Effect::Limits { tier: None, .. }) => ("limits", None),
+        Some(Effect::Tier { name, .. }) => ("tier", Some(name.to_string())),
+        Some(Effect::Limits(_)) => ("limits", None),
         Some(Effect::Unlimited) => ("unlimited", None),
         Some(Effect::Block) => ("block", None),
     };

@@ -147,6 +147,10 @@ pub struct Policy {
 /// The kinds of policy. Acquires, peeks, reports, refunds and resets of state are for rate
 /// policies, leases for concurrency policies: a new kind is a compile error wherever that is
 /// decided.
+// A rate policy holds its first limit inline ([`Limits`]); a policy lives in an `Arc`, built
+// once per change, so the size of the smaller kind costs nothing, and a box would cost every
+// decision a pointer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// Rate limits, decided together.

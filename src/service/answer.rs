@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use super::cache::{Applied, Effect};
+use super::cache::Applied;
 use super::Ticket;
 use crate::limiter::{Op, Verdict};
-use crate::policy::{Limit, Limits, Policy, Rate};
+use crate::policy::{Limit, Limits, Policy, PolicyName, Rate};
 use crate::store::Etag;
 
 /// Who decided an acquire: the answer's `decided_by`. [`DecidedBy::Redis`] and
@@ -81,8 +81,10 @@ impl Acquired {
     /// The limits the subject was decided with, in policy order: an override's, the request's,
     /// or the policy's.
     pub fn limits(&self) -> &[Limit] {
-        match (self.applied.as_deref().map(|a| &a.effect), &self.given) {
-            (Some(Effect::Limits { limits, .. }), _) => limits.limits(),
+        if let Some(limits) = self.applied.as_deref().and_then(|a| a.effect.limits()) {
+            return limits.limits();
+        }
+        match (&self.applied, &self.given) {
             (None, Some(given)) => given.limits(),
             _ => self.policy.rate().map_or(&[], Rate::limits),
         }
@@ -90,10 +92,10 @@ impl Acquired {
 
     /// The tier the subject was decided with, if an override gave it one.
     pub fn tier(&self) -> Option<&str> {
-        match self.applied.as_deref().map(|a| &a.effect) {
-            Some(Effect::Limits { tier: Some(t), .. }) => Some(t.as_str()),
-            _ => None,
-        }
+        self.applied
+            .as_deref()
+            .and_then(|a| a.effect.tier())
+            .map(PolicyName::as_str)
     }
 
     /// Whether the answer allows: the verdict, or always in shadow mode.

@@ -121,7 +121,7 @@ impl Inner {
             e.override_epoch = epoch;
         }
         let set = self.overrides.entry(Arc::from(policy)).or_default();
-        if set.apply(id.clone(), version, over, live.as_deref()) && deleted {
+        if set.apply(id, version, over, live.as_deref()) && deleted {
             if version > self.applied {
                 let member = crate::store::overrides::member(policy, id.as_str());
                 self.tombstones.insert(Arc::from(member), version);
@@ -656,10 +656,7 @@ mod tests {
     /// The quota the override of `key` gives, if one applies.
     fn quota_for(cache: &PolicyCache, key: &str) -> Option<u64> {
         let a = cache.override_for("p", key, 0)?;
-        match &a.effect {
-            Effect::Limits { limits, .. } => Some(limits.params()[0].quota()),
-            _ => None,
-        }
+        a.effect.limits().map(|limits| limits.params()[0].quota())
     }
 
     #[test]

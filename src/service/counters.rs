@@ -62,10 +62,10 @@ impl DecisionCounters {
         let (source, effect) = match applied {
             None => (0, 0),
             Some(a) => (
-                1 + a.over.matches.kind() as usize,
+                1 + a.kind as usize,
                 match &a.effect {
-                    Effect::Limits { tier: Some(_), .. } => 1,
-                    Effect::Limits { tier: None, .. } | Effect::Stale(_) => 2,
+                    Effect::Tier { .. } => 1,
+                    Effect::Limits(_) | Effect::Stale(_) => 2,
                     Effect::Unlimited => 3,
                     Effect::Block => 4,
                 },

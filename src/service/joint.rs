@@ -193,7 +193,8 @@ impl RateLimiter {
             })
             .flatten();
         match applied.as_deref().map(|a| &a.effect) {
-            Some(Effect::Limits { limits, .. }) => limits.tightest().params.quota(),
+            Some(Effect::Tier { limits, .. }) => limits.tightest().params.quota(),
+            Some(Effect::Limits(limits)) => limits.tightest().params.quota(),
             Some(Effect::Unlimited | Effect::Block) => u64::MAX,
             _ => match given_limits(&found.policy, applied.as_deref(), s.limit) {
                 Some(given) => given.tightest().params.quota(),

@@ -143,7 +143,7 @@ impl RateLimiter {
                             .await?
                             .map_or(now, |(o, _)| o.created_at_us),
                     };
-                    Some(written.into_override(id.clone(), created))
+                    Some(written.into_override(*id, created))
                 }
             };
             let answer = self
@@ -345,7 +345,8 @@ impl RateLimiter {
         });
         let applied = candidates.iter().find(|a| a.applies(now)).cloned();
         let limits = match applied.as_deref().map(|a| &a.effect) {
-            Some(Effect::Limits { limits, .. }) => Some(limits.clone()),
+            Some(Effect::Tier { limits, .. }) => Some(limits.clone()),
+            Some(Effect::Limits(limits)) => Some(Arc::new(limits.clone())),
             Some(Effect::Unlimited | Effect::Block) => None,
             _ => found.policy.rate().map(|r| Arc::new(r.own().clone())),
         };

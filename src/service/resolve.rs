@@ -75,7 +75,7 @@ impl Resolved {
         let allowed = match applied.effect {
             Effect::Unlimited => true,
             Effect::Block => false,
-            Effect::Limits { .. } | Effect::Stale(_) => return None,
+            Effect::Tier { .. } | Effect::Limits(_) | Effect::Stale(_) => return None,
         };
         let wait = match (allowed, applied.expires_at_us) {
             (false, Some(e)) => e.saturating_sub(now_us),
@@ -119,8 +119,10 @@ fn limits_of<'a>(
     given: Option<&'a Limits>,
 ) -> &'a Limits {
     static NONE: std::sync::OnceLock<Limits> = std::sync::OnceLock::new();
-    match (applied.map(|a| &a.effect), given) {
-        (Some(Effect::Limits { limits, .. }), _) => limits,
+    if let Some(limits) = applied.and_then(|a| a.effect.limits()) {
+        return limits;
+    }
+    match (applied, given) {
         (None, Some(given)) => given,
         _ => policy
             .rate()

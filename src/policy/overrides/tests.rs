@@ -122,6 +122,35 @@ fn an_exact_key_beats_every_pattern() {
 }
 
 #[test]
+fn exact_keys_are_found_whether_held_inline_or_not() {
+    // Around the length the table holds inline, and keys whose last byte is inside a character.
+    let keys: Vec<String> = [1, 21, 22, 23, 64, MAX_KEY_BYTES]
+        .iter()
+        .map(|n| "k".repeat(*n))
+        .chain([
+            "é".repeat(11),
+            format!("a{}", "é".repeat(11)),
+            "€".repeat(8),
+        ])
+        .collect();
+    let i = index(&keys.iter().map(|k| json!({ "key": k })).collect::<Vec<_>>());
+    for (at, k) in keys.iter().enumerate() {
+        assert_eq!(found(&i, k), Some(at), "{k}");
+        assert_eq!(i.find_where(k, |_| true), Some(&at), "{k}");
+        assert_eq!(
+            i.get(&Match::Key(LimitKey::parse(k.clone()).unwrap())),
+            Some(&at),
+            "{k}"
+        );
+        let shorter = &k[..k.char_indices().last().map_or(0, |(i, _)| i)];
+        if !keys.iter().any(|other| other == shorter) {
+            assert_eq!(found(&i, shorter), None, "{shorter:?} is no key");
+        }
+        assert_eq!(found(&i, &format!("{k}x")), None);
+    }
+}
+
+#[test]
 fn the_longest_prefix_wins() {
     let i = index(&[
         json!({"prefix": "acme-"}),
@@ -399,7 +428,7 @@ proptest! {
                 .into_iter()
                 .filter(|i| !removed[*i] && !dead[*i])
                 .collect();
-            let got = index.find_where(key, |v| !dead[*v]).map(|(_, v)| *v);
+            let got = index.find_where(key, |v| !dead[*v]).copied();
             prop_assert_eq!(got, expected.first().copied(), "{:?}", key);
             let all = naive(&matches, key);
             prop_assert_eq!(reinserted.find(key).map(|(_, v)| *v), all.first().copied(), "{:?}", key);

@@ -5,34 +5,61 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::policy::overrides::{Match, Override, OverrideId, OverrideIndex, Sets};
+use crate::policy::overrides::{Match, MatchKind, Override, OverrideId, OverrideIndex, Sets};
 use crate::policy::{Limits, Policy, PolicyName};
 
 /// What an override does to the subjects it matches, against the policy as it is now.
 #[derive(Debug, Clone)]
 pub enum Effect {
-    /// Decided with these limits: a tier's (named), or the override's own `limits`.
-    Limits {
-        tier: Option<PolicyName>,
+    /// Decided with the limits of this tier of the policy (shared by every subject given it).
+    Tier {
+        name: PolicyName,
         limits: Arc<Limits>,
     },
+    /// Decided with the override's own `limits` applied to the policy's, held in the override's
+    /// own memory: every decision of its subject reads them.
+    Limits(Limits),
     Unlimited,
     Block,
     /// It no longer applies: the policy lost the tier it names (or is no longer a rate policy).
     Stale(String),
 }
 
-/// An override compiled against its policy.
+impl Effect {
+    /// The limits it decides with: a tier's or its own (`None` for the others).
+    pub fn limits(&self) -> Option<&Limits> {
+        match self {
+            Effect::Tier { limits, .. } => Some(limits),
+            Effect::Limits(limits) => Some(limits),
+            Effect::Unlimited | Effect::Block | Effect::Stale(_) => None,
+        }
+    }
+
+    /// The tier it gives, if it gives one.
+    pub fn tier(&self) -> Option<&PolicyName> {
+        match self {
+            Effect::Tier { name, .. } => Some(name),
+            _ => None,
+        }
+    }
+}
+
+/// An override compiled against its policy. What a decision reads of it (its id, the kind of
+/// its match, its expiry, the limits) is copied into this one block, so that answering a subject
+/// that has an override follows no pointer beyond it (at 100,000 overrides, each a likely cache
+/// miss); the override itself is for what explains it (`resolve`, the list).
 #[derive(Debug, Clone)]
 pub struct Applied {
-    pub over: Arc<Override>,
-    /// The override's expiry, copied here for the decision that reads it.
+    pub id: OverrideId,
+    pub kind: MatchKind,
+    /// The override's expiry.
     pub expires_at_us: Option<u64>,
     /// The version of its last write.
     pub version: u64,
     pub effect: Effect,
     /// What of its `limits` the policy no longer has (passed over).
     pub passed_over: Vec<String>,
+    pub over: Arc<Override>,
 }
 
 impl Applied {
@@ -41,28 +68,27 @@ impl Applied {
         let effect = match (policy.rate(), &over.sets) {
             (None, _) => Effect::Stale("the policy is not a rate policy".into()),
             (Some(rate), Sets::Tier(t)) => match rate.tiers().get(t.as_str()) {
-                Some(tier) => Effect::Limits {
-                    tier: Some(t.clone()),
+                Some(tier) => Effect::Tier {
+                    name: t.clone(),
                     limits: tier.limits.clone(),
                 },
                 None => Effect::Stale(format!("the policy has no tier `{t}` any more")),
             },
             (Some(rate), Sets::Limits(changes)) => {
                 passed_over = changes.stale(rate.limits());
-                Effect::Limits {
-                    tier: None,
-                    limits: Arc::new(changes.apply(rate.limits())),
-                }
+                Effect::Limits(changes.apply(rate.limits()))
             }
             (Some(_), Sets::Unlimited) => Effect::Unlimited,
             (Some(_), Sets::Block) => Effect::Block,
         };
         Self {
+            id: over.id,
+            kind: over.matches.kind(),
             expires_at_us: over.expires_at_us,
-            over,
             version,
             effect,
             passed_over,
+            over,
         }
     }
 
@@ -211,7 +237,7 @@ impl PolicyOverrides {
     pub fn find(&self, key: &str, now_us: u64) -> Option<&Arc<Applied>> {
         self.index
             .find_where(key, |a| now_us < a.until_us)
-            .map(|(_, a)| &a.applied)
+            .map(|a| &a.applied)
     }
 
     /// Every override matching `key`, in order of precedence (the one that applies, if live,

@@ -271,7 +271,7 @@ impl PolicySet {
         let canonical = ov::canonical(&doc.matches);
         let old = set.by_id.get(w.id).map(|(o, _)| o.matches.clone());
         if let Some(other) = set.matches.get(&canonical).filter(|o| *o != w.id) {
-            let other = other.clone();
+            let other = *other;
             return answer(OverrideStatus::Conflict, current.unwrap_or(0), Some(&other));
         }
         let same_class = old
@@ -284,14 +284,14 @@ impl PolicySet {
             set.matches.remove(&ov::canonical(old));
             set.count(old, -1);
         }
-        set.matches.insert(canonical, w.id.clone());
+        set.matches.insert(canonical, *w.id);
         set.count(&doc.matches, 1);
         self.version += 1;
-        if let Some((_, v)) = set.by_id.insert(w.id.clone(), (doc.clone(), self.version)) {
+        if let Some((_, v)) = set.by_id.insert(*w.id, (doc.clone(), self.version)) {
             self.override_log.remove(&v);
         }
         self.override_log
-            .insert(self.version, (w.policy.clone(), w.id.clone()));
+            .insert(self.version, (w.policy.clone(), *w.id));
         if let Some(v) = self.deleted_at.remove(&member) {
             self.deleted.remove(&v);
         }
