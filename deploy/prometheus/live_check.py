@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.parse
@@ -100,7 +99,9 @@ def free_cluster_port():
 
 def start(name, argv, env=None):
     out = open(os.path.join(WORK, f"{name}.log"), "wb")
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=WORK)
+    # No stdin: a child that reads the terminal would stop the whole run when it is in the
+    # background (SIGTTIN).
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=WORK)
     PROCS.append((name, proc))
     return proc
 
@@ -155,7 +156,8 @@ def http(method, url, body=None, timeout=5):
 
 def redis_cli(port, *args):
     return subprocess.run(
-        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args], capture_output=True, text=True, timeout=10
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *args], stdin=subprocess.DEVNULL, capture_output=True,
+        text=True, timeout=10
     ).stdout.strip()
 
 
@@ -184,7 +186,7 @@ def start_cluster():
                     "--cluster-node-timeout", "2000")
     made = subprocess.run(
         ["redis-cli", "--cluster", "create", *[f"127.0.0.1:{p}" for p in ports], "--cluster-replicas", "0",
-         "--cluster-yes"], capture_output=True, text=True, timeout=60)
+         "--cluster-yes"], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     if made.returncode != 0:
         raise SystemExit(f"live_check: redis-cli --cluster create failed:\n{made.stdout}{made.stderr}")
     wait_for("the Redis Cluster is not ok", lambda: "cluster_state:ok" in redis_cli(ports[0], "cluster", "info"))
@@ -503,7 +505,13 @@ def main():
     # Until Prometheus has 45 s of samples: the peers' comparison of the policy cache looks at
     # versions more than 30 s old.
     drive([a, c], max(10.0, 45.0 - (time.monotonic() - prom_started)), "Redis back")
-    time.sleep(3)  # the last scrapes and rule evaluations
+    # The last scrapes and rule evaluations: each instance still running answered its latest
+    # scrape (on a busy machine a scrape can miss its 1 s timeout, and a stale series answers
+    # nothing).
+    time.sleep(2)
+    for inst in (a, c):
+        wait_for(f"Prometheus cannot scrape {inst.name}",
+                 lambda: query(prom, f'up{{instance="{inst.target}"}} == 1')[0], timeout=30)
 
     report, panels = evaluate(prom, args.dashboard, pending, started_at)
     for name, whats in sorted(report.waiting.items()):
