@@ -151,6 +151,10 @@ def http(method, url, body=None, timeout=5):
             status, raw = r.status, r.read()
     except urllib.error.HTTPError as e:
         status, raw = e.code, e.read()
+    except (urllib.error.URLError, OSError) as e:
+        # No answer (a connection closed under load, a timeout): counted by the load's summary;
+        # what this check judges is what Prometheus saw, not each request.
+        return 0, {"decided_by": f"no answer ({getattr(e, 'reason', e)})"}
     return status, json.loads(raw) if raw else None
 
 
@@ -413,8 +417,18 @@ def evaluate(prom, dashboard_path, pending, started_at):
 
     # Every target of every panel.
     panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dashboard["panels"]]
+    if len(ids) != len(set(ids)):
+        report.failures.append(f"dashboard: panel ids are not unique: {ids}")
     for panel in panels:
         for target in panel["targets"]:
+            unknown = set(re.findall(r"\$\w+", target["expr"])) - set(VARIABLES)
+            if unknown:
+                report.failures.append(f"panel \"{panel['title']}\" target {target['refId']}: "
+                                       f"unknown variables {sorted(unknown)}")
+            if target.get("datasource", {}).get("uid") != "${datasource}":
+                report.failures.append(f"panel \"{panel['title']}\" target {target['refId']}: "
+                                       "its datasource is not the ${datasource} variable")
             report.judge(f"panel \"{panel['title']}\" target {target['refId']}", substitute(target["expr"]))
 
     # Every rule, as Prometheus loaded and evaluated it.
