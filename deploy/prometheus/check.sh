@@ -43,6 +43,12 @@ echo "==> promtool check rules $RULES"
 promtool check rules "$RULES"
 echo "==> promtool test rules $RULE_TESTS"
 promtool test rules "$RULE_TESTS"
+# promtool tests only the alerts a test names: every alert of the rules must have one.
+untested=()
+for alert in $(sed -n 's/^ *- alert: *\([A-Za-z0-9_]*\).*/\1/p' "$RULES"); do
+  grep -Eq "^ *alertname: *$alert *\$" "$RULE_TESTS" || untested+=("$alert")
+done
+[ ${#untested[@]} -eq 0 ] || die "alerts without a unit test in $RULE_TESTS: ${untested[*]}"
 
 if [ ! -x "$BIN" ]; then
   echo "==> $BIN not found: building it (cargo build --release --locked)"
@@ -62,5 +68,7 @@ fi
   die "the gRPC client does not import: remove $VENV and run again"
 
 echo "==> live check: the dashboard's queries and the rules against a real Prometheus"
-"$VENV/bin/python" deploy/prometheus/live_check.py --bin "$(readlink -f "$BIN")" --prometheus "$(command -v prometheus)" \
+# Bounded: a run takes about a minute; ten would mean something hangs (the check stops what it
+# started when timeout sends it SIGTERM).
+timeout 600 "$VENV/bin/python" deploy/prometheus/live_check.py --bin "$(readlink -f "$BIN")" --prometheus "$(command -v prometheus)" \
   --rules "$RULES" --dashboard "$DASHBOARD" --pending "$PENDING"

@@ -442,6 +442,13 @@ def evaluate(prom, dashboard_path, pending, started_at):
             if rule.get("health") != "ok":
                 report.failures.append(f"{what}: Prometheus evaluates it with health {rule.get('health')}: "
                                        f"{rule.get('lastError')}")
+            if rule["type"] == "alerting":
+                notes = rule.get("annotations", {})
+                absent = [k for k in ("summary", "description", "runbook") if not notes.get(k)]
+                parts = [p for p in ("What it means", "What to check", "What to do")
+                         if p not in notes.get("runbook", "")]
+                if absent or parts:
+                    report.failures.append(f"{what}: annotations missing: {', '.join(absent + parts)}")
             if rule["type"] == "recording":
                 report.judge(what, rule["query"], record=name)
             else:
