@@ -7,9 +7,14 @@
 #      K8S_VERSIONS (PyPI's kubernetes-validate, in a virtualenv), the ServiceMonitor and the
 #      PrometheusRule against the Prometheus Operator's CRDs (schemas/), the generated copies
 #      against their sources, and the references between objects; and the example Secrets alone;
-#   4. the validator is shown to fail: a rendering broken on purpose must be refused.
+#   4. the validator is shown to fail: a rendering broken on purpose must be refused;
+#   5. pod_smoke.py runs the release binary as each overlay's Deployment describes its container
+#      (its environment, user, no capabilities, read-only root, own network namespace, in
+#      bubblewrap) and checks its probes, metrics port, gRPC port, Secrets and SIGTERM.
 #
-#   bash deploy/kubernetes/check.sh   (KUBECTL=/path/to/kubectl to choose the binary)
+#   bash deploy/kubernetes/check.sh            (KUBECTL=/path/to/kubectl to choose kubectl,
+#                                               RATELIMITER_BIN for target/release/ratelimiter)
+#   bash deploy/kubernetes/check.sh --no-pod   (steps 1-4 only: no binary, no root needed)
 #
 # The validator lives in target/k8s-venv, installed from the pinned requirements.txt beside this
 # script and reused while that file is unchanged. Renderings are left in target/k8s-rendered/.
@@ -25,6 +30,23 @@ K8S_VERSIONS=(1.25.0 1.37.0)
 RENDERINGS=(base overlays/embedded overlays/redis)
 
 die() { echo "deploy/kubernetes/check.sh: $*" >&2; exit 1; }
+
+POD=1
+case "${1:-}" in
+  "") ;;
+  --no-pod) POD= ;;
+  *) die "unknown argument $1 (usage: check.sh [--no-pod])" ;;
+esac
+BIN=${RATELIMITER_BIN:-target/release/ratelimiter}
+if [ -n "$POD" ]; then
+  # Checked first, so that a missing part fails before the rest of the work.
+  [ -x "$BIN" ] || die "$BIN not found: build it with 'cargo build --release' (or run with --no-pod)"
+  [ "$(id -u)" -eq 0 ] || die "the pod smoke test needs root (it switches to the pod's user): run as root or with --no-pod"
+  for tool in bwrap:bubblewrap setpriv:util-linux ip:iproute2 redis-server:redis-server redis-cli:redis-server; do
+    command -v "${tool%%:*}" >/dev/null ||
+      die "${tool%%:*} not found (needed by the pod smoke test): apt-get install -y ${tool#*:}"
+  done
+fi
 
 command -v python3 >/dev/null || die "python3 not found: apt-get install -y python3"
 
@@ -91,23 +113,33 @@ echo "==> validating against Kubernetes ${K8S_VERSIONS[*]} and the Prometheus Op
 
 # --- The validator refuses a broken rendering -------------------------------------------------
 # A misspelt field in the Deployment (refused by the core schemas) and in the ServiceMonitor
-# (refused by its CRD's schema), and a Service port that targets no container port: each must
-# be named, or the checks above prove nothing.
+# (refused by its CRD's schema), a Service port that targets no container port, and privilege
+# escalation allowed (refused by the restricted profile): each must be named, or the checks
+# above prove nothing.
 echo "==> a rendering broken on purpose must be refused"
 broken="$OUT/broken.yaml"
 sed -e 's/^\( *\)readOnlyRootFilesystem: true$/&\n\1readOnlyRootFileSystem: true/' \
     -e 's/^\( *\)scrapeTimeout: 10s$/&\n\1scrapeTimout: 10s/' \
     -e 's/^\( *\)targetPort: grpc$/\1targetPort: grcp/' \
+    -e 's/^\( *\)allowPrivilegeEscalation: false$/\1allowPrivilegeEscalation: true/' \
     "$OUT/overlays-redis.yaml" >"$broken"
 if "$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" "broken=$broken" 2>"$broken.stderr"; then
   die "validate.py accepted $broken, a rendering broken on purpose"
 fi
-for expected in "'readOnlyRootFileSystem' was unexpected" "'scrapeTimout' was unexpected" "targets 'grcp'"; do
+for expected in "'readOnlyRootFileSystem' was unexpected" "'scrapeTimout' was unexpected" \
+  "targets 'grcp'" "allowPrivilegeEscalation is not false"; do
   grep -qF "$expected" "$broken.stderr" || {
     cat "$broken.stderr" >&2
     die "validate.py refused $broken but did not name $expected"
   }
 done
-echo "    refused, naming each of the 3 faults"
+echo "    refused, naming each of the 4 faults"
 
-echo "==> deploy/kubernetes: every rendering valid"
+# --- The binary as each overlay's pod runs it --------------------------------------------------
+if [ -n "$POD" ]; then
+  "$VENV/bin/python" "$HERE/pod_smoke.py" "$BIN" "$OUT/overlays-embedded.yaml" "$OUT/overlays-redis.yaml" ||
+    die "the binary does not run as the Deployment describes it (above)"
+  echo "==> deploy/kubernetes: every rendering valid, and the binary runs as each overlay's pod"
+else
+  echo "==> deploy/kubernetes: every rendering valid (the pod smoke test was NOT run: --no-pod)"
+fi

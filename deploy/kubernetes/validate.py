@@ -14,6 +14,7 @@ Each object is checked:
   others), and their metadata against the core ObjectMeta schema;
 - the generated copies: the PrometheusRule's spec is the rules file and the dashboard ConfigMap's
   data is the dashboard JSON, byte for byte, as a YAML parser reads them after kustomize;
+- the pod against the Pod Security Standards' `restricted` profile, read-only root included;
 - references no schema sees: each selector selects the Deployment's pods, each named port exists,
   the autoscaler scales a Deployment of the same rendering, env references to Secrets name a key.
 
@@ -85,6 +86,50 @@ def format_problems(obj):
             for port in container.get("ports", []):
                 if "name" in port and (len(port["name"]) > 15 or not IANA_SVC_NAME.match(port["name"])):
                     yield f"container port name {port['name']!r} is not an IANA service name (15 characters at most)"
+
+
+def restricted_problems(pod):
+    """The Pod Security Standards' `restricted` profile, as a namespace enforcing it would admit the
+    pod, plus the read-only root file system these manifests promise."""
+    spec = pod.get("spec", {})
+    pod_context = spec.get("securityContext", {})
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(field):
+            yield f"{field} is set"
+    for container in spec.get("initContainers", []) + spec.get("containers", []):
+        name = container.get("name")
+        context = container.get("securityContext", {})
+
+        def setting(field):
+            return context.get(field, pod_context.get(field))
+
+        if setting("runAsNonRoot") is not True:
+            yield f"container {name}: runAsNonRoot is not true"
+        if setting("runAsUser") == 0:
+            yield f"container {name}: runAsUser is 0 (root)"
+        if context.get("privileged"):
+            yield f"container {name}: privileged"
+        if context.get("allowPrivilegeEscalation") is not False:
+            yield f"container {name}: allowPrivilegeEscalation is not false"
+        capabilities = context.get("capabilities", {})
+        if "ALL" not in capabilities.get("drop", []):
+            yield f"container {name}: capabilities do not drop ALL"
+        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
+            yield f"container {name}: adds capabilities beyond NET_BIND_SERVICE"
+        seccomp = (context.get("seccompProfile") or pod_context.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            yield f"container {name}: seccompProfile is {seccomp!r}, not RuntimeDefault"
+        if context.get("readOnlyRootFilesystem") is not True:
+            yield f"container {name}: readOnlyRootFilesystem is not true"
+        for port in container.get("ports", []):
+            if "hostPort" in port:
+                yield f"container {name}: hostPort {port['hostPort']}"
+    allowed_volumes = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                       "persistentVolumeClaim", "projected", "secret"}
+    for volume in spec.get("volumes", []):
+        kinds = set(volume) - {"name"}
+        if not kinds <= allowed_volumes:
+            yield f"volume {volume.get('name')}: {', '.join(sorted(kinds - allowed_volumes))} is not allowed"
 
 
 def strict(schema):
@@ -195,6 +240,8 @@ class Checker:
         def selects(selector):
             return bool(selector) and all(pod_labels.get(k) == v for k, v in selector.items())
 
+        for problem in restricted_problems(pod):
+            self.fail(name, deployment, f"Pod Security 'restricted': {problem}")
         if not selects(deployment["spec"]["selector"].get("matchLabels", {})):
             self.fail(name, deployment, "its selector does not select its own pod template")
         for container in containers:
