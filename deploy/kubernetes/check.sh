@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Kubernetes manifests checked without a cluster:
 #   1. sync.py --check: the base's PrometheusRule, dashboard ConfigMap and image tag are current
-#      with deploy/prometheus/, deploy/grafana/ and Cargo.toml;
+#      with deploy/prometheus/, deploy/grafana/ and Cargo.toml; test_sync.py: its embeddings read
+#      back as their sources by a YAML parser;
 #   2. `kubectl kustomize` renders the base and every overlay;
 #   3. validate.py checks every rendered object against the Kubernetes schemas of each version in
 #      K8S_VERSIONS (PyPI's kubernetes-validate, in a virtualenv), the ServiceMonitor and the
@@ -83,6 +84,9 @@ fi
 "$VENV/bin/python" -c 'import kubernetes_validate, jsonschema, yaml' ||
   die "the validator does not import: remove $VENV and run again"
 
+echo "==> test_sync.py (sync.py's embeddings read back by a YAML parser)"
+"$VENV/bin/python" "$HERE/test_sync.py" || die "sync.py's tests failed (above)"
+
 # --- Render -----------------------------------------------------------------------------------
 rm -rf "$OUT"
 mkdir -p "$OUT"
@@ -105,7 +109,7 @@ done
 versions=()
 for version in "${K8S_VERSIONS[@]}"; do versions+=(--k8s "$version"); done
 echo "==> validating against Kubernetes ${K8S_VERSIONS[*]} and the Prometheus Operator's CRDs"
-"$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" "${args[@]}" ||
+"$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" --unapplied base "${args[@]}" ||
   die "a rendered object is invalid (above)"
 "$VENV/bin/python" "$HERE/validate.py" --objects-only "${versions[@]}" \
   "overlays/redis/example-secret.yaml=$HERE/overlays/redis/example-secret.yaml" ||

@@ -44,7 +44,10 @@ LABELS = """\
     app.kubernetes.io/component: server
 """
 
-IMAGE_LINE = re.compile(r"^(\s*image:\s*ratelimiter:)(\S+)\s*$", re.MULTILINE)
+# What YAML 1.2 lets stand unescaped in a block scalar (its `c-printable` less the byte order mark).
+NOT_YAML_PRINTABLE = re.compile("[^\t\n\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]")
+GROUPS_LINE = re.compile(r"^groups:[ ]*(#.*)?$")
+IMAGE_LINE = re.compile(r"^([ ]*image:[ ]*ratelimiter:)(\S+)[ \t]*$", re.MULTILINE)
 
 
 class SourceError(Exception):
@@ -64,20 +67,24 @@ def header(source):
 
 def prometheus_rule(text):
     """The PrometheusRule whose spec is the rules file, its lines indented by two spaces."""
-    for number, line in enumerate(text.splitlines(), start=1):
+    if "\r" in text:
+        raise SourceError(f"{relative(RULES)}: has carriage returns; use Unix line ends")
+    for number, line in enumerate(text.split("\n"), start=1):
         where = f"{relative(RULES)}:{number}"
         if line.startswith("\t"):
             raise SourceError(f"{where}: a tab indents this line (YAML allows spaces only)")
         if line.startswith(("---", "...", "%")):
             raise SourceError(f"{where}: one YAML document without markers or directives is expected")
-        if line and not line[0].isspace() and not line.startswith("#") and line.rstrip() != "groups:":
+        if line and not line[0].isspace() and not line.startswith("#") and not GROUPS_LINE.match(line):
             # Any other top-level key would land in the PrometheusRule's spec, where the CRD has
             # only `groups` (and a flow-style `groups: [...]` on one line would not indent safely).
-            raise SourceError(f"{where}: the only top-level key must be `groups:` on a line of its own")
-    if not any(line.rstrip() == "groups:" for line in text.splitlines()):
+            raise SourceError(f"{where}: the only top-level key must be `groups:`, alone on its line")
+    if not any(GROUPS_LINE.match(line) for line in text.split("\n")):
         raise SourceError(f"{relative(RULES)}: no top-level `groups:`")
-    body = "".join(("  " + line if line.strip() else "\n" if line.endswith("\n") else "")
-                   for line in text.splitlines(keepends=True))
+    # Every line two spaces deeper, white-space-only lines too (in a block scalar their spaces
+    # beyond its indentation are content); empty lines stay empty.
+    body = "".join(line if line in ("\n", "") else "  " + line
+                   for line in re.findall(r"[^\n]*\n|[^\n]+$", text))
     if not body.endswith("\n"):
         body += "\n"
     return (
@@ -108,6 +115,10 @@ def dashboard_config_map(text):
         raise SourceError(f"{relative(DASHBOARD)}: starts with white space; start it with `{{`")
     if "\r" in text:
         raise SourceError(f"{relative(DASHBOARD)}: has carriage returns; use Unix line ends")
+    unprintable = NOT_YAML_PRINTABLE.search(text)
+    if unprintable:
+        raise SourceError(f"{relative(DASHBOARD)}: character U+{ord(unprintable.group()):04X} cannot "
+                          f"stand in YAML unescaped; write it as a JSON escape")
     stripped = text.rstrip("\n")
     # Chomping: `|-` keeps no final line end, `|` one, `|+` all of them.
     trailing = len(text) - len(stripped)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Validates rendered manifests: every object against its schema, and the objects against each other.
 
-    validate.py --k8s 1.25.0 --k8s 1.37.0 NAME=RENDERED.yaml ...
+    validate.py --k8s 1.25.0 --k8s 1.37.0 [--unapplied base] NAME=RENDERED.yaml ...
 
 Run by check.sh inside its virtualenv (kubernetes-validate, which brings PyYAML and jsonschema).
 Each object is checked:
@@ -16,7 +16,9 @@ Each object is checked:
   data is the dashboard JSON, byte for byte, as a YAML parser reads them after kustomize;
 - the pod against the Pod Security Standards' `restricted` profile, read-only root included;
 - references no schema sees: each selector selects the Deployment's pods, each named port exists,
-  the autoscaler scales a Deployment of the same rendering, env references to Secrets name a key.
+  the autoscaler scales a Deployment of the same rendering, env references to Secrets name a key;
+- the embedded store's topology: an overlay without a Redis runs one replica, under no
+  autoscaler, with the Recreate strategy.
 
 Exit status 1 with every failure listed; 0 with a summary line.
 """
@@ -225,8 +227,11 @@ class Checker:
                 if obj["metadata"].get("labels", {}).get("grafana_dashboard") != "1":
                     self.fail(name, obj, 'no label grafana_dashboard: "1" (the Grafana sidecar looks for it)')
 
-    def references(self, name, objects):
-        """What a cluster accepts without complaint and then does nothing useful with."""
+    def references(self, name, objects, applied):
+        """What a cluster accepts without complaint and then does nothing useful with.
+
+        `applied` is false for a rendering that is never applied alone (the base): the rules of
+        a store's topology are checked on the overlays only."""
         deployments = [o for o in objects if o["kind"] == "Deployment"]
         if len(deployments) != 1:
             self.failures.append(f"{name}: expected one Deployment, found {len(deployments)}")
@@ -253,6 +258,16 @@ class Checker:
                 ref = env.get("valueFrom", {}).get("secretKeyRef")
                 if ref is not None and not (ref.get("name") and ref.get("key")):
                     self.fail(name, deployment, f"env {env['name']}: a secretKeyRef needs a name and a key")
+        env_names = {e["name"] for c in containers for e in c.get("env", [])}
+        if applied and not env_names & {"RATELIMITER__REDIS__URL", "RATELIMITER__REDIS__CLUSTER_NODES"}:
+            # The embedded store is per process: a second pod, from the replica count, an
+            # autoscaler or a rolling update's surge, would enforce every limit a second time.
+            if deployment["spec"].get("replicas") != 1:
+                self.fail(name, deployment, "the embedded store with replicas other than 1")
+            if any(o["kind"] == "HorizontalPodAutoscaler" for o in objects):
+                self.fail(name, deployment, "the embedded store under an autoscaler")
+            if deployment["spec"].get("strategy", {}).get("type") != "Recreate":
+                self.fail(name, deployment, "the embedded store without the Recreate strategy")
         services = [o for o in objects if o["kind"] == "Service"]
         service_ports = set()
         for service in services:
@@ -290,6 +305,8 @@ def main():
                         help="a Kubernetes version to validate against (repeatable)")
     parser.add_argument("--objects-only", action="store_true",
                         help="check each object alone (no generated-copy or cross-object checks)")
+    parser.add_argument("--unapplied", action="append", default=[], metavar="NAME",
+                        help="a rendering never applied alone (the base): no topology rules")
     parser.add_argument("renderings", nargs="+", metavar="NAME=FILE")
     args = parser.parse_args()
     checker = Checker(args.k8s)
@@ -309,7 +326,7 @@ def main():
             checker.object(name, obj)
         if not args.objects_only:
             checker.generated(name, objects)
-            checker.references(name, objects)
+            checker.references(name, objects, applied=name not in args.unapplied)
     if checker.failures:
         for failure in checker.failures:
             print(f"validate.py: {failure}", file=sys.stderr)
