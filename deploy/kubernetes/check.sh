@@ -22,6 +22,8 @@
 set -uo pipefail
 
 cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../.."
+# test_sync.py imports sync.py: leave no __pycache__ in the source tree.
+export PYTHONDONTWRITEBYTECODE=1
 HERE=deploy/kubernetes
 VENV=target/k8s-venv
 REQUIREMENTS=$HERE/requirements.txt
@@ -59,7 +61,7 @@ python3 "$HERE/sync.py" --check || die "the generated files are stale (see above
 # directory under `resources:` nor a `patches:` list (it dates from 2019): these manifests need
 # kubectl 1.21 or newer (kustomize v4+), as any supported cluster's kubectl is.
 KUBECTL=${KUBECTL:-kubectl}
-command -v "$KUBECTL" >/dev/null 2>&1 || die "kubectl not found. Install kubectl 1.21 or newer from \
+command -v "$KUBECTL" >/dev/null 2>&1 || die "$KUBECTL not found. Install kubectl 1.21 or newer from \
 the Kubernetes project's or your cloud's packages (Debian's kubernetes-client is 1.20, too old: \
 its kustomize v2.0.3 cannot render these overlays), or set KUBECTL=/path/to/kubectl"
 kustomize_version=$("$KUBECTL" version --client 2>/dev/null | sed -n 's/^Kustomize Version: v\{0,1\}\([0-9][0-9.]*\).*/\1/p')
