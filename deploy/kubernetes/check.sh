@@ -61,6 +61,27 @@ python3 "$HERE/sync.py" --check || die "the generated files are stale (see above
 # directory under `resources:` nor a `patches:` list (it dates from 2019): these manifests need
 # kubectl 1.21 or newer (kustomize v4+), as any supported cluster's kubectl is.
 KUBECTL=${KUBECTL:-kubectl}
+# `kubectl kustomize` needs no cluster, but a kubectl that picks its version by the server's (the
+# Google Cloud SDK's dispatcher, /usr/bin/kubectl on these machines) first asks the kubeconfig's
+# server, by default 127.0.0.1:8080, where any local program may listen: one that accepts and
+# does not answer costs 5 s per call. This kubeconfig names a port nothing listens on, so the
+# question is refused at once, whatever the machine runs or the caller's KUBECONFIG names.
+KUBECONFIG=$(mktemp)
+trap 'rm -f "$KUBECONFIG"' EXIT
+export KUBECONFIG
+cat >"$KUBECONFIG" <<'EOF_KUBECONFIG'
+apiVersion: v1
+kind: Config
+clusters:
+  - name: none
+    cluster:
+      server: https://127.0.0.1:1
+contexts:
+  - name: none
+    context:
+      cluster: none
+current-context: none
+EOF_KUBECONFIG
 command -v "$KUBECTL" >/dev/null 2>&1 || die "$KUBECTL not found. Install kubectl 1.21 or newer from \
 the Kubernetes project's or your cloud's packages (Debian's kubernetes-client is 1.20, too old: \
 its kustomize v2.0.3 cannot render these overlays), or set KUBECTL=/path/to/kubectl"
@@ -145,7 +166,7 @@ echo "    refused, naming each of the 4 faults"
 if [ -n "$POD" ]; then
   "$VENV/bin/python" "$HERE/pod_smoke.py" "$BIN" "$OUT/overlays-embedded.yaml" "$OUT/overlays-redis.yaml" ||
     die "the binary does not run as the Deployment describes it (above)"
-  echo "==> deploy/kubernetes: every rendering valid, and the binary runs as each overlay's pod"
+  echo "==> deploy/kubernetes: every rendering valid, and the binary runs as each overlay's pod ($SECONDS s)"
 else
-  echo "==> deploy/kubernetes: every rendering valid (the pod smoke test was NOT run: --no-pod)"
+  echo "==> deploy/kubernetes: every rendering valid ($SECONDS s; the pod smoke test was NOT run: --no-pod)"
 fi

@@ -143,7 +143,8 @@ def inside(binary, rendered):
 
     try:
         readiness = container["readinessProbe"]["httpGet"]
-        deadline = time.monotonic() + 30
+        started = time.monotonic()
+        deadline = started + 30
         while True:
             if process.poll() is not None:
                 raise SmokeError(f"the service exited with status {process.returncode} before it was ready")
@@ -156,7 +157,8 @@ def inside(binary, rendered):
             if time.monotonic() > deadline:
                 raise SmokeError(f"readinessProbe {readiness['path']} not 200 within 30 s")
             time.sleep(0.2)
-        checks = [f"readinessProbe GET {readiness['path']} on port {readiness['port']}: 200"]
+        checks = [f"readinessProbe GET {readiness['path']} on port {readiness['port']}: 200, "
+                  f"{time.monotonic() - started:.1f} s after the start"]
 
         liveness = container["livenessProbe"]["httpGet"]
         status, _ = http("GET", url(liveness["port"], liveness["path"]))
