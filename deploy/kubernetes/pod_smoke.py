@@ -16,7 +16,7 @@ target/k8s-rendered/overlays-*.yaml) the service starts inside bubblewrap with
 
 then checks what the manifests promise of it: the readiness and liveness probes' paths answer 200
 on the ports they name, the ServiceMonitor's path serves Prometheus metrics on the port its
-Service port targets, the gRPC port accepts connections, the tokens from the Secret guard the
+Service port targets, the gRPC port answers HTTP/2's preface, the tokens from the Secret guard the
 APIs, an acquire is decided by the store the overlay chose (decided_by), and SIGTERM ends the
 process with status 0 inside the grace period left after the preStop pause.
 
@@ -174,9 +174,19 @@ def inside(binary, rendered):
         checks.append(f"ServiceMonitor GET {endpoint['path']} via Service port {endpoint['port']} "
                       f"-> {service_port['targetPort']}: Prometheus text")
 
-        with socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=3):
-            pass
-        checks.append(f"gRPC port {ports['grpc']} accepts connections")
+        # HTTP/2 without TLS, as gRPC speaks it: the client's preface and an empty SETTINGS frame;
+        # a gRPC server answers with a SETTINGS frame of its own (frame type 4, stream 0).
+        with socket.create_connection(("127.0.0.1", ports["grpc"]), timeout=3) as connection:
+            connection.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+            frame = b""
+            while len(frame) < 9:
+                chunk = connection.recv(9 - len(frame))
+                if not chunk:
+                    break
+                frame += chunk
+        if len(frame) < 9 or frame[3] != 4 or frame[5:9] != bytes(4):
+            raise SmokeError(f"the gRPC port answered the HTTP/2 preface with {frame!r}, not SETTINGS")
+        checks.append(f"gRPC port {ports['grpc']} speaks HTTP/2 (SETTINGS answered to the preface)")
 
         admin = env.get("RATELIMITER__AUTH__ADMIN_TOKENS")
         client = env.get("RATELIMITER__AUTH__CLIENT_TOKENS")

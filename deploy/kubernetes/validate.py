@@ -17,6 +17,7 @@ Each object is checked:
 - the pod against the Pod Security Standards' `restricted` profile, read-only root included;
 - references no schema sees: each selector selects the Deployment's pods, each named port exists,
   the autoscaler scales a Deployment of the same rendering, env references to Secrets name a key;
+- the HTTP worker count against the CPU limit;
 - the embedded store's topology: an overlay without a Redis runs one replica, under no
   autoscaler, with the Recreate strategy.
 
@@ -259,6 +260,15 @@ class Checker:
                 if ref is not None and not (ref.get("name") and ref.get("key")):
                     self.fail(name, deployment, f"env {env['name']}: a secretKeyRef needs a name and a key")
         env_names = {e["name"] for c in containers for e in c.get("env", [])}
+        for container in containers:
+            # One HTTP worker per core of the CPU limit: more would be throttled, fewer leave the
+            # limit unused (the README's Kubernetes section says to change both together).
+            workers = {e["name"]: e.get("value") for e in container.get("env", [])}.get("RATELIMITER__SERVER__WORKERS")
+            cpu = container.get("resources", {}).get("limits", {}).get("cpu")
+            if workers is not None and cpu is not None:
+                cores = float(cpu[:-1]) / 1000 if str(cpu).endswith("m") else float(cpu)
+                if int(workers) != max(1, int(cores)):
+                    self.fail(name, deployment, f"RATELIMITER__SERVER__WORKERS={workers} for a CPU limit of {cpu}")
         if applied and not env_names & {"RATELIMITER__REDIS__URL", "RATELIMITER__REDIS__CLUSTER_NODES"}:
             # The embedded store is per process: a second pod, from the replica count, an
             # autoscaler or a rolling update's surge, would enforce every limit a second time.
