@@ -79,8 +79,11 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(config_path()?.as_deref())?;
-    let (tracing, traces) = trace::start(&settings.tracing)?.unzip();
+    let (exporting, traces) = trace::start(&settings.tracing)?.unzip();
     telemetry::init(&settings.log, traces);
+    if let Some(e) = &exporting {
+        e.announce();
+    }
     let served = async {
         Application::build(settings)
             .await?
@@ -89,9 +92,9 @@ async fn main() -> anyhow::Result<()> {
             .map_err(anyhow::Error::from)
     }
     .await;
-    if let Some(tracing) = tracing {
+    if let Some(e) = exporting {
         // The provider's shutdown blocks until its batch thread has sent what is queued.
-        tokio::task::spawn_blocking(move || tracing.shutdown()).await?;
+        tokio::task::spawn_blocking(move || e.shutdown()).await?;
     }
     served
 }

@@ -62,6 +62,9 @@ pub enum TraceError {
 pub struct Tracing {
     provider: SdkTracerProvider,
     shutdown_timeout: Duration,
+    endpoint: String,
+    sample_ratio: f64,
+    service_name: String,
 }
 
 /// The layer that turns `tracing` spans into OpenTelemetry spans.
@@ -123,17 +126,29 @@ pub fn start(settings: &TracingSettings) -> Result<Option<(Tracing, TraceLayer)>
     metrics::counter!(SPANS_DROPPED).absolute(0);
     ENABLED.store(true, Ordering::Relaxed);
     RECORD_KEY.store(settings.record_key, Ordering::Relaxed);
-    tracing::info!(%endpoint, sample_ratio = settings.sample_ratio, service = %settings.service_name, "exporting traces over OTLP/HTTP");
     Ok(Some((
         Tracing {
             provider,
             shutdown_timeout: settings.shutdown_timeout(),
+            endpoint: endpoint.clone(),
+            sample_ratio: settings.sample_ratio,
+            service_name: settings.service_name.clone(),
         },
         layer,
     )))
 }
 
 impl Tracing {
+    /// Logs where traces go; once the log subscriber is installed (`start` runs before it).
+    pub fn announce(&self) {
+        tracing::info!(
+            endpoint = %self.endpoint,
+            sample_ratio = self.sample_ratio,
+            service = %self.service_name,
+            "exporting traces over OTLP/HTTP"
+        );
+    }
+
     /// Sends the spans still queued, within `tracing.shutdown_timeout_ms`, and stops exporting.
     /// Blocks: call it off the runtime's threads or after the servers stopped.
     pub fn shutdown(self) {

@@ -303,6 +303,13 @@ async fn traces_continue_the_callers_trace_over_http_and_grpc_with_the_decision(
             .expect("metadata"),
     );
     client.should_rate_limit(call).await.expect("an answer");
+    assert!(
+        service
+            .log_text()
+            .contains("exporting traces over OTLP/HTTP"),
+        "{}",
+        service.log_text()
+    );
     // A malformed traceparent is ignored: the acquire is answered, its span is a root.
     acquire(&service.address, "user-8", Some("00-not-a-trace-01")).await;
 
