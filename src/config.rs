@@ -437,6 +437,129 @@ pub enum LogFormat {
     Json,
 }
 
+/// OpenTelemetry traces over OTLP/HTTP protobuf (see `trace`). Off unless an endpoint is
+/// configured here or by the standard `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` /
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingSettings {
+    /// Where to send traces, `http://host:port` (`/v1/traces` is appended to a URL without a
+    /// path) or a full URL. Wins over the `OTEL_EXPORTER_OTLP_*` variables. Plain HTTP only: no
+    /// TLS client is built in (send to a collector beside the service).
+    pub otlp_endpoint: Option<String>,
+    /// Share of root traces (requests without a sampled `traceparent`) that are recorded, from
+    /// 0 to 1; a request with a `traceparent` follows its caller's sampling decision.
+    pub sample_ratio: f64,
+    /// Records the subject key (`ratelimit.key`) on the spans. Off: keys can be personal data.
+    pub record_key: bool,
+    /// The most finished spans waiting to be exported; a span finished when it is full is
+    /// dropped and counted in `ratelimiter_trace_spans_dropped_total`.
+    pub queue_size: usize,
+    /// Deadline of one export call to the endpoint.
+    pub export_timeout_ms: u64,
+    /// At shutdown, how long the spans still queued may take to be sent.
+    pub shutdown_timeout_ms: u64,
+    /// The endpoint in force, from the setting or the environment (filled by loading).
+    #[serde(skip)]
+    pub endpoint: Option<String>,
+    /// `OTEL_SERVICE_NAME`, default `ratelimiter` (filled by loading).
+    #[serde(skip)]
+    pub service_name: String,
+}
+
+impl Default for TracingSettings {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            sample_ratio: 1.0,
+            record_key: false,
+            queue_size: 2_048,
+            export_timeout_ms: 5_000,
+            shutdown_timeout_ms: 5_000,
+            endpoint: None,
+            service_name: "ratelimiter".to_owned(),
+        }
+    }
+}
+
+impl TracingSettings {
+    pub fn export_timeout(&self) -> Duration {
+        Duration::from_millis(self.export_timeout_ms)
+    }
+
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.shutdown_timeout_ms)
+    }
+
+    /// Fills [`TracingSettings::endpoint`] and [`TracingSettings::service_name`] from the
+    /// setting and the `OTEL_*` variables in `env`, and checks the bounds. The project's own
+    /// setting wins, then the per-signal variable (taken as written, as the OpenTelemetry
+    /// specification says), then the general one (with `/v1/traces` appended).
+    fn resolve(&mut self, env: &[(String, String)]) -> Result<(), (&'static str, &'static str)> {
+        let var = |name: &str| {
+            env.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        let (key, endpoint) = match self.otlp_endpoint.as_deref().map(str::trim) {
+            Some(e) if !e.is_empty() => ("tracing.otlp_endpoint", Some(with_traces_path(e, false))),
+            _ => match var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") {
+                Some(e) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", Some(e)),
+                None => (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    var("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| with_traces_path(&e, true)),
+                ),
+            },
+        };
+        if let Some(e) = &endpoint {
+            if e.starts_with("https://") {
+                return Err((
+                    key,
+                    "is https, and no TLS client is built in: send to a collector over http",
+                ));
+            }
+            let rest = e.strip_prefix("http://").unwrap_or("");
+            if rest.is_empty() || rest.starts_with('/') {
+                return Err((key, "must be an http://host:port URL"));
+            }
+        }
+        self.endpoint = endpoint;
+        if let Some(name) = var("OTEL_SERVICE_NAME") {
+            self.service_name = name;
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            return Err(("tracing.sample_ratio", "must be from 0 to 1"));
+        }
+        if !(1..=1_000_000).contains(&self.queue_size) {
+            return Err(("tracing.queue_size", "must be from 1 to 1000000"));
+        }
+        for (key, ms) in [
+            ("tracing.export_timeout_ms", self.export_timeout_ms),
+            ("tracing.shutdown_timeout_ms", self.shutdown_timeout_ms),
+        ] {
+            if !(1..=60_000).contains(&ms) {
+                return Err((key, "must be from 1 to 60000"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `url` with the OTLP traces path: always appended for `OTEL_EXPORTER_OTLP_ENDPOINT`
+/// (`always`), else only when the URL has no path of its own.
+fn with_traces_path(url: &str, always: bool) -> String {
+    let base = url.trim_end_matches('/');
+    let has_path = base
+        .split_once("://")
+        .is_some_and(|(_, rest)| rest.contains('/'));
+    if always || !has_path {
+        format!("{base}/v1/traces")
+    } else {
+        url.to_owned()
+    }
+}
+
 /// Everything the service is configured with.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -446,6 +569,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub limits: LimitsSettings,
     pub log: LogSettings,
+    pub tracing: TracingSettings,
     /// Created at start-up when absent; never overwrite a policy changed through the API.
     pub policies: Vec<Policy>,
 }
@@ -462,6 +586,8 @@ struct RawSettings {
     limits: LimitsSettings,
     log: LogSettings,
     #[serde(default)]
+    tracing: TracingSettings,
+    #[serde(default)]
     policies: Vec<serde_json::Value>,
 }
 
@@ -476,6 +602,7 @@ impl Settings {
         file: Option<&Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Self, ConfigError> {
+        let env: Vec<(String, String)> = env.into_iter().collect();
         let mut builder = config::Config::builder()
             .set_default("server.bind", "127.0.0.1:8080")?
             .set_default("server.workers", 0)?
@@ -510,10 +637,16 @@ impl Settings {
         if let Some(path) = file {
             builder = builder.add_source(config::File::from(path).required(true));
         }
-        for (key, value) in environment(env) {
+        for (key, value) in environment(env.iter().cloned()) {
             builder = builder.set_override(key, value)?;
         }
-        let raw: RawSettings = builder.build()?.try_deserialize()?;
+        let mut raw: RawSettings = builder.build()?.try_deserialize()?;
+        raw.tracing
+            .resolve(&env)
+            .map_err(|(key, reason)| ConfigError::Invalid {
+                key: key.to_owned(),
+                reason: reason.to_owned(),
+            })?;
         raw.validate()
     }
 }
@@ -675,6 +808,7 @@ impl RawSettings {
             auth: self.auth,
             limits: self.limits,
             log: self.log,
+            tracing: self.tracing,
             policies,
         })
     }
@@ -782,6 +916,74 @@ mod tests {
         ] {
             let e = Settings::load_from(None, env(&[(var, "bogus")])).expect_err("not a choice");
             assert!(e.to_string().contains(key), "{e}");
+        }
+    }
+
+    #[test]
+    fn tracing_is_off_without_an_endpoint_and_its_own_setting_wins() {
+        let s = Settings::load_from(None, env(&[])).expect("valid");
+        assert_eq!(s.tracing.endpoint, None);
+        assert_eq!(s.tracing.service_name, "ratelimiter");
+        assert!(!s.tracing.record_key);
+        let general = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/");
+        let signal = (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "http://traces:4318/in",
+        );
+        let own = ("RATELIMITER__TRACING__OTLP_ENDPOINT", "http://own:4318");
+        let endpoint = |pairs: &[(&str, &str)]| {
+            Settings::load_from(None, env(pairs))
+                .expect("valid")
+                .tracing
+                .endpoint
+        };
+        assert_eq!(
+            endpoint(&[general]).as_deref(),
+            Some("http://collector:4318/v1/traces")
+        );
+        assert_eq!(
+            endpoint(&[general, signal]).as_deref(),
+            Some("http://traces:4318/in")
+        );
+        assert_eq!(
+            endpoint(&[general, signal, own]).as_deref(),
+            Some("http://own:4318/v1/traces")
+        );
+        assert_eq!(
+            endpoint(&[("RATELIMITER__TRACING__OTLP_ENDPOINT", "http://own:1/x")]).as_deref(),
+            Some("http://own:1/x")
+        );
+        let s = Settings::load_from(None, env(&[("OTEL_SERVICE_NAME", "edge-limiter")]))
+            .expect("valid");
+        assert_eq!(s.tracing.service_name, "edge-limiter");
+    }
+
+    #[test]
+    fn bad_tracing_settings_name_their_key() {
+        for (var, value, key) in [
+            (
+                "RATELIMITER__TRACING__SAMPLE_RATIO",
+                "1.5",
+                "tracing.sample_ratio",
+            ),
+            (
+                "RATELIMITER__TRACING__QUEUE_SIZE",
+                "0",
+                "tracing.queue_size",
+            ),
+            (
+                "RATELIMITER__TRACING__OTLP_ENDPOINT",
+                "https://collector:4318",
+                "tracing.otlp_endpoint",
+            ),
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "collector:4318",
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
+        ] {
+            let e = Settings::load_from(None, env(&[(var, value)])).expect_err("refused");
+            assert!(e.to_string().contains(key), "{var}: {e}");
         }
     }
 

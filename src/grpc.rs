@@ -269,6 +269,15 @@ impl Grpc {
             answers[i] = Some(a);
         }
         let response = respond(&slots, &answers);
+        if crate::trace::enabled() {
+            // On the call's span (`should_rate_limit`).
+            let decisions: Vec<_> = asks
+                .iter()
+                .zip(&answers)
+                .filter_map(|(h, a)| Some((a.as_ref()?, &h.key, h.cost)))
+                .collect();
+            crate::trace::record_decisions(&tracing::Span::current(), &decisions);
+        }
         for (slot, status) in slots.iter().zip(&response.statuses) {
             if let Some(a) = slot.and_then(|i| answers.get(i)?.as_ref()) {
                 let code = if status.code == Code::OverLimit as i32 {
@@ -304,6 +313,7 @@ impl RateLimitService for Grpc {
         if let Some(peer) = request.remote_addr() {
             span.record("peer", tracing::field::display(peer));
         }
+        crate::trace::continue_trace(&span, &crate::trace::GrpcMetadata(request.metadata()));
         let answer = self.answer(&request).instrument(span).await;
         self.seconds.record(started.elapsed().as_secs_f64());
         match &answer {

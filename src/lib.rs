@@ -25,8 +25,8 @@
 //! - [`limiter`]: the decision of each algorithm as a pure function of (state, params, cost,
 //!   now), the decision over several limits at once, and the registry that names each algorithm
 //!   once (its fields, its Lua part); the Lua parts in `lua/` mirror the functions.
-//! - [`config`], [`startup`], [`telemetry`], [`metrics`]: settings, assembling the application,
-//!   logging, Prometheus metrics.
+//! - [`config`], [`startup`], [`telemetry`], [`trace`], [`metrics`]: settings, assembling the
+//!   application, logging, OpenTelemetry traces, Prometheus metrics.
 #![forbid(unsafe_code)]
 
 pub mod access;
@@ -41,3 +41,4 @@ pub mod service;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod trace;

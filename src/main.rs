@@ -1,4 +1,4 @@
-//! The `ratelimiter` binary: read the settings, start logging, serve.
+//! The `ratelimiter` binary: read the settings, start logging (and traces), serve.
 
 use std::path::PathBuf;
 
@@ -8,7 +8,7 @@ use ratelimiter::limiter::{Op, MAX_LIMITS};
 use ratelimiter::policy::Algorithm;
 use ratelimiter::startup::Application;
 use ratelimiter::store::scripts;
-use ratelimiter::telemetry;
+use ratelimiter::{telemetry, trace};
 
 // mimalloc: per-thread free lists make the many small allocations of a request (headers, JSON,
 // spans) cheaper than glibc's malloc, which the profile of an acquire put at 12 % of its time.
@@ -79,10 +79,22 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(config_path()?.as_deref())?;
-    telemetry::init(&settings.log);
-    Application::build(settings)
-        .await?
-        .run_until_stopped()
-        .await?;
-    Ok(())
+    let (exporting, traces) = trace::start(&settings.tracing)?.unzip();
+    telemetry::init(&settings.log, traces);
+    if let Some(e) = &exporting {
+        e.announce();
+    }
+    let served = async {
+        Application::build(settings)
+            .await?
+            .run_until_stopped()
+            .await
+            .map_err(anyhow::Error::from)
+    }
+    .await;
+    if let Some(e) = exporting {
+        // The provider's shutdown blocks until its batch thread has sent what is queued.
+        tokio::task::spawn_blocking(move || e.shutdown()).await?;
+    }
+    served
 }

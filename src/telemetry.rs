@@ -1,5 +1,6 @@
 //! Logging set-up: `tracing` to standard error, filtered by `RUST_LOG` (default `info`), as
-//! text or as JSON lines; and [`Summarized`], which turns a flood of repeated events into one
+//! text or as JSON lines, beside the OpenTelemetry layer when traces are exported (`trace`); and
+//! [`Summarized`], which turns a flood of repeated events into one
 //! line per second with a count.
 
 use std::io::IsTerminal;
@@ -7,13 +8,39 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::{LogFormat, LogSettings};
+use crate::trace::TraceLayer;
 
-/// Installs the global subscriber. Safe to call more than once (later calls do nothing).
-pub fn init(settings: &LogSettings) {
+/// Installs the global subscriber, with `traces` beside the logs when given. Safe to call more
+/// than once (later calls do nothing).
+pub fn init(settings: &LogSettings, traces: Option<TraceLayer>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    if let Some(traces) = traces {
+        // The logs keep their own filter (RUST_LOG), the traces theirs (`trace::start`).
+        let logs = tracing_subscriber::fmt::layer()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal());
+        let logs = if settings.format == LogFormat::Json {
+            logs.json()
+                .with_current_span(true)
+                .with_span_list(false)
+                .with_filter(filter)
+                .boxed()
+        } else {
+            logs.with_filter(filter).boxed()
+        };
+        let _ = tracing_subscriber::registry()
+            .with(traces)
+            .with(logs)
+            .try_init();
+        return;
+    }
+    // Without traces, the subscriber the service always had: one global filter, so that a span
+    // below it costs one level check.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

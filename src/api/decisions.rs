@@ -380,7 +380,7 @@ pub async fn acquire(
     let JsonBody(req) = body;
     let (key, cost) = subject_and_cost(&req)?;
     let acquired = limiter.acquire(&req.policy, &key, cost).await?;
-    Ok(respond(acquired, key))
+    Ok(respond(acquired, key, cost))
 }
 
 /// Look at a subject without spending anything.
@@ -413,7 +413,7 @@ pub async fn peek(
     let peeked = limiter
         .decide(&req.policy, &key, Ask::Peek { cost })
         .await?;
-    Ok(respond(peeked, key))
+    Ok(respond(peeked, key, cost))
 }
 
 /// Report units used, whether or not they fit.
@@ -451,7 +451,7 @@ pub async fn report(
     let reported = limiter
         .decide(&req.policy, &key, Ask::Report { cost })
         .await?;
-    Ok(respond(reported, key))
+    Ok(respond(reported, key, cost))
 }
 
 /// Give units back.
@@ -507,7 +507,7 @@ pub async fn refund(
             },
         )
         .await?;
-    Ok(respond(refunded, key))
+    Ok(respond(refunded, key, cost))
 }
 
 /// Delete a subject's state.
@@ -607,7 +607,9 @@ fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
     Ok(cost)
 }
 
-fn respond(a: Acquired, key: LimitKey) -> HttpResponse {
+fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
+    // On the request's span (`api::span`), when traces are exported.
+    crate::trace::record_decision(&tracing::Span::current(), &a, &key, cost);
     let policy = &a.policy;
     let verdict = &a.verdict;
     let d = verdict.decision();

@@ -6,6 +6,9 @@
 //! field is computed inside the span macro, and the request id is a counter, not a random draw
 //! (see [`RequestId`]). Below `info` a request costs one level check here.
 //!
+//! When traces are exported (`trace`), this span is the request's OpenTelemetry span, a child of
+//! the caller's `traceparent` when it sends one.
+//!
 //! The client's address is the peer's, unless the peer is one of `server.trusted_proxies`; only
 //! then does `X-Forwarded-For` name the client (anyone else can write that header). Every field a
 //! client controls is recorded with `Debug` formatting, so quotes, backslashes and control
@@ -105,6 +108,8 @@ where
 
     fn call(&self, request: ServiceRequest) -> Self::Future {
         let span = root_span(&request);
+        // Before the span is first entered: its OpenTelemetry parent can be set only until then.
+        crate::trace::continue_trace(&span, &crate::trace::HttpHeaders(request.headers()));
         let answer = span.in_scope(|| self.service.call(request));
         InSpan { answer, span }
     }

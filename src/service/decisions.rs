@@ -145,7 +145,9 @@ impl RateLimiter {
                 DecidedBy::LocalCache,
             ));
         }
-        match self.store.decide(plan).await {
+        let decided = self.store.decide(plan);
+        match crate::trace::store_call("store decide", self.store_decider().as_str(), decided).await
+        {
             Ok(verdict) => {
                 if let (Some(d), Some(Lookup::Miss(Some(ticket)))) = (denials, lookup) {
                     if let Some(denied) = denial_of(&verdict) {

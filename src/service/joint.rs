@@ -264,7 +264,10 @@ impl RateLimiter {
         if !self.store.decides_jointly() || joint_limits(&plans) > MAX_JOINT_LIMITS {
             return self.decide_in_turn(subjects, which, answers).await;
         }
-        let decided: Vec<(Verdict, DecidedBy)> = match self.store.acquire_joint(&plans).await {
+        let joint = self.store.acquire_joint(&plans);
+        let joint =
+            crate::trace::store_call("store acquire joint", self.store_decider().as_str(), joint);
+        let decided: Vec<(Verdict, DecidedBy)> = match joint.await {
             Ok(verdicts) => {
                 let by = self.store_decider();
                 verdicts.into_iter().map(|v| (v, by)).collect()
