@@ -73,6 +73,10 @@ pub type TraceLayer = Box<dyn Layer<Registry> + Send + Sync>;
 /// Starts exporting when `settings` has an endpoint: the provider and the layer to install with
 /// the log subscriber (`telemetry::init`); `None` when tracing is off.
 pub fn start(settings: &TracingSettings) -> Result<Option<(Tracing, TraceLayer)>, TraceError> {
+    // Registered now (the recorder first), on or off, so that the counter shows 0 before the
+    // first drop and a dashboard's panel of it has a series on every instance.
+    crate::metrics::handle();
+    metrics::counter!(SPANS_DROPPED).absolute(0);
     let Some(endpoint) = &settings.endpoint else {
         return Ok(None);
     };
@@ -121,9 +125,6 @@ pub fn start(settings: &TracingSettings) -> Result<Option<(Tracing, TraceLayer)>
         .with_location(false)
         .with_filter(only_ours)
         .boxed();
-    // Registered now (the recorder first), so that the counter shows 0 before the first drop.
-    crate::metrics::handle();
-    metrics::counter!(SPANS_DROPPED).absolute(0);
     ENABLED.store(true, Ordering::Relaxed);
     RECORD_KEY.store(settings.record_key, Ordering::Relaxed);
     Ok(Some((
