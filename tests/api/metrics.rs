@@ -23,7 +23,7 @@ const HOUR_MS: u64 = 3_600_000;
 
 /// A name unique to the test and its store.
 fn named(test: &str, backend: Backend) -> String {
-    format!("{test}-{}", format!("{backend:?}").to_lowercase())
+    format!("metrics-{test}-{}", format!("{backend:?}").to_lowercase())
 }
 
 /// What the store of `backend` answers as `decided_by`.
@@ -341,7 +341,7 @@ fn tally(answers: &[Value], allowed: bool, by: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn override_decisions_are_counted_as_decided_by_override() {
     let app = spawn_app(Backend::Embedded).await;
-    let p = "by-override";
+    let p = "metrics-by-override";
     app.create_policy(
         json!({"name": p, "algorithm": "fixed_window", "limit": 2, "window_ms": HOUR_MS}),
     )
@@ -377,7 +377,7 @@ async fn fail_open_and_the_denial_cache_are_counted_by_who_decided() {
     clear_of_window_edges(&[HOUR_MS]).await;
     let redis = Arc::new(TestRedis::start());
     let app = spawn_app_with(Some(redis.clone()), &[]).await;
-    let p = "by-cache-and-fail-open";
+    let p = "metrics-by-cache-and-fail-open";
     app.create_policy(
         json!({"name": p, "algorithm": "fixed_window", "limit": 2, "window_ms": HOUR_MS}),
     )
@@ -426,7 +426,7 @@ async fn fail_open_and_the_denial_cache_are_counted_by_who_decided() {
 async fn joint_grpc_decisions_are_counted_per_policy_and_limit() {
     clear_of_window_edges(&[HOUR_MS]).await;
     let app = spawn_app_with(None, &[("RATELIMITER__GRPC__BIND", "127.0.0.1:0")]).await;
-    for (name, key, limit) in [("joint-a", "a", 2), ("joint-b", "b", 100)] {
+    for (name, key, limit) in [("metrics-joint-a", "a", 2), ("metrics-joint-b", "b", 100)] {
         app.create_policy(
             json!({"name": name, "algorithm": "fixed_window", "limit": limit,
             "window_ms": HOUR_MS, "descriptor": {"domain": "metrics", "entries": [{"key": key}]}}),
@@ -459,22 +459,43 @@ async fn joint_grpc_decisions_are_counted_per_policy_and_limit() {
     }
     assert_eq!(codes, [true, true, false]);
     assert_eq!(
-        decisions(&app, "joint-a", "joint-a", "allowed", "embedded").await,
+        decisions(
+            &app,
+            "metrics-joint-a",
+            "metrics-joint-a",
+            "allowed",
+            "embedded"
+        )
+        .await,
         2.0
     );
     assert_eq!(
-        decisions(&app, "joint-a", "joint-a", "denied", "embedded").await,
+        decisions(
+            &app,
+            "metrics-joint-a",
+            "metrics-joint-a",
+            "denied",
+            "embedded"
+        )
+        .await,
         1.0
     );
     // `b` admits all three by its own verdict; the third took nothing, all or nothing.
     assert_eq!(
-        decisions(&app, "joint-b", "joint-b", "allowed", "embedded").await,
+        decisions(
+            &app,
+            "metrics-joint-b",
+            "metrics-joint-b",
+            "allowed",
+            "embedded"
+        )
+        .await,
         3.0
     );
     assert_eq!(
-        near(&app, "joint-a", "joint-a").await,
+        near(&app, "metrics-joint-a", "metrics-joint-a").await,
         1.0,
         "the 2nd left 0 of 2"
     );
-    assert_eq!(near(&app, "joint-b", "joint-b").await, 0.0);
+    assert_eq!(near(&app, "metrics-joint-b", "metrics-joint-b").await, 0.0);
 }
