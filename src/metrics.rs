@@ -10,6 +10,27 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Decisions, labelled `policy` and `outcome` (`allowed`, `denied`, `degraded`).
 pub const DECISIONS: &str = "ratelimiter_decisions_total";
+/// Acquire decisions per limit of each rate policy, labelled `policy`, `limit` (the limit's name;
+/// a flat policy's one limit is named after the policy), `outcome` (that limit's own verdict:
+/// `allowed` or `denied`) and `decided_by` (the answer's: `redis`, `embedded`, `local_cache`,
+/// `fail_open`, `fail_local`, `override`). One count per limit of each acquire counted in
+/// [`DECISIONS`].
+pub const LIMIT_DECISIONS: &str = "ratelimiter_limit_decisions_total";
+/// Allowed acquires after which a limit's used share is at least its policy's
+/// `near_limit_ratio` (remaining <= (1 - ratio) × quota), labelled `policy` and `limit`. Not
+/// counted for fail-open answers and override decisions, which do not say what is left.
+pub const NEAR_LIMIT: &str = "ratelimiter_near_limit_total";
+/// The configured quota of each limit (`Params::quota`: `limit`, `capacity` or `burst`),
+/// labelled `policy`, `limit` and `tier` (`""` for the policy's own limits, one series per
+/// tier). Written at each scrape from this instance's policy cache, so that a policy or tier
+/// that goes takes its series with it.
+pub const LIMIT_QUOTA: &str = "ratelimiter_limit_quota";
+/// The store's latest policy change-log version this instance has read, minus the version its
+/// cache has applied.
+pub const POLICY_LAG_VERSIONS: &str = "ratelimiter_policy_cache_lag_versions";
+/// Seconds since this instance's policy cache was last known current with the store: 0 while
+/// its latest refresh applied every change the store had.
+pub const POLICY_LAG_SECONDS: &str = "ratelimiter_policy_cache_lag_seconds";
 /// Peeks, reports, refunds and resets, labelled `policy` and `operation`.
 pub const OPERATIONS: &str = "ratelimiter_operations_total";
 /// Units recorded by reports and given back by refunds, labelled `policy` and `operation`.
@@ -98,6 +119,65 @@ pub const EMBEDDED_SUBJECTS: &str = "ratelimiter_embedded_subjects";
 /// (`limits.max_embedded_subjects`), answered by fail mode.
 pub const EMBEDDED_STORE_FULL: &str = "ratelimiter_embedded_store_full_total";
 
+/// Gauges this instance writes into the scrape itself, from its own state, rather than through
+/// the process-wide recorder: `metrics-exporter-prometheus` 0.18 cannot remove one series (its
+/// only removal is `idle_timeout`, per kind of metric, which would drop every gauge not set
+/// lately), and a quota series must go when its policy or tier does. Written after the
+/// recorder's text, each name once, in the Prometheus text format.
+pub struct Exposition {
+    text: String,
+}
+
+impl Exposition {
+    pub fn new(text: String) -> Self {
+        Self { text }
+    }
+
+    /// Appends gauge `name` with its `help` and its samples, each `(labels, value)`.
+    pub fn gauge<'a>(
+        &mut self,
+        name: &str,
+        help: &str,
+        samples: impl IntoIterator<Item = (Vec<(&'a str, &'a str)>, f64)>,
+    ) {
+        use std::fmt::Write;
+        if !self.text.is_empty() && !self.text.ends_with('\n') {
+            self.text.push('\n');
+        }
+        let _ = writeln!(self.text, "# HELP {name} {help}");
+        let _ = writeln!(self.text, "# TYPE {name} gauge");
+        for (labels, value) in samples {
+            self.text.push_str(name);
+            if !labels.is_empty() {
+                self.text.push('{');
+                for (i, (k, v)) in labels.iter().enumerate() {
+                    if i > 0 {
+                        self.text.push(',');
+                    }
+                    let _ = write!(self.text, "{k}=\"{}\"", escape(v));
+                }
+                self.text.push('}');
+            }
+            let _ = writeln!(self.text, " {value}");
+        }
+    }
+
+    pub fn into_text(self) -> String {
+        self.text
+    }
+}
+
+/// A label value escaped as the text format asks (`\\`, `\"`, `\n`).
+fn escape(v: &str) -> std::borrow::Cow<'_, str> {
+    if !v.contains(['\\', '"', '\n']) {
+        return v.into();
+    }
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+        .into()
+}
+
 const LATENCY_BUCKETS: &[f64] = &[
     0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
     1.0, 2.5,
@@ -125,6 +205,14 @@ fn describe() {
     describe_counter!(
         DECISIONS,
         "Decisions by policy and outcome (allowed, denied, degraded)"
+    );
+    describe_counter!(
+        LIMIT_DECISIONS,
+        "Acquire decisions per limit by that limit's outcome and who decided (decided_by)"
+    );
+    describe_counter!(
+        NEAR_LIMIT,
+        "Allowed acquires that left a limit at or past its policy's near_limit_ratio of its quota"
     );
     describe_histogram!(ACQUIRE_SECONDS, Unit::Seconds, "Time to decide one acquire");
     describe_histogram!(

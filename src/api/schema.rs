@@ -33,8 +33,8 @@ use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
 use crate::policy::request_limits::Unit;
 use crate::policy::tiers::MAX_TIERS;
 use crate::policy::{
-    concurrency, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES, MAX_KEY_BYTES,
-    MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
+    concurrency, near_limit, Algorithm, FailMode, Mode, PolicyDoc, MAX_DESCRIPTION_BYTES,
+    MAX_KEY_BYTES, MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
 };
 use crate::service::lease_id::{LEASE_ID_PATTERN, MAX_LEASE_ID_BYTES};
 
@@ -201,6 +201,26 @@ fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
     policy_object(title, name_is)
         .property("descriptor", descriptor())
         .property("tiers", tiers())
+        .property(near_limit::FIELD, near_limit_ratio())
+}
+
+/// `near_limit_ratio`: a number in (0, 1], from the bounds the check reads.
+fn near_limit_ratio() -> ObjectBuilder {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Number, Type::Null]))
+        .exclusive_minimum(Some(near_limit::MIN_EXCLUSIVE))
+        .maximum(Some(near_limit::MAX))
+        .description(Some(format!(
+            "The share of each limit's quota from which an allowed acquire counts as near the \
+             limit (`ratelimiter_near_limit_total{{policy, limit}}`): when it leaves at most \
+             (1 - ratio) × quota remaining. Greater than {} and at most {}, compared to six \
+             decimal places; {} (as Envoy's rate-limit service) when left out. Rate policies \
+             only (422 for a concurrency policy).",
+            near_limit::MIN_EXCLUSIVE,
+            near_limit::MAX,
+            near_limit::DEFAULT
+        )))
+        .examples([serde_json::json!(0.9)])
 }
 
 /// `request_limits` of a policy of one limit of `algorithm`: whether an Envoy descriptor's own

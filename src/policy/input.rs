@@ -8,8 +8,8 @@
 use serde_json::{Map, Number, Value};
 
 use super::{
-    concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    RequestLimits, Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
+    concurrency, near_limit, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio,
+    Policy, PolicyName, Rate, RequestLimits, Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
 use crate::limiter::{Field, ScriptArgs};
 
@@ -94,7 +94,7 @@ impl ValidationError {
 }
 
 /// Fields of a policy besides its limit's (flat form) or its `limits`.
-const POLICY_FIELDS: [&str; 7] = [
+const POLICY_FIELDS: [&str; 8] = [
     "name",
     "description",
     "fail_mode",
@@ -102,6 +102,7 @@ const POLICY_FIELDS: [&str; 7] = [
     "descriptor",
     "tiers",
     "request_limits",
+    near_limit::FIELD,
 ];
 
 /// Validates a policy document, in the flat form (`{"name", "algorithm", <fields>…}`, one limit)
@@ -183,11 +184,17 @@ pub fn parse_policy(
 
     let tiers = doc.get("tiers").filter(|t| !t.is_null());
     let request_limits = doc.get("request_limits").filter(|r| !r.is_null());
+    let near_limit_ratio = doc
+        .get(near_limit::FIELD)
+        .filter(|r| !r.is_null())
+        .map(NearLimitRatio::parse)
+        .transpose()?;
     match limits {
         Limits::Rate(limits) => {
             let rate = Rate::new(limits)?
                 .with_mode(mode)
-                .with_descriptor(descriptor);
+                .with_descriptor(descriptor)
+                .with_near_limit_ratio(near_limit_ratio);
             let request_limits = request_limits
                 .map(|r| RequestLimits::parse(r, rate.limits()))
                 .transpose()?;
@@ -212,6 +219,7 @@ pub fn parse_policy(
                 descriptor.as_ref(),
                 tiers.is_some(),
                 request_limits.is_some(),
+                near_limit_ratio.is_some(),
             )?;
             Ok(Policy::concurrent(name, params, description, fail_mode))
         }
@@ -235,7 +243,15 @@ pub(super) fn only_rate_fields(
     descriptor: Option<&Descriptor>,
     tiers: bool,
     request_limits: bool,
+    near_limit_ratio: bool,
 ) -> Result<(), ValidationError> {
+    // A lease is held, not spent: a concurrency policy's use is `ratelimiter_leases_in_use`.
+    if near_limit_ratio {
+        return Err(ValidationError::invalid(
+            near_limit::FIELD,
+            "is for rate policies: a concurrency policy counts no near-limit acquires",
+        ));
+    }
     // A lease is not a request of Envoy's, and holds no rate to give.
     if request_limits {
         return Err(ValidationError::invalid(

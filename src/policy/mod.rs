@@ -13,6 +13,7 @@ pub mod concurrency;
 pub mod descriptor;
 pub mod input;
 mod name;
+pub mod near_limit;
 pub mod overrides;
 pub mod request_limits;
 pub mod stored;
@@ -28,6 +29,7 @@ pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS
 pub use descriptor::Descriptor;
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName, MAX_KEY_BYTES, NAME_PATTERN};
+pub use near_limit::NearLimitRatio;
 pub use request_limits::RequestLimits;
 pub use tiers::{Changes, Limits, Tiers};
 
@@ -173,6 +175,9 @@ pub struct Rate {
     tiers: Tiers,
     /// Whether a request may give its own limit (Envoy's descriptor `limit`), and the most.
     request_limits: Option<RequestLimits>,
+    /// The share of a quota from which an allowed acquire counts as near the limit, when the
+    /// document gives one (else [`near_limit::DEFAULT`]).
+    near_limit_ratio: Option<NearLimitRatio>,
 }
 
 impl Rate {
@@ -205,6 +210,7 @@ impl Rate {
             descriptor: None,
             tiers: Tiers::default(),
             request_limits: None,
+            near_limit_ratio: None,
         }
     }
 
@@ -231,6 +237,22 @@ impl Rate {
     pub fn with_request_limits(mut self, request_limits: Option<RequestLimits>) -> Self {
         self.request_limits = request_limits;
         self
+    }
+
+    /// The same limits counting near-limit acquires from `ratio` (`None`: the default).
+    pub fn with_near_limit_ratio(mut self, ratio: Option<NearLimitRatio>) -> Self {
+        self.near_limit_ratio = ratio;
+        self
+    }
+
+    /// The `near_limit_ratio` the document gives, if it gives one.
+    pub fn near_limit_ratio(&self) -> Option<NearLimitRatio> {
+        self.near_limit_ratio
+    }
+
+    /// The ratio near-limit acquires are counted from: the document's, or the default.
+    pub fn near_limit(&self) -> NearLimitRatio {
+        self.near_limit_ratio.unwrap_or_default()
     }
 
     /// Whether a request may give its own limit, and the most it may give.
@@ -495,6 +517,9 @@ impl Serialize for PolicyDoc {
         }
         if let Some(r) = p.rate().and_then(Rate::request_limits) {
             map.serialize_entry("request_limits", r)?;
+        }
+        if let Some(r) = p.rate().and_then(Rate::near_limit_ratio) {
+            map.serialize_entry(near_limit::FIELD, &r)?;
         }
         map.end()
     }

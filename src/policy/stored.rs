@@ -15,8 +15,8 @@ use serde_json::{Map, Number, Value};
 
 use super::input::{bounded, description, is_any_field, missing, only_rate_fields, rate_algorithm};
 use super::{
-    concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, Policy, PolicyName, Rate,
-    RequestLimits, Tiers, ValidationError,
+    concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio, Policy,
+    PolicyName, Rate, RequestLimits, Tiers, ValidationError,
 };
 use crate::limiter::Field;
 
@@ -44,6 +44,9 @@ pub struct StoredDoc {
     /// Kept as JSON: [`RequestLimits::parse`] is its one reader, for input too.
     #[serde(default)]
     request_limits: Option<Value>,
+    /// Kept as JSON: [`NearLimitRatio::parse`] is its one reader, for input too.
+    #[serde(default)]
+    near_limit_ratio: Option<Value>,
     /// The flat form's algorithm's fields (every other key of the document).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
@@ -83,9 +86,14 @@ impl TryFrom<StoredDoc> for Policy {
             descriptor,
             tiers,
             request_limits,
+            near_limit_ratio,
             fields,
         } = doc;
         let request_limits = request_limits.filter(|r| !r.is_null());
+        let near_limit_ratio = near_limit_ratio
+            .filter(|r| !r.is_null())
+            .map(|r| NearLimitRatio::parse(&r))
+            .transpose()?;
         let name = PolicyName::parse(&name).map_err(|r| ValidationError::invalid("name", r))?;
         let description = text
             .as_deref()
@@ -105,7 +113,8 @@ impl TryFrom<StoredDoc> for Policy {
                 if let Some(key) = fields.keys().next() {
                     return Err(beside_limits(key));
                 }
-                let rate = with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?;
+                let rate = with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?
+                    .with_near_limit_ratio(near_limit_ratio);
                 Kind::Rate(with_request_limits(rate, request_limits.as_ref())?)
             }
             (None, Some(algorithm)) if algorithm == concurrency::NAME => {
@@ -114,6 +123,7 @@ impl TryFrom<StoredDoc> for Policy {
                     descriptor.as_ref(),
                     tiers.is_some(),
                     request_limits.is_some(),
+                    near_limit_ratio.is_some(),
                 )?;
                 Kind::Concurrency(concurrency_params(&fields)?)
             }
@@ -121,7 +131,8 @@ impl TryFrom<StoredDoc> for Policy {
                 let limit = rate_limit(name.clone(), &algorithm, &fields)?;
                 let rate = Rate::new(vec![limit])?
                     .with_mode(mode)
-                    .with_descriptor(descriptor);
+                    .with_descriptor(descriptor)
+                    .with_near_limit_ratio(near_limit_ratio);
                 let rate = with_tiers(rate, tiers)?;
                 Kind::Rate(with_request_limits(rate, request_limits.as_ref())?)
             }
@@ -316,6 +327,11 @@ mod tests {
             json!({"name": "r", "algorithm": "token_bucket", "capacity": 5, "refill_tokens": 5, "refill_period_ms": 1000, "request_limits": {"max_requests_per_unit": 100, "unit": "minute"}}),
             json!({"name": "d", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000, "max_lease_ms": 60000}),
             json!({"name": "e", "algorithm": "concurrency", "limit": 5, "lease_ms": 30000}),
+            json!({"name": "n", "algorithm": "fixed_window", "limit": 5, "window_ms": 1000, "near_limit_ratio": 0.9}),
+            json!({"name": "m", "limits": [
+                {"name": "x", "algorithm": "fixed_window", "limit": 5, "window_ms": 1},
+                {"name": "y", "algorithm": "gcra", "rate": 5, "period_ms": 1000, "burst": 5}
+            ], "near_limit_ratio": 1}),
         ] {
             let input = parse_policy(&v, None).expect("valid");
             let written = serde_json::to_string(&input.to_doc()).expect("serializes");
@@ -370,6 +386,10 @@ mod tests {
                 {"name": "y", "algorithm": "fixed_window", "limit": 5, "window_ms": 2}
             ], "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
             json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "request_limits": {"max_requests_per_unit": 5, "unit": "minute"}}),
+            json!({"name": "n", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "near_limit_ratio": 0}),
+            json!({"name": "n", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "near_limit_ratio": 1.5}),
+            json!({"name": "n", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "near_limit_ratio": "0.8"}),
+            json!({"name": "c", "algorithm": "concurrency", "limit": 5, "lease_ms": 1000, "near_limit_ratio": 0.8}),
         ] {
             assert!(parse_policy(&v, None).is_err(), "input accepts {v}");
             assert!(stored(&v).is_err(), "a stored document accepts {v}");

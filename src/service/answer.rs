@@ -35,6 +35,16 @@ pub enum DecidedBy {
 }
 
 impl DecidedBy {
+    /// Every value, in declaration order (which `as usize` indexes).
+    pub const ALL: [DecidedBy; 6] = [
+        DecidedBy::Redis,
+        DecidedBy::Embedded,
+        DecidedBy::FailOpen,
+        DecidedBy::FailLocal,
+        DecidedBy::LocalCache,
+        DecidedBy::Override,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             DecidedBy::Redis => "redis",

@@ -1,13 +1,21 @@
 //! The metrics of decisions, per policy: its counters, registered once when the policy is first
-//! decided.
+//! decided, and per limit of the policy ([`LimitCounters`]): each limit's verdicts by who
+//! decided, and its near-limit acquires.
+//!
+//! Everything here is reached from the policy's cache entry, so counting takes no lock and no
+//! lookup by label: a per-limit counter is a slot of a fixed array, indexed by the limit's
+//! position, the outcome and `decided_by`, and registered by the first decision that uses it
+//! (so that only the combinations that happen become series).
 
 use std::sync::{Arc, OnceLock};
 
 use metrics::Counter;
 
 use super::cache::{Applied, Effect};
+use super::DecidedBy;
 use crate::limiter::{Op, Verdict};
 use crate::metrics as m;
+use crate::policy::{Limit, NearLimitRatio, Policy, Rate};
 
 /// A policy's counters, registered once.
 pub(super) struct DecisionCounters {
@@ -26,6 +34,8 @@ pub(super) struct DecisionCounters {
     /// Decisions by the kind of the override's match (`none`, `exact`, `prefix`, `cidr`) and what
     /// it set (`none`, `tier`, `limits`, `unlimited`, `block`): bounded, never a key or an id.
     by_override: [[Counter; 5]; 4],
+    /// Per limit of the policy, in policy order.
+    pub(super) limits: LimitCounters,
 }
 
 impl DecisionCounters {
@@ -74,7 +84,8 @@ impl DecisionCounters {
         self.by_override[source][effect].increment(1);
     }
 
-    pub(super) fn new(policy: &str) -> Self {
+    pub(super) fn new(p: &Policy) -> Self {
+        let policy = p.name.as_str();
         let counter = |outcome: &'static str| metrics::counter!(m::DECISIONS, "policy" => policy.to_owned(), "outcome" => outcome);
         let op = |op: &'static str| metrics::counter!(m::OPERATIONS, "policy" => policy.to_owned(), "operation" => op);
         let units = |op: &'static str| metrics::counter!(m::OPERATION_UNITS, "policy" => policy.to_owned(), "operation" => op);
@@ -96,6 +107,88 @@ impl DecisionCounters {
                     metrics::counter!(m::OVERRIDE_DECISIONS, "policy" => policy.to_owned(), "source" => source, "effect" => effect)
                 })
             }),
+            limits: LimitCounters::new(p),
+        }
+    }
+}
+
+/// How many values `decided_by` has: the columns of a limit's decision counters.
+const DECIDERS: usize = DecidedBy::ALL.len();
+
+/// The per-limit counters of a rate policy (none for a concurrency policy):
+/// `ratelimiter_limit_decisions_total{policy, limit, outcome, decided_by}` and
+/// `ratelimiter_near_limit_total{policy, limit}`.
+pub(super) struct LimitCounters {
+    policy: Arc<str>,
+    /// The ratio the policy counts near-limit acquires from.
+    near: NearLimitRatio,
+    limits: Vec<LimitCells>,
+}
+
+/// One limit's counters, each registered when first used.
+struct LimitCells {
+    name: Arc<str>,
+    /// By outcome (0 allowed, 1 denied), then by `decided_by` ([`DecidedBy::ALL`]'s order).
+    decisions: [[OnceLock<Counter>; DECIDERS]; 2],
+    near: OnceLock<Counter>,
+}
+
+impl LimitCounters {
+    fn new(policy: &Policy) -> Self {
+        let rate = policy.rate();
+        let limits = rate.map_or(&[][..], Rate::limits);
+        Self {
+            policy: Arc::from(policy.name.as_str()),
+            near: rate.map(Rate::near_limit).unwrap_or_default(),
+            limits: limits
+                .iter()
+                .map(|l| LimitCells {
+                    name: Arc::from(l.name.as_str()),
+                    decisions: Default::default(),
+                    near: OnceLock::new(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Counts one acquire decided with `limits` (the subject's: the policy's, a tier's, an
+    /// override's or the request's, always in the policy's order and of its names): each limit's
+    /// own verdict under `decided_by`, and, when the acquire was allowed and took from the store,
+    /// the limits it left near their quota. A limit the verdict holds no decision for (there is
+    /// none today) takes the acquire's.
+    pub(super) fn count(&self, limits: &[Limit], verdict: &Verdict, decided_by: DecidedBy) {
+        let decisions = verdict.limits();
+        // A fail-open answer's remaining is made up, and an override's `unlimited` leaves its
+        // whole quota: neither says how close the subject came.
+        let near_counts =
+            verdict.allowed && !matches!(decided_by, DecidedBy::FailOpen | DecidedBy::Override);
+        for (i, cells) in self.limits.iter().enumerate() {
+            let decision = decisions.get(i);
+            let allowed = decision.map_or(verdict.allowed, |d| d.allowed);
+            cells.decisions[usize::from(!allowed)][decided_by as usize]
+                .get_or_init(|| {
+                    metrics::counter!(m::LIMIT_DECISIONS,
+                        "policy" => self.policy.clone(),
+                        "limit" => cells.name.clone(),
+                        "outcome" => if allowed { "allowed" } else { "denied" },
+                        "decided_by" => decided_by.as_str())
+                })
+                .increment(1);
+            if !near_counts {
+                continue;
+            }
+            if let (Some(d), Some(limit)) = (decision, limits.get(i)) {
+                if self.near.is_near(d.remaining, limit.params.quota()) {
+                    cells
+                        .near
+                        .get_or_init(|| {
+                            metrics::counter!(m::NEAR_LIMIT,
+                                "policy" => self.policy.clone(),
+                                "limit" => cells.name.clone())
+                        })
+                        .increment(1);
+                }
+            }
         }
     }
 }
@@ -107,8 +200,8 @@ impl DecisionCounters {
 pub(super) struct Counted(Arc<OnceLock<DecisionCounters>>);
 
 impl Counted {
-    /// The counters of the policy named `policy`.
-    pub(super) fn of(&self, policy: &str) -> &DecisionCounters {
+    /// The counters of `policy` (the entry's own).
+    pub(super) fn of(&self, policy: &Policy) -> &DecisionCounters {
         self.0.get_or_init(|| DecisionCounters::new(policy))
     }
 }

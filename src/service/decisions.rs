@@ -61,17 +61,21 @@ impl RateLimiter {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
         }
         let (verdict, decided_by) = result?;
+        let counters = resolved.counters.of(&resolved.policy);
+        if op == Op::Acquire {
+            counters
+                .limits
+                .count(resolved.limits().limits(), &verdict, decided_by);
+        }
         let Resolved {
             policy,
             etag,
             shadow,
-            counters,
             applied,
             given,
             ..
         } = resolved;
         let degraded = decided_by.is_degraded();
-        let counters = counters.of(policy.name.as_str());
         if decided_by == DecidedBy::LocalCache {
             counters.cache_hits.increment(1);
         }
@@ -170,7 +174,7 @@ impl RateLimiter {
             policy, counters, ..
         } = self.policy(name).await?;
         // Counted once done: a policy's counters are registered by its first counted call.
-        let resets = || counters.of(policy.name.as_str()).resets.increment(1);
+        let resets = || counters.of(&policy).resets.increment(1);
         match policy.kind {
             Kind::Concurrency(_) => {
                 self.reset_leases(&policy, key).await?;

@@ -281,9 +281,12 @@ impl RateLimiter {
             resolved_applied[i] = r.applied.clone();
             resolved_given[i] = r.given.clone();
         }
-        for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
+        for ((&i, (verdict, decided_by)), r) in which.iter().zip(decided).zip(&resolved) {
             let s = &subjects[i];
-            let counters = s.found.counters.of(s.found.policy.name.as_str());
+            let counters = s.found.counters.of(&s.found.policy);
+            counters
+                .limits
+                .count(r.limits().limits(), &verdict, decided_by);
             match (decided_by.is_degraded(), verdict.allowed) {
                 (true, _) => counters.degraded.increment(1),
                 (false, true) => counters.allowed.increment(1),

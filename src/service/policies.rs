@@ -48,6 +48,20 @@ pub struct PolicySync {
     seeded: Mutex<Option<Arc<str>>>,
     full_pages: Pages,
     incremental_pages: Pages,
+    /// How far behind the store the cache is (`ratelimiter_policy_cache_lag_*`).
+    lag: Mutex<Lag>,
+}
+
+/// What the refreshes have learnt of the cache's lag behind the store.
+#[derive(Debug, Clone, Copy)]
+struct Lag {
+    /// The store's change-log version in the latest page read of the cache's generation.
+    seen: u64,
+    /// Whether the latest refresh succeeded and left the cache at or past `seen`.
+    current: bool,
+    /// When the cache was last known current (at start: the time the cache was created, when
+    /// it was current with nothing).
+    current_at: Instant,
 }
 
 /// Pages read, for this instance's view (`/readyz`) and for the process-wide metric.
@@ -89,7 +103,37 @@ impl PolicySync {
             seeded: Mutex::new(None),
             full_pages: Pages::new("full"),
             incremental_pages: Pages::new("incremental"),
+            lag: Mutex::new(Lag {
+                seen: 0,
+                current: false,
+                current_at: Instant::now(),
+            }),
         }
+    }
+
+    /// A page of the change log said the store is at `version`.
+    fn saw(&self, version: u64) {
+        lock(&self.lag).seen = version;
+    }
+
+    /// A refresh ended (`ok`: without a store error), leaving the cache at `applied`.
+    fn settle_lag(&self, ok: bool, applied: u64) {
+        let mut lag = lock(&self.lag);
+        lag.current = ok && applied >= lag.seen;
+        if lag.current {
+            lag.current_at = Instant::now();
+        }
+    }
+
+    /// How far behind the store the cache at `applied` is: versions (the store's latest version
+    /// read less `applied`) and time (since it was last known current; zero while it is).
+    pub fn lag(&self, applied: u64) -> (u64, Duration) {
+        let lag = *lock(&self.lag);
+        let behind = match lag.current {
+            true => Duration::ZERO,
+            false => lag.current_at.elapsed(),
+        };
+        (lag.seen.saturating_sub(applied), behind)
     }
 
     /// Time since the cache was last brought up to date.
@@ -164,6 +208,14 @@ impl RateLimiter {
             }
         }
         *last_started = Some(Instant::now());
+        let result = self.bring_up_to_date().await;
+        self.sync
+            .settle_lag(result.is_ok(), self.cache.position().applied);
+        result
+    }
+
+    /// One refresh: follows the change log from where the cache stands, or reloads.
+    async fn bring_up_to_date(&self) -> Result<(), StoreError> {
         let position = self.cache.position();
         // Follow the change log from where the cache stands, unless there is nothing loaded yet
         // (the full load reads from the start anyway), the store is another generation, or it
@@ -172,6 +224,9 @@ impl RateLimiter {
             None => None,
             Some(cache) => {
                 let page = self.store.policy_changes(position.applied, PAGE).await?;
+                if page.generation.as_ref() == Some(cache) {
+                    self.sync.saw(page.version);
+                }
                 (page.generation.as_ref() == Some(cache) && position.applied >= page.floor)
                     .then(|| (cache.clone(), page))
             }
@@ -215,6 +270,7 @@ impl RateLimiter {
                 // The store lost its data meanwhile: the next refresh reloads.
                 return Ok(());
             }
+            self.sync.saw(page.version);
         }
     }
 
@@ -232,6 +288,7 @@ impl RateLimiter {
                 ));
             }
             self.sync.full_pages.increment();
+            self.sync.saw(page.version);
             let full = page.changes.len() >= PAGE;
             since = match (full, page.changes.last()) {
                 (true, Some(last)) => last.version,

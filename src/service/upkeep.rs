@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::{denials, undo, RateLimiter};
 use crate::metrics as m;
+use crate::policy::Policy;
 use crate::store::breaker::BreakerState;
 use crate::store::memory::system_now_us;
 
@@ -45,7 +46,25 @@ impl RateLimiter {
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "in_use").set(f64::from(in_use));
             metrics::gauge!(m::POOL_CONNECTIONS, "state" => "idle").set(f64::from(idle));
         }
-        m::handle().render()
+        let mut out = m::Exposition::new(m::handle().render());
+        let (versions, behind) = self.sync.lag(position.applied);
+        out.gauge(
+            m::POLICY_LAG_VERSIONS,
+            "Policy change-log versions the store has that this instance's cache has not applied",
+            [(Vec::new(), versions as f64)],
+        );
+        out.gauge(
+            m::POLICY_LAG_SECONDS,
+            "Seconds since this instance's policy cache was last known current with the store (0 while current)",
+            [(Vec::new(), behind.as_secs_f64())],
+        );
+        let policies = self.cache.list();
+        out.gauge(
+            m::LIMIT_QUOTA,
+            "Configured quota of each limit of each rate policy, and of each of its tiers",
+            policies.iter().flat_map(|(p, _)| quotas(p)),
+        );
+        out.into_text()
     }
 
     /// Keeps the cache in step with the store, and in-process memory bounded, until the
@@ -90,6 +109,28 @@ impl RateLimiter {
             }
         });
     }
+}
+
+/// The `ratelimiter_limit_quota` samples of a policy: each limit's quota, with `tier=""`, then
+/// each tier's limits with the tier's name. None for a concurrency policy.
+fn quotas(policy: &Policy) -> Vec<(Vec<(&str, &str)>, f64)> {
+    let Some(rate) = policy.rate() else {
+        return Vec::new();
+    };
+    let name = policy.name.as_str();
+    let own = std::iter::once(("", rate.limits()));
+    let tiers = rate
+        .tiers()
+        .iter()
+        .map(|(tier, t)| (tier.as_str(), t.limits.limits()));
+    let mut out = Vec::new();
+    for (tier, limits) in own.chain(tiers) {
+        for l in limits {
+            let labels = vec![("policy", name), ("limit", l.name.as_str()), ("tier", tier)];
+            out.push((labels, l.params.quota() as f64));
+        }
+    }
+    out
 }
 
 /// Keeps the denial cache subscribed to its invalidations, using it only while subscribed (see
