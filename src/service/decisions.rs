@@ -61,6 +61,9 @@ impl RateLimiter {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
         }
         let (verdict, decided_by) = result?;
+        if op == Op::Acquire {
+            self.count_top(&resolved.policy, key.as_str(), &verdict, plan.params);
+        }
         let Resolved {
             policy,
             etag,

@@ -277,8 +277,9 @@ impl RateLimiter {
             resolved_applied[i] = r.applied.clone();
             resolved_given[i] = r.given.clone();
         }
-        for (&i, (verdict, decided_by)) in which.iter().zip(decided) {
+        for (j, (&i, (verdict, decided_by))) in which.iter().zip(decided).enumerate() {
             let s = &subjects[i];
+            self.count_top(&s.found.policy, s.key.as_str(), &verdict, plans[j].params);
             let counters = s.found.counters.of(s.found.policy.name.as_str());
             match (decided_by.is_degraded(), verdict.allowed) {
                 (true, _) => counters.degraded.increment(1),

@@ -38,3 +38,4 @@ mod scripts;
 mod settle;
 mod settling;
 mod tickets;
+mod top;
