@@ -426,9 +426,11 @@ impl LimitsSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct TopSettings {
     /// The subjects each summary tracks (per policy, dimension and minute): 0 turns top
-    /// offenders off, otherwise 16 to 1,024. Each count is within `total / subjects` of the
+    /// offenders off, otherwise 16 to 256. Each count is within `total / subjects` of the
     /// truth per summary; 128 keeps Redis's sorted sets in their compact encoding
-    /// (`zset-max-listpack-entries` is 128 by default).
+    /// (`zset-max-listpack-entries` is 128 by default). At most 256: a fold's script time in
+    /// Redis grows with it (measured in NOTES-obs-top.md: at 1,024 one fold of a flood held Redis
+    /// for tens of milliseconds).
     pub subjects: usize,
     /// How often an instance folds what it counted into Redis, in ms (10 to 60,000): what
     /// `top` lags behind by.
@@ -459,8 +461,8 @@ impl TopSettings {
     }
 
     fn invalid(&self) -> Option<(&'static str, &'static str)> {
-        if self.subjects != 0 && !(16..=1_024).contains(&self.subjects) {
-            return Some(("top.subjects", "must be 0 (off) or from 16 to 1024"));
+        if self.subjects != 0 && !(16..=256).contains(&self.subjects) {
+            return Some(("top.subjects", "must be 0 (off) or from 16 to 256"));
         }
         if !(10..=60_000).contains(&self.fold_ms) {
             return Some(("top.fold_ms", "must be from 10 to 60000"));
