@@ -525,6 +525,31 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_s_summaries_hold_a_bounded_heap_however_many_subjects() {
+        let top = Top::new(&TopSettings::default());
+        let denied = Counted {
+            allowed: false,
+            near_limit: false,
+        };
+        let near = Counted {
+            allowed: true,
+            near_limit: true,
+        };
+        for i in 0..20_000 {
+            // 32-byte keys.
+            let key = format!("subject-{i:024}");
+            top.count("api", &key, denied);
+            top.count("api", &key, near);
+        }
+        let bytes = top.heap_bytes("api");
+        eprintln!("one policy's live summaries, 128 slots each, 32-byte keys: {bytes} bytes");
+        // Three summaries of 128 slots (the spares stay empty until a fold): a 40-byte slot and
+        // its key each, and the table (at most 512 buckets of 5 bytes: evictions leave
+        // tombstones, so it may grow once past 256).
+        assert!(bytes <= 3 * (128 * (40 + 32) + 512 * 5), "{bytes}");
+    }
+
+    #[test]
     fn by_and_window_read_their_own_names() {
         for b in By::ALL {
             assert_eq!(By::parse(b.as_str()), Some(b));
