@@ -225,23 +225,20 @@ impl Top {
             return;
         }
         let hash = self.hasher.hash(key);
-        let found = self
-            .policies
-            .read()
+        {
+            // Counted under the shared lock: no reference count to touch on every decision.
+            let policies = self.policies.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(p) = policies.get(policy) {
+                p.count(hash, key, counted);
+                return;
+            }
+        }
+        self.policies
+            .write()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(policy)
-            .cloned();
-        let entry = match found {
-            Some(p) => p,
-            None => self
-                .policies
-                .write()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(Arc::from(policy))
-                .or_insert_with(|| Arc::new(PolicyTop::new(self.capacity)))
-                .clone(),
-        };
-        entry.count(hash, key, counted);
+            .entry(Arc::from(policy))
+            .or_insert_with(|| Arc::new(PolicyTop::new(self.capacity)))
+            .count(hash, key, counted);
     }
 
     fn show(&self, key: &str) -> String {
