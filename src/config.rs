@@ -429,8 +429,8 @@ pub struct TopSettings {
     /// offenders off, otherwise 16 to 256. Each count is within `total / subjects` of the
     /// truth per summary; 128 keeps Redis's sorted sets in their compact encoding
     /// (`zset-max-listpack-entries` is 128 by default). At most 256: a fold's script time in
-    /// Redis grows with it (measured in NOTES-obs-top.md: at 1,024 one fold of a flood held Redis
-    /// for tens of milliseconds).
+    /// Redis grows with it (`bench/top_cost.py`: at 1,024 one fold of a flood held Redis for tens
+    /// of milliseconds).
     pub subjects: usize,
     /// How often an instance folds what it counted into Redis, in ms (10 to 60,000): what
     /// `top` lags behind by.
