@@ -421,6 +421,59 @@ impl LimitsSettings {
     }
 }
 
+/// The top offenders (`GET /v1/policies/{name}/top`, see `service::top`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TopSettings {
+    /// The subjects each summary tracks (per policy, dimension and minute): 0 turns top
+    /// offenders off, otherwise 16 to 256. Each count is within `total / subjects` of the
+    /// truth per summary; 128 keeps Redis's sorted sets in their compact encoding
+    /// (`zset-max-listpack-entries` is 128 by default). At most 256: a fold's script time in
+    /// Redis grows with it (`bench/top_cost.py`: at 1,024 one fold of a flood held Redis for tens
+    /// of milliseconds).
+    pub subjects: usize,
+    /// How often an instance folds what it counted into Redis, in ms (10 to 60,000): what
+    /// `top` lags behind by.
+    pub fold_ms: u64,
+    /// Shows keys as salted hashes (`hmac:` and 32 hex digits of HMAC-SHA-256) in `top`'s
+    /// answers.
+    pub hash_keys: bool,
+    /// The salt of the hashes: the same on every instance so that a subject hashes alike on
+    /// each; without it each process draws its own at start-up.
+    pub salt: Option<Secret>,
+}
+
+impl Default for TopSettings {
+    fn default() -> Self {
+        Self {
+            subjects: 128,
+            fold_ms: 1_000,
+            hash_keys: false,
+            salt: None,
+        }
+    }
+}
+
+impl TopSettings {
+    /// `top.fold_ms` as a duration.
+    pub fn fold_every(&self) -> Duration {
+        Duration::from_millis(self.fold_ms)
+    }
+
+    fn invalid(&self) -> Option<(&'static str, &'static str)> {
+        if self.subjects != 0 && !(16..=256).contains(&self.subjects) {
+            return Some(("top.subjects", "must be 0 (off) or from 16 to 256"));
+        }
+        if !(10..=60_000).contains(&self.fold_ms) {
+            return Some(("top.fold_ms", "must be from 10 to 60000"));
+        }
+        if self.salt.as_ref().is_some_and(|s| s.expose().len() < 16) {
+            return Some(("top.salt", "must be at least 16 bytes"));
+        }
+        None
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSettings {
@@ -568,6 +621,7 @@ pub struct Settings {
     pub redis: RedisSettings,
     pub auth: AuthSettings,
     pub limits: LimitsSettings,
+    pub top: TopSettings,
     pub log: LogSettings,
     pub tracing: TracingSettings,
     /// Created at start-up when absent; never overwrite a policy changed through the API.
@@ -584,6 +638,8 @@ struct RawSettings {
     #[serde(default)]
     auth: AuthSettings,
     limits: LimitsSettings,
+    #[serde(default)]
+    top: TopSettings,
     log: LogSettings,
     #[serde(default)]
     tracing: TracingSettings,
@@ -790,6 +846,9 @@ impl RawSettings {
             }
             policies.push(policy);
         }
+        if let Some((key, reason)) = self.top.invalid() {
+            return Err(invalid(key, reason));
+        }
         if let Some((key, reason)) = self.grpc.invalid() {
             return Err(invalid(key, reason));
         }
@@ -807,6 +866,7 @@ impl RawSettings {
             redis: self.redis,
             auth: self.auth,
             limits: self.limits,
+            top: self.top,
             log: self.log,
             tracing: self.tracing,
             policies,

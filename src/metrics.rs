@@ -119,6 +119,14 @@ pub const EMBEDDED_SUBJECTS: &str = "ratelimiter_embedded_subjects";
 /// (`limits.max_embedded_subjects`), answered by fail mode.
 pub const EMBEDDED_STORE_FULL: &str = "ratelimiter_embedded_store_full_total";
 
+/// Subjects evicted from this instance's top-offender summaries by others (a flood of distinct
+/// subjects): each eviction widens the summary's error bound.
+pub const TOP_EVICTED: &str = "ratelimiter_top_dropped_total";
+
+/// Folds of a policy's top-offender summaries into Redis, labelled `outcome` = `ok`, `error` (a
+/// failed fold is kept and folded with the next).
+pub const TOP_FOLDS: &str = "ratelimiter_top_folds_total";
+
 /// Gauges this instance writes into the scrape itself, from its own state, rather than through
 /// the process-wide recorder: `metrics-exporter-prometheus` 0.18 cannot remove one series (its
 /// only removal is `idle_timeout`, per kind of metric, which would drop every gauge not set
@@ -205,6 +213,14 @@ fn describe() {
     describe_counter!(
         DECISIONS,
         "Decisions by policy and outcome (allowed, denied, degraded)"
+    );
+    describe_counter!(
+        TOP_EVICTED,
+        "Subjects evicted from this instance's top-offender summaries by other subjects"
+    );
+    describe_counter!(
+        TOP_FOLDS,
+        "Folds of a policy's top-offender summaries into Redis, by outcome (ok, error)"
     );
     describe_counter!(
         LIMIT_DECISIONS,

@@ -96,13 +96,16 @@ impl Application {
         if let Err(e) = store.load_scripts().await {
             tracing::warn!(error = %e, "could not load the scripts at start-up; each is loaded on first use");
         }
-        let limiter = Arc::new(RateLimiter::new(
-            store,
-            prefix,
-            settings.policies.clone(),
-            &settings.limits,
-            settings.redis.policy_stale_after(),
-        ));
+        let limiter = Arc::new(
+            RateLimiter::new(
+                store,
+                prefix,
+                settings.policies.clone(),
+                &settings.limits,
+                settings.redis.policy_stale_after(),
+            )
+            .with_top(&settings.top),
+        );
         limiter
             .refresh()
             .await

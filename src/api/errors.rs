@@ -76,6 +76,9 @@ pub enum ApiError {
         header: &'static str,
         reason: &'static str,
     },
+    /// A query parameter is unknown, repeated or out of range.
+    #[error("`{parameter}` {reason}")]
+    BadQuery { parameter: String, reason: String },
     #[error(transparent)]
     Service(#[from] ServiceError),
 }
@@ -157,6 +160,12 @@ impl ApiError {
                 "urn:ratelimiter:problem:malformed-header",
                 "A request header is malformed",
                 Some(header),
+            ),
+            ApiError::BadQuery { parameter, .. } => (
+                S::BAD_REQUEST,
+                "urn:ratelimiter:problem:malformed-query",
+                "A query parameter is malformed",
+                Some(parameter.as_str()),
             ),
             ApiError::Service(e) => match e {
                 ServiceError::Invalid(e) if e.is_malformed() => malformed_field(e.field()),

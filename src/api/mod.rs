@@ -18,6 +18,7 @@ pub mod policies;
 pub mod reply;
 pub mod schema;
 pub mod span;
+pub mod top;
 
 use actix_web::body::MessageBody;
 use actix_web::dev::{ServiceFactory, ServiceRequest, ServiceResponse};
@@ -73,6 +74,7 @@ where
         .service(overrides::list)
         .service(overrides::create)
         .service(overrides::resolve)
+        .service(top::top)
         .service(overrides::read)
         .service(overrides::replace)
         .service(overrides::remove)
@@ -97,7 +99,7 @@ fn allowed_methods(path: &str) -> Option<&'static str> {
                 }
                 return match tail {
                     "overrides" => Some("GET, POST"),
-                    "resolve" => Some("GET"),
+                    "resolve" | "top" => Some("GET"),
                     _ => tail
                         .strip_prefix("overrides/")
                         .filter(|id| segment(id))

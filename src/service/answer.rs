@@ -60,6 +60,13 @@ impl DecidedBy {
     pub const fn is_degraded(self) -> bool {
         matches!(self, DecidedBy::FailOpen | DecidedBy::FailLocal)
     }
+
+    /// Whether its verdict says how close the subject came to its limits, so that an allowed one
+    /// can count as near the limit (metrics, top offenders): not a fail-open answer, whose
+    /// remaining is made up, nor an override's `unlimited`, which leaves the whole quota.
+    pub const fn knows_remaining(self) -> bool {
+        !matches!(self, DecidedBy::FailOpen | DecidedBy::Override)
+    }
 }
 
 /// One answered acquire, peek, report or refund.

@@ -158,10 +158,7 @@ impl LimitCounters {
     /// none today) takes the acquire's.
     pub(super) fn count(&self, limits: &[Limit], verdict: &Verdict, decided_by: DecidedBy) {
         let decisions = verdict.limits();
-        // A fail-open answer's remaining is made up, and an override's `unlimited` leaves its
-        // whole quota: neither says how close the subject came.
-        let near_counts =
-            verdict.allowed && !matches!(decided_by, DecidedBy::FailOpen | DecidedBy::Override);
+        let near_counts = verdict.allowed && decided_by.knows_remaining();
         for (i, cells) in self.limits.iter().enumerate() {
             let decision = decisions.get(i);
             let allowed = decision.map_or(verdict.allowed, |d| d.allowed);

@@ -66,6 +66,13 @@ impl RateLimiter {
             counters
                 .limits
                 .count(resolved.limits().limits(), &verdict, decided_by);
+            self.count_top(
+                &resolved.policy,
+                key.as_str(),
+                &verdict,
+                plan.params,
+                decided_by,
+            );
         }
         let Resolved {
             policy,

@@ -281,8 +281,17 @@ impl RateLimiter {
             resolved_applied[i] = r.applied.clone();
             resolved_given[i] = r.given.clone();
         }
-        for ((&i, (verdict, decided_by)), r) in which.iter().zip(decided).zip(&resolved) {
+        for (j, ((&i, (verdict, decided_by)), r)) in
+            which.iter().zip(decided).zip(&resolved).enumerate()
+        {
             let s = &subjects[i];
+            self.count_top(
+                &s.found.policy,
+                s.key.as_str(),
+                &verdict,
+                plans[j].params,
+                decided_by,
+            );
             let counters = s.found.counters.of(&s.found.policy);
             counters
                 .limits

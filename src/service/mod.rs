@@ -17,7 +17,8 @@
 //! limits: their writes, reads and the explanation of what applies) in [`overrides`], their
 //! lookup in `resolve`; readiness in
 //! [`readiness`]; the background loop and the gauges in `upkeep`; answers and errors in
-//! `answer` and `error`.
+//! `answer` and `error`. Who is denied, allowed or near the limit most: [`top`], counted
+//! beside the counters of every acquire.
 
 mod answer;
 pub mod cache;
@@ -35,6 +36,7 @@ pub mod policies;
 pub mod readiness;
 pub mod resolve;
 pub mod ticket;
+pub mod top;
 pub mod undo;
 mod upkeep;
 
@@ -94,6 +96,8 @@ pub struct RateLimiter {
     ticketless_refunds: bool,
     /// `limits.max_exact_overrides` and `limits.max_pattern_overrides`.
     override_caps: crate::store::OverrideCaps,
+    /// Every policy's top offenders (see [`top`]).
+    top: top::Top,
 }
 
 impl RateLimiter {
@@ -155,7 +159,14 @@ impl RateLimiter {
                 exact: limits.max_exact_overrides,
                 patterns: limits.max_pattern_overrides,
             },
+            top: top::Top::new(&crate::config::TopSettings::default()),
         }
+    }
+
+    /// The same service, counting its top offenders as `settings` say (`top.*`).
+    pub fn with_top(mut self, settings: &crate::config::TopSettings) -> Self {
+        self.top = top::Top::new(settings);
+        self
     }
 
     /// Whether a refund may come without a ticket (`limits.ticketless_refunds`), as Envoy's

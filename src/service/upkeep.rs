@@ -1,4 +1,4 @@
-//! What runs beside the requests: the background loop (the policy cache following the store,
+//! What runs beside the requests: the top offenders' fold (`top`), the background loop (the policy cache following the store,
 //! the ticket key ring, the in-process stores' eviction, the lease sweep, the store's own
 //! housekeeping), the denial cache's subscription to its invalidations, and the state gauges
 //! brought up to date for `/metrics`.
@@ -73,6 +73,7 @@ impl RateLimiter {
         if self.denials.is_some() {
             tokio::spawn(listen_for_invalidations(Arc::downgrade(self)));
         }
+        tokio::spawn(super::top::fold_forever(Arc::downgrade(self)));
         tokio::spawn(undo::drain_forever(
             Arc::downgrade(self),
             self.undos.clone(),

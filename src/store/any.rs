@@ -7,6 +7,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use super::redis::breaker::BreakerState;
+use super::top::{Minute, Tally, DIMENSIONS};
 use super::{
     ChangePage, Etag, LeasePlan, LeasedLedger, MemoryStore, OverrideWrite, OverrideWritten, Plan,
     PolicyWrite, RedisStore, Store, StoreError, Written,
@@ -185,6 +186,31 @@ impl AnyStore {
         match self {
             AnyStore::Memory(_) => Vec::new(),
             AnyStore::Redis(r) => r.master_breakers(),
+        }
+    }
+
+    /// Folds an instance's top-offender summaries of `policy` into the minute's shared ones
+    /// (see [`RedisStore::fold_top`]); nothing to fold on the embedded store, whose process
+    /// keeps its own minutes.
+    pub async fn fold_top(
+        &self,
+        policy: &str,
+        minute: u64,
+        capacity: usize,
+        tallies: &[Tally; DIMENSIONS],
+    ) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.fold_top(policy, minute, capacity, tallies).await,
+        }
+    }
+
+    /// The shared top-offender summaries of `policy` for `minutes` (see
+    /// [`RedisStore::read_top`]); none on the embedded store.
+    pub async fn read_top(&self, policy: &str, minutes: &[u64]) -> Result<Vec<Minute>, StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(Vec::new()),
+            AnyStore::Redis(r) => r.read_top(policy, minutes).await,
         }
     }
 

@@ -34,6 +34,13 @@
 //! writes it with a call of its own before a take or renewal). Its tag holds neither `:` nor
 //! `@`, so no state or lease key shares it.
 //!
+//! The top offenders' summaries of a policy, one minute each (see `store::top`), are
+//! `<prefix>:{top/<policy>}:<minute>:d`, `:a` and `:n` (sorted sets of the denied, allowed and
+//! near-limit counts by subject) and `:m` (a hash of each one's total and error bound), on one
+//! hash tag per policy so that one script folds an instance's summaries into them ([`top_keys`]).
+//! The tag holds `/`, which neither a policy name nor a key of a state tag (`<policy>:`…) can
+//! start with, so it meets no other tag.
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
@@ -107,6 +114,12 @@ pub fn lease_index_member(policy: &str, incarnation: u64) -> String {
 pub fn parse_lease_index_member(member: &str) -> Option<(&str, u64)> {
     let (policy, incarnation) = member.rsplit_once('@')?;
     Some((policy, incarnation.parse().ok()?))
+}
+
+/// The keys of one minute of a policy's top-offender summaries: the sorted sets of the denied,
+/// allowed and near-limit counts, then the hash of their totals and bounds (see the module doc).
+pub fn top_keys(prefix: &str, policy: &str, minute: u64) -> [String; 4] {
+    ["d", "a", "n", "m"].map(|part| format!("{prefix}:{{top/{policy}}}:{minute}:{part}"))
 }
 
 /// Writes `<prefix>:{<policy>@<incarnation>}:` to `buf` (cleared first), with room for `tail`
@@ -298,6 +311,16 @@ mod tests {
         // No subject's key is the ledger's, whatever its key.
         lease_key(&mut buf, "rl", "exports", 7, "s");
         assert_ne!(buf, ledger);
+    }
+
+    #[test]
+    fn a_minute_of_top_summaries_is_on_its_policy_s_own_tag() {
+        let keys = top_keys("rl", "api", 29_000_000);
+        assert_eq!(keys[0], "rl:{top/api}:29000000:d");
+        assert_eq!(keys[3], "rl:{top/api}:29000000:m");
+        assert!(keys.iter().all(|k| hash_tag(k) == "top/api"));
+        // No subject's state shares it, whatever its policy and key.
+        assert_ne!(hash_tag(&key("top", "api")), hash_tag(&keys[0]));
     }
 
     #[test]

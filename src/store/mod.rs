@@ -22,6 +22,7 @@ pub mod key;
 pub mod memory;
 mod plan;
 pub mod redis;
+pub mod top;
 
 mod any;
 mod error;

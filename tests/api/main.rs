@@ -39,4 +39,5 @@ mod scripts;
 mod settle;
 mod settling;
 mod tickets;
+mod top;
 mod traces;

@@ -3,7 +3,8 @@
 //! breaker ([`calls`]). Here: the store and its [`Store`] implementation. Beside it: the calling
 //! convention of `lua/common.lua` that the direct and the batched call read (`argv.rs`), the
 //! policy codec (`codec.rs`), redis-rs errors (`error.rs`), leases (`leases.rs`), the servers'
-//! version, scripts, masters and breakers (`server.rs`), what the instances share (`peer.rs`).
+//! version, scripts, masters and breakers (`server.rs`), what the instances share (`peer.rs`), the
+//! top offenders' summaries folded by every instance (`top.rs`).
 
 pub mod batch;
 pub mod breaker;
@@ -18,6 +19,7 @@ mod error;
 mod leases;
 mod peer;
 mod server;
+mod top;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicI64;

@@ -1,0 +1,33 @@
+//! What a store keeps of the top offenders (see `service::top`): the contract between the
+//! service, which counts decisions in bounded summaries, and Redis, where every instance folds
+//! its summaries into one per policy and minute (`lua/top.lua`, `store/redis/top.rs`).
+//!
+//! The three dimensions a subject is counted in, in this order everywhere (the keys, the
+//! script's arguments, the answer): its denied decisions, its allowed ones, and its allowed ones
+//! that left it near its limit.
+
+/// The dimensions, in the order of [`Tally`] arrays, the keys and the script's arguments.
+pub const DIMENSIONS: usize = 3;
+
+/// One dimension of a summary, as it travels between the service and the store: the decisions
+/// it counted (exactly), the subjects it tracks with their counts, and its error bound (every
+/// count is within `bound` of the subject's true count; a subject it does not track has at most
+/// `bound`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub total: u64,
+    pub bound: u64,
+    pub entries: Vec<(String, u64)>,
+}
+
+/// One minute of a policy's summaries: its number (Unix time in minutes) and one tally per
+/// dimension.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Minute {
+    pub minute: u64,
+    pub tallies: [Tally; DIMENSIONS],
+}
+
+/// How long Redis keeps a minute's summaries, in seconds: the longest window (an hour) and the
+/// minute in progress, and one more for the folds of a late instance.
+pub const MINUTE_TTL_S: u64 = 62 * 60;
