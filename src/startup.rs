@@ -106,10 +106,24 @@ impl Application {
             )
             .with_top(&settings.top),
         );
-        limiter
-            .refresh()
-            .await
-            .context("loading policies (and creating the configured ones)")?;
+        // The first load reads every policy and override, page by page: on a busy Redis one page
+        // may miss its deadline (100,000 overrides are hundreds of pages). A transient failure is
+        // tried again, four times over about three seconds, so that a Redis that is down still
+        // fails the start-up promptly, naming the cause.
+        let mut retries = 0;
+        loop {
+            match limiter.refresh().await {
+                Ok(()) => break,
+                Err(e) if e.is_transient() && retries < 4 => {
+                    retries += 1;
+                    tracing::warn!(error = %e, retries, "loading policies failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(100 << retries)).await;
+                }
+                Err(e) => {
+                    return Err(e).context("loading policies (and creating the configured ones)")
+                }
+            }
+        }
         limiter
             .load_ticket_keys()
             .await
