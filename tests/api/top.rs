@@ -1,7 +1,8 @@
 //! `GET /v1/policies/{name}/top`: two instances on one real Redis under generated load (one
 //! subject floods, many trickle) both name the flooder first, every count within the answer's
-//! error bound of what was sent; the embedded store; the windows and dimensions; joint (gRPC)
-//! acquires and overrides counted; bad parameters; admin tokens; salted hashes of the keys.
+//! error bound of what was sent, and two on a Redis Cluster; the embedded store; the windows and
+//! dimensions; joint (gRPC) acquires, overrides and fail-open answers counted; bad parameters;
+//! admin tokens; salted hashes of the keys.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use hmac::{Hmac, Mac};
 use serde_json::{json, Value};
 use sha2::Sha256;
 
-use crate::helpers::{spawn_app_with, TestApp, TestRedis};
+use crate::helpers::{spawn_app_on_cluster, spawn_app_with, TestApp, TestCluster, TestRedis};
 
 /// Folds every 50 ms, so that a test waits a fraction of a second for its counts.
 const FAST_FOLD: (&str, &str) = ("RATELIMITER__TOP__FOLD_MS", "50");
@@ -74,12 +75,15 @@ async fn load(
     truth
 }
 
-/// Waits until every one of `apps` knows the policy `name` (another instance's write arrives
-/// within `redis.policy_refresh_ms`).
+/// Waits until every one of `apps` decides with the policy `name` (another instance's write
+/// arrives within `redis.policy_refresh_ms`). Asked with a peek, which decides from the
+/// instance's own cache as an acquire does (a `GET` of the policy reads the store) and counts
+/// for no top offender.
 async fn known(apps: &[&TestApp], name: &str) {
     let started = Instant::now();
+    let peek = json!({"policy": name, "key": "known-probe"});
     for app in apps {
-        while app.get(&format!("/v1/policies/{name}")).await.status() != 200 {
+        while app.post("/v1/peek", &peek).await.status() != 200 {
             assert!(
                 started.elapsed() < Duration::from_secs(5),
                 "{name} never arrived"
@@ -188,6 +192,53 @@ async fn two_instances_on_one_redis_name_the_flooder_first_within_the_bound() {
             assert!(members <= 16, "{key}: {members} members");
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_a_redis_cluster_name_the_flooder_first_within_the_bound() {
+    let cluster = Arc::new(TestCluster::start());
+    let settings = [FAST_FOLD, ("RATELIMITER__TOP__SUBJECTS", "16")];
+    let a = spawn_app_on_cluster(cluster.clone(), &settings).await;
+    let b = spawn_app_on_cluster(cluster.clone(), &settings).await;
+    a.create_policy(policy("top-cluster")).await;
+    known(&[&a, &b], "top-cluster").await;
+    let truth = load(&[&a, &b], "top-cluster", 300, 120, 3).await;
+    assert_eq!(truth["flooder"], [250, 50, 11], "the limit's own answers");
+    for app in [&a, &b] {
+        let denied = settled(app, "top-cluster", "by=denied", sum(&truth, 0)).await;
+        assert_eq!(denied["subjects"][0]["key"], "flooder", "{denied}");
+        within_bounds(&denied, &truth);
+        let allowed = settled(app, "top-cluster", "by=allowed&limit=100", sum(&truth, 1)).await;
+        within_bounds(&allowed, &truth);
+        assert!(
+            allowed["error_bound"].as_u64().expect("bound") <= 2 * sum(&truth, 1) / 16,
+            "at most 2 N / k: {allowed}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_acquires_count_as_allowed_and_arrive_once_redis_answers_again() {
+    let redis = Arc::new(TestRedis::start());
+    let app = spawn_app_with(Some(redis.clone()), &[FAST_FOLD]).await;
+    app.create_policy(
+        json!({"name": "top-open", "algorithm": "fixed_window", "limit": 1_000_000,
+        "window_ms": 3_600_000, "fail_mode": "open"}),
+    )
+    .await;
+    // A hung Redis: the acquires are answered by fail mode, and the folds fail with them.
+    redis.signal("STOP");
+    for _ in 0..12 {
+        let a = app.acquire("top-open", "outage", 1).await;
+        assert_eq!(a["decided_by"], "fail_open", "{a}");
+    }
+    redis.signal("CONT");
+    let allowed = settled(&app, "top-open", "by=allowed", 12).await;
+    assert_eq!(allowed["subjects"][0]["key"], "outage", "{allowed}");
+    assert_eq!(allowed["subjects"][0]["allowed"], 12, "{allowed}");
+    // Fail-open answers say nothing of how close the subject came.
+    let near = settled(&app, "top-open", "by=near_limit", 0).await;
+    assert_eq!(near["subjects"], json!([]), "{near}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
