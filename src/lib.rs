@@ -14,7 +14,8 @@
 //!   the subject's override are read), decides acquires, joint acquires and leases, answers by
 //!   the one fail-mode table when the store fails, and keeps the policy cache (overrides
 //!   included) following the store's change log; policy and override reads and writes,
-//!   readiness.
+//!   readiness; the top offenders' summaries (`service::top`), counted beside each decision and
+//!   folded into the store off the acquire path.
 //! - [`policy`]: what a policy is (one to eight rate limits on the same subjects, with tiers, or
 //!   one concurrency limit held by leases), what an override of it is, and their validation, the
 //!   one reader of policy documents.
