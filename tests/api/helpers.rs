@@ -26,7 +26,7 @@ pub struct TestRedis {
     args: Vec<String>,
 }
 
-const INSTALL_HINT: &str = "the tests need `redis-server` on PATH: on Debian or Ubuntu run \
+const INSTALL_HINT: &str = "the tests need `redis-server` 7 or later on PATH: `scripts/test` installs it, or on Debian or Ubuntu run \
      `apt-get install -y redis-server` (it also brings redis-cli)";
 
 /// A free loopback port (nothing listens on it right now).
