@@ -12,7 +12,8 @@
 //! sent: Redis decided after that moment,
 //! so they are never later than Redis's (a cached `retry_after_ms` may be shorter than Redis's by
 //! the round trip, never longer). An entry lives until its retry time, and never longer than
-//! the bound `limits.denial_cache_ms`.
+//! the bound `limits.denial_cache_ms`; while it lives it answers Redis's retry and reset times,
+//! counted down, whatever the bound.
 //!
 //! Invalidation. Every instance that refunds, reports or resets a subject on the shared store
 //! publishes `<policy>:<key>` on the Redis channel `<prefix>:denials` after the store answered,
@@ -43,8 +44,11 @@ struct Entry {
     policy: Box<str>,
     version: u64,
     key: Box<str>,
-    /// When an acquire of 1 unit may pass again (or the bound, if sooner).
+    /// When the entry stops answering: the retry time, or the bound if sooner.
     until: Instant,
+    /// When an acquire of 1 unit may pass again, as Redis answered it; what a hit counts down
+    /// to, so that an entry cut short by the bound never promises an earlier retry than Redis.
+    retry_at: Instant,
     /// When the limit will be full again, as Redis answered it.
     reset_at: Instant,
 }
@@ -162,7 +166,7 @@ impl DenialCache {
             return Lookup::Miss(Some(ticket));
         }
         Lookup::Hit(Denied {
-            retry_after: entry.until - now,
+            retry_after: entry.retry_at.saturating_duration_since(now),
             reset_after: entry.reset_at.saturating_duration_since(now),
         })
     }
@@ -201,6 +205,7 @@ impl DenialCache {
                 version,
                 key: key.into(),
                 until,
+                retry_at: ticket.sent + denied.retry_after,
                 reset_at: ticket.sent + denied.reset_after,
             },
         );
@@ -318,7 +323,8 @@ mod tests {
         let d = cache
             .denied("p", 1, "k", t.sent + 999 * MS)
             .expect("cached");
-        assert_eq!(d.retry_after, MS);
+        // It answers Redis's times, counted down: the bound shortens its life, not them.
+        assert_eq!(d.retry_after, 59_001 * MS);
         assert_eq!(d.reset_after, 59_001 * MS);
         assert_eq!(cache.denied("p", 1, "k", t.sent + 1_000 * MS), None);
     }
