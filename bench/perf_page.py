@@ -5,6 +5,7 @@
     python3 bench/perf_page.py --check      # exit 1 with a diff when the page and the files disagree
     python3 bench/perf_page.py --self-test  # --check passes on a copy, and fails once a number changes
     python3 bench/perf_page.py --list       # which result file each table comes from
+    python3 bench/perf_page.py --ci         # what .ci/run runs: --self-test, then --check (about 2 s)
 
 A generated table sits between two markers on the page:
 
@@ -517,6 +518,19 @@ def render(page_text, results):
     return "\n".join(out), errors
 
 
+def unlisted(directory):
+    """Every committed result file must have its line in the history, bench/results/README.md."""
+    history = os.path.join(directory, "README.md")
+    if not os.path.exists(history):
+        return [f"{os.path.relpath(history)} (the run-by-run history) is missing"]
+    with open(history) as f:
+        text = f.read()
+    return [f"bench/results/{name} is not named in bench/results/README.md: add what the run measured"
+            for name in sorted(os.listdir(directory))
+            if name != "README.md" and not name.startswith(("smoke-", "quick-"))
+            and not re.search(r"[`/]" + re.escape(name) + "`", text)]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
@@ -524,11 +538,14 @@ def main(argv=None):
     mode.add_argument("--check", action="store_true", help="exit 1 with a diff when the page differs from the files")
     mode.add_argument("--self-test", action="store_true", help="check that --check passes, and fails on a change")
     mode.add_argument("--list", action="store_true", help="print which result file each table comes from")
+    mode.add_argument("--ci", action="store_true", help="--self-test, then --check of the committed page")
     ap.add_argument("--page", default=PAGE, help="the page (default docs/performance.md)")
     ap.add_argument("--results", default=RESULTS, help="the result files' directory (default bench/results)")
     opts = ap.parse_args(argv)
     if opts.self_test:
         return self_test()
+    if opts.ci:
+        return self_test() or main(["--check", "--page", opts.page, "--results", opts.results])
     results = load_results(opts.results)
     if opts.list:
         for name, (what, fn) in TABLES.items():
@@ -541,7 +558,12 @@ def main(argv=None):
         print(f"perf_page: {os.path.relpath(opts.page)}: {e}", file=sys.stderr)
     if errors:
         return 1
+    missing = unlisted(opts.results)
+    for e in missing:
+        print(f"perf_page: {e}", file=sys.stderr)
     if opts.write:
+        if missing:
+            return 1
         if new != text:
             with open(opts.page, "w") as f:
                 f.write(new)
@@ -550,12 +572,15 @@ def main(argv=None):
             print(f"perf_page: {os.path.relpath(opts.page)} already agrees with bench/results/")
         return 0
     if new != text:
+        sys.stdout.flush()
         sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
                                                    "docs/performance.md (committed)",
                                                    "docs/performance.md (from bench/results/)"))
         print(f"perf_page: {os.path.relpath(opts.page)} disagrees with bench/results/: run "
               f"`python3 bench/perf_page.py --write` (and read the prose around the tables that changed)",
               file=sys.stderr)
+        return 1
+    if missing:
         return 1
     print(f"perf_page: {os.path.relpath(opts.page)} agrees with bench/results/ ({len(TABLES)} tables)")
     return 0
@@ -571,7 +596,7 @@ def self_test():
         p = subprocess.run([sys.executable, os.path.abspath(__file__), "--check", "--page", page, "--results", results],
                            capture_output=True, text=True)
         ok = (p.returncode == 0) == expect
-        print(f"self-test: {what}: --check exit {p.returncode} ({'as expected' if ok else 'WRONG'})")
+        print(f"self-test: {what}: --check exit {p.returncode} ({'as expected' if ok else 'WRONG'})", flush=True)
         if not ok:
             failures.append(what)
             print(p.stdout[-2000:] + p.stderr[-2000:])
@@ -625,6 +650,14 @@ def self_test():
         with open(page, "w") as f:
             f.write(text)
         check(page, results, True, "the page restored")
+
+        unnamed = os.path.join(results, "2099-01-01T000000Z-profile-unnamed.txt")
+        with open(unnamed, "w") as f:
+            f.write("a profile nobody wrote up\n")
+        p = check(page, results, False, "a result file the history does not name")
+        if p.returncode and "2099-01-01T000000Z-profile-unnamed.txt" not in p.stderr:
+            failures.append("the error does not name the unlisted file")
+        os.remove(unnamed)
     if failures:
         print("self-test FAILED: " + "; ".join(failures), file=sys.stderr)
         return 1
