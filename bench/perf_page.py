@@ -379,7 +379,10 @@ def t_overrides(results):
         ["writes through the API, 16 connections",
          f"{n(w['per_s'])}/s ({n(w['count'])} in {w['seconds']:.0f} s; {us(w['service_cpu_us_per_write'])} µs of "
          f"service CPU and {us(w['redis_cpu_us_per_write'])} µs of Redis's each)", ""],
-        ["Redis memory", f"{d['redis_used_memory_mib']['with']:.1f} MiB", f"{d['redis_used_memory_mib']['without']:.1f} MiB"],
+        ["Redis memory",
+         f"{d['redis_used_memory_mib']['with']:.1f} MiB (about "
+         f"{n((d['redis_used_memory_mib']['with'] - d['redis_used_memory_mib']['without']) * 2**20 / (o['exact'] + o['prefix'] + o['cidr']))}"
+         f" bytes per override)", f"{d['redis_used_memory_mib']['without']:.1f} MiB"],
         ["a new instance: `/readyz` 200 and the overrides in force",
          f"{ni['with']['overrides_in_force_s']:.2f} s", f"{ni['without']['overrides_in_force_s']:.2f} s"],
         ["a new instance's resident memory",
@@ -429,7 +432,7 @@ def t_policies(results):
 AB_QUESTIONS = [
     ("ab-2026-12-01T221553Z.json", "top offenders on (`top.subjects` 128, the default) against off (0)"),
     ("ab-2026-12-01T212507Z.json", "tracing on (`tracing.sample_ratio` 1.0, exporting to a local receiver) "
-                                   "against off"),
+                                   "against a build without tracing, on a loaded machine"),
 ]
 
 
