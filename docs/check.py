@@ -83,7 +83,7 @@ DOC_HTTP = "127.0.0.1:8080"
 DOC_GRPC = "127.0.0.1:8081"
 DOC_REDIS = "127.0.0.1:6379"
 MARKERS = {"<!-- runnable -->": "embedded", "<!-- runnable: redis -->": "redis"}
-FENCE = re.compile(r"^( {0,3})(`{3,}|~{3,})\s*([^\s`]*)")
+FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`]*)")
 
 
 # --------------------------------------------------------------------------------- masking
@@ -168,7 +168,7 @@ def fenced_blocks(lines: list[str]):
         fence = m.group(2)
         j = i + 1
         while j < len(lines):
-            close = re.match(r"^ {0,3}(" + re.escape(fence[0]) + r"{" + str(len(fence)) + r",})\s*$", lines[j])
+            close = re.match(r"^\s*(" + re.escape(fence[0]) + r"{" + str(len(fence)) + r",})\s*$", lines[j])
             if close:
                 break
             j += 1
@@ -397,7 +397,7 @@ _HTML_ID = re.compile(r"""\b(?:id|name)\s*=\s*["']([^"']+)["']""")
 _HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 
 
-def prose_lines(text: str):
+def prose_lines(text: str, strip_code: bool = True):
     """Yields (1-based line number, line) of the lines outside fenced code, inline code removed."""
     lines = text.split("\n")
     inside = set()
@@ -405,7 +405,7 @@ def prose_lines(text: str):
         inside.update(range(start, min(end, len(lines) - 1) + 1))
     for i, line in enumerate(lines):
         if i not in inside:
-            yield i + 1, _INLINE_CODE.sub("", line)
+            yield i + 1, _INLINE_CODE.sub("", line) if strip_code else line
 
 
 def github_slug(heading: str) -> str:
@@ -422,7 +422,7 @@ def anchors(path: Path, cache: dict[Path, set[str]]) -> set[str]:
         text = path.read_text(encoding="utf-8")
         found: set[str] = set()
         seen: dict[str, int] = {}
-        for _, line in prose_lines_raw(text):
+        for _, line in prose_lines(text, strip_code=False):
             m = _HEADING.match(line)
             if m:
                 slug = github_slug(m.group(2))
@@ -432,16 +432,6 @@ def anchors(path: Path, cache: dict[Path, set[str]]) -> set[str]:
             found.update(_HTML_ID.findall(line))
         cache[path] = found
     return cache[path]
-
-
-def prose_lines_raw(text: str):
-    lines = text.split("\n")
-    inside = set()
-    for start, _, _, end in fenced_blocks(lines):
-        inside.update(range(start, min(end, len(lines) - 1) + 1))
-    for i, line in enumerate(lines):
-        if i not in inside:
-            yield i + 1, line
 
 
 def check_links(files: list[Path], root: Path, external: list[str]) -> list[str]:
@@ -523,6 +513,7 @@ def check_page(
                 elapsed = time.monotonic() - started
             finally:
                 env.close()
+            before = len(failures)
             for c, (output, status) in zip(commands, results):
                 count += 1
                 if output is None:
@@ -539,6 +530,9 @@ def check_page(
                                                           "(the service)", lineterm=""))
                     note = "" if status.isdigit() else f" [{status}]"
                     failures.append(f"{rel}:{c.line}: the output of `$ {first}` differs{note} (masked):\n{diff}")
+            if len(failures) > before:
+                log = env.log.read_text(errors="replace").splitlines()[-15:]
+                failures.append(f"{rel}: the last lines of the service's log ({kind}):\n  " + "\n  ".join(log))
             print(f"  {rel} ({kind}): {len(commands)} commands in {elapsed:.1f} s", file=sys.stderr)
     if recorded:
         lines = path.read_text(encoding="utf-8").split("\n")
@@ -551,7 +545,13 @@ def check_page(
     return count, failures
 
 
+def _exit_on_signal(signum, _frame):
+    raise SystemExit(128 + signum)  # so that the finally blocks stop the processes
+
+
 def main(argv: list[str] | None = None) -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on_signal)
     ap = argparse.ArgumentParser(description="Run the docs' runnable examples and check their links.")
     ap.add_argument("--binary", type=Path, help="the ratelimiter binary to run the examples against")
     ap.add_argument("--redis-server", default=None, help="redis-server to use (default: the one on PATH)")
