@@ -47,8 +47,8 @@ values and everything else on the line is still compared:
 Besides, the header lines of an HTTP response (from an ``HTTP/1.1 200 OK`` line to the first
 empty line) are compared in sorted order, because the service does not write its headers in a
 fixed order. Nothing else is forgiven: counts, ``remaining``, statuses, versions, messages and
-key names must match exactly. A trailing newline missing at the end of a command's output is
-not a difference.
+key names must match exactly. Spaces at the end of a line, and a newline missing at the end of
+a command's output, are not differences.
 
 Links
 -----
@@ -115,7 +115,7 @@ def mask_line(line: str) -> str:
 
 def normalize(text: str) -> list[str]:
     """The lines to compare: masked, with each HTTP response's header lines sorted."""
-    lines = [mask_line(l.rstrip("\r")) for l in text.split("\n")]
+    lines = [mask_line(l.rstrip()) for l in text.split("\n")]
     if lines and lines[-1] == "":
         lines.pop()
     out: list[str] = []
