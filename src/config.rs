@@ -725,6 +725,13 @@ impl RawSettings {
         if self.redis.breaker_failures == 0 {
             return Err(invalid("redis.breaker_failures", "must be at least 1"));
         }
+        // actix-server panics on more than 512 workers: refuse them here, naming the setting.
+        if self.server.workers > 512 {
+            return Err(invalid(
+                "server.workers",
+                "must be from 0 (one per core) to 512",
+            ));
+        }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
@@ -903,6 +910,9 @@ impl RedisSettings {
         (self.policy_refresh() * 8).max(Duration::from_secs(2))
     }
 }
+
+#[cfg(test)]
+mod reference;
 
 #[cfg(test)]
 mod tests {
