@@ -12,7 +12,10 @@
 //! can express it); the documented default, fed back as that variable, loads the very settings
 //! the code defaults to (an `unset` / `none` default must be `None` or empty in the code); and
 //! the documented bounds are the code's: each edge is accepted and each value just outside is
-//! refused, naming the key. The TOML examples on the page must load as they are.
+//! refused, naming the key. The TOML examples on the page must load as they are. The other
+//! variables the service reads (`RATELIMITER_CONFIG`, `OTEL_*`), found as string literals in
+//! `src/`, are each in the page's table of other variables, and that table names no variable
+//! that `src/` never mentions.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -280,6 +283,16 @@ fn settings_in_the_code() -> BTreeMap<String, Shape> {
                     path.pop();
                 }
             }
+            // An optional section is walked like any other.
+            Shape::Optional(inner) if matches!(*inner, Shape::Table(_)) => {
+                if let Shape::Table(fields) = *inner {
+                    for field in fields {
+                        path.push(field);
+                        walk(path, out);
+                        path.pop();
+                    }
+                }
+            }
             leaf => {
                 out.insert(path.join("."), leaf);
             }
@@ -508,9 +521,11 @@ fn check_row(key: &str, shape: &Shape, row: &Row, defaults: &str) -> Vec<String>
             ));
         }
         if text_list != is_list_key(key) {
-            problem(format!(
-                "is a list in the code: `is_list_key` must say so for its variable to be split"
-            ));
+            problem(if text_list {
+                "is a list: `is_list_key` must name it, or its variable is not split".to_owned()
+            } else {
+                "is not a list, but `is_list_key` names it".to_owned()
+            });
         }
         if text_list && !row.env.contains("comma-separated") {
             problem("is a list: its variable cell must say `(comma-separated)`".to_owned());
@@ -706,4 +721,84 @@ fn the_example_files_in_the_reference_load() {
             panic!("docs/configuration.md:{line}: the example does not load: {e}");
         }
     }
+}
+
+/// The text of every `src/**/*.rs`.
+fn sources() -> Vec<String> {
+    let mut out = Vec::new();
+    let mut dirs = vec![PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src")];
+    while let Some(dir) = dirs.pop() {
+        let entries = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()));
+        for path in entries.flatten().map(|e| e.path()) {
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    out
+}
+
+/// The string literals in `sources` that name an environment variable read outside the
+/// settings: `"OTEL_…"` and `"RATELIMITER_…"` with one underscore.
+fn other_variables_in(sources: &[String]) -> std::collections::BTreeSet<String> {
+    let mut found = std::collections::BTreeSet::new();
+    for source in sources {
+        for start in ["\"OTEL_", "\"RATELIMITER_"] {
+            for (at, _) in source.match_indices(start) {
+                let name: String = source[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                let closed = source[at + 1 + name.len()..].starts_with('"');
+                // A bare prefix (this scan's own needles) names no variable.
+                if closed && !name.ends_with('_') && !name.starts_with("RATELIMITER__") {
+                    found.insert(name);
+                }
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_reference_names_every_other_variable_the_service_reads() {
+    let path = page_path();
+    let page = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    let mut listed = std::collections::BTreeSet::new();
+    let mut in_table = false;
+    for line in page.lines() {
+        let cells = cells(line);
+        if !line.trim_start().starts_with('|') {
+            in_table = false;
+        } else if cells.first().is_some_and(|c| c == "variable") {
+            in_table = true;
+        } else if in_table {
+            if let Some(name) = quoted(&cells[0]).first() {
+                listed.insert((*name).to_owned());
+            }
+        }
+    }
+    let sources = sources();
+    let code = other_variables_in(&sources);
+    let sources_mention = |name: &str| sources.iter().any(|s| s.contains(name));
+    let mut problems: Vec<String> = code
+        .difference(&listed)
+        .map(|v| format!("`{v}` is read in src/ but not in the page's table of other variables"))
+        .collect();
+    problems.extend(listed.iter().filter(|v| !sources_mention(v)).map(|v| {
+        format!("`{v}` is in the page's table of other variables but src/ never names it")
+    }));
+    assert!(
+        code.contains("RATELIMITER_CONFIG"),
+        "the scan found {code:?}"
+    );
+    assert!(
+        problems.is_empty(),
+        "docs/configuration.md:\n  {}",
+        problems.join("\n  ")
+    );
 }
