@@ -725,6 +725,21 @@ impl RawSettings {
         if self.redis.breaker_failures == 0 {
             return Err(invalid("redis.breaker_failures", "must be at least 1"));
         }
+        // actix-server panics on more than 512 workers: refuse them here, naming the setting.
+        if self.server.workers > 512 {
+            return Err(invalid(
+                "server.workers",
+                "must be from 0 (one per core) to 512",
+            ));
+        }
+        // A keep-alive far in the future overflows the deadline actix computes for every idle
+        // connection (each request's worker thread panicked at about 9.2e18 s): a day is plenty.
+        if self.server.keep_alive_s > 86_400 {
+            return Err(invalid(
+                "server.keep_alive_s",
+                "must be at most 86400 (one day)",
+            ));
+        }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
@@ -903,6 +918,9 @@ impl RedisSettings {
         (self.policy_refresh() * 8).max(Duration::from_secs(2))
     }
 }
+
+#[cfg(test)]
+mod reference;
 
 #[cfg(test)]
 mod tests {
@@ -1229,6 +1247,31 @@ mod tests {
             .auth
             .metrics_tokens
             .is_empty());
+    }
+
+    #[test]
+    fn worker_counts_and_keep_alives_the_http_server_cannot_take_are_refused_naming_their_key() {
+        for (var, accepted, refused, key) in [
+            (
+                "RATELIMITER__SERVER__WORKERS",
+                "512",
+                "513",
+                "server.workers",
+            ),
+            (
+                "RATELIMITER__SERVER__KEEP_ALIVE_S",
+                "86400",
+                "9223372036854775807",
+                "server.keep_alive_s",
+            ),
+        ] {
+            assert!(
+                Settings::load_from(None, env(&[(var, accepted)])).is_ok(),
+                "{var}"
+            );
+            let e = Settings::load_from(None, env(&[(var, refused)])).expect_err(refused);
+            assert!(e.to_string().contains(key), "{e}");
+        }
     }
 
     #[test]
