@@ -87,14 +87,26 @@ impl TestRedis {
     }
 }
 
-/// Sends `signal` to process `pid` with `kill(1)`.
+/// Sends `signal` (its name without `SIG`) to process `pid`.
 pub fn signal_pid(pid: u32, signal: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("run kill(1)");
-    assert!(status.success(), "kill -{signal} {pid} failed");
+    let number = match signal {
+        "STOP" => libc::SIGSTOP,
+        "CONT" => libc::SIGCONT,
+        "TERM" => libc::SIGTERM,
+        "KILL" => libc::SIGKILL,
+        "INT" => libc::SIGINT,
+        "HUP" => libc::SIGHUP,
+        other => panic!("signal_pid: no signal named {other}"),
+    };
+    let pid = libc::pid_t::try_from(pid).expect("a pid fits pid_t");
+    // SAFETY: kill(2) takes two integers and touches no memory of ours.
+    let result = unsafe { libc::kill(pid, number) };
+    assert_eq!(
+        result,
+        0,
+        "kill -{signal} {pid}: {}",
+        std::io::Error::last_os_error()
+    );
 }
 
 /// Starts `redis-server` on `port` and waits until it answers; `None` if it exits first (the

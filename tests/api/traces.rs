@@ -22,7 +22,7 @@ use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 
-use crate::helpers::{free_port, Binary};
+use crate::helpers::{free_port, signal_pid, Binary};
 
 const TRACE_HTTP: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_HTTP: &str = "00f067aa0ba902b7";
@@ -460,12 +460,7 @@ async fn a_collector_that_never_answers_neither_slows_nor_fails_acquires() {
 
     // Shutdown gives the queued spans `tracing.shutdown_timeout_ms`, then exits all the same.
     let start = Instant::now();
-    let killed = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(service.child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    signal_pid(service.child.id(), "TERM");
     loop {
         if service.child.try_wait().expect("wait").is_some() {
             break;
@@ -490,12 +485,7 @@ async fn shutdown_sends_the_spans_still_queued() {
     )
     .await;
     // At once, well within the batch's 500 ms delay: only the shutdown's flush can send it.
-    let killed = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(service.child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    signal_pid(service.child.id(), "TERM");
     let start = Instant::now();
     while service.child.try_wait().expect("wait").is_none() {
         assert!(start.elapsed() < Duration::from_secs(8), "still running");
