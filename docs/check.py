@@ -34,8 +34,10 @@ values and everything else on the line is still compared:
 
   1. RFC 3339 timestamps (``2026-12-02T04:27:19.213817Z``)          -> ``<time>``
   2. HTTP dates (``Wed, 02 Dec 2026 04:27:19 GMT``)                  -> ``<date>``
-  3. the number of a JSON field whose name ends in ``_ms``
+  3. the number of a JSON field whose name ends in ``_after_ms`` or
+     ``_in_ms``, the counting-down times of an answer
      (``"reset_after_ms":11308``)                                    -> ``"reset_after_ms":<ms>``
+     (a policy's own ``window_ms`` or ``lease_ms`` is compared as it is)
   4. the value of the headers ``retry-after`` and ``content-length``
      (any case)                                                      -> ``retry-after: <n>``
   5. ``t=`` numbers (the ``RateLimit`` header's reset)                -> ``t=<n>``
@@ -97,7 +99,7 @@ _MASKS = [
         ),
         "<date>",
     ),
-    (re.compile(r'("[A-Za-z0-9_]*_ms"\s*:\s*)-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?'), r"\1<ms>"),
+    (re.compile(r'("[A-Za-z0-9_]*_(?:after|in)_ms"\s*:\s*)-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?'), r"\1<ms>"),
     (re.compile(r"(?im)^((?:retry-after|content-length)\s*:\s*)\d+"), r"\1<n>"),
     (re.compile(r"(?<![A-Za-z0-9_])t=\d+"), "t=<n>"),
     (re.compile(r"(?<![0-9A-Za-z])[0-9a-f]{16,}(?![0-9A-Za-z])"), "<hex>"),

@@ -36,7 +36,7 @@ import urllib.request
 BASE = os.environ.get("RATELIMITER_URL", "http://127.0.0.1:8080").rstrip("/")
 LIMIT = 2
 LEASE_MS = 1000
-# Fields of the answers, as the README and the OpenAPI document describe them.
+# Fields of the answers, as docs/leases.md and the OpenAPI document describe them.
 TAKE_FIELDS = {"allowed", "lease", "policy", "key", "limit", "in_use", "remaining",
                "expires_in_ms", "retry_after_ms", "degraded", "decided_by"}
 RENEW_FIELDS = {"lease", "policy", "key", "limit", "in_use", "remaining", "expires_in_ms",

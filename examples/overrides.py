@@ -19,7 +19,7 @@ back where its usage says.
 4. Downgrade: deleting acme's override puts it back on the free plan, still 10 used of 3.
 
 The policy is a fixed window of one hour, so every number checked is exact within the run.
-Exits non-zero with a message on any answer that differs from what the README describes.
+Exits non-zero with a message on any answer that differs from what docs/overrides.md describes.
 
 Python 3 standard library only. Usage: RATELIMITER_URL=http://127.0.0.1:8080 python3 examples/overrides.py
 """

@@ -262,7 +262,7 @@ class Checker:
         env_names = {e["name"] for c in containers for e in c.get("env", [])}
         for container in containers:
             # One HTTP worker per core of the CPU limit: more would be throttled, fewer leave the
-            # limit unused (the README's Kubernetes section says to change both together).
+            # limit unused (docs/kubernetes.md says to change both together).
             workers = {e["name"]: e.get("value") for e in container.get("env", [])}.get("RATELIMITER__SERVER__WORKERS")
             cpu = container.get("resources", {}).get("limits", {}).get("cpu")
             if workers is not None and cpu is not None:

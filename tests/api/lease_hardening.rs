@@ -503,11 +503,11 @@ async fn on_a_cluster_the_sweep_costs_what_the_leases_cost_not_the_policies() {
     the_sweep_costs_what_the_leases_cost_not_the_policies(Backend::Cluster).await;
 }
 
-/// The README's figure: `RATELIMITER_SWEEP_POLICIES` (default 50,000) concurrency policies on one
+/// The figure in docs/leases.md: `RATELIMITER_SWEEP_POLICIES` (default 50,000) concurrency policies on one
 /// Redis. Not in CI (it creates them all over HTTP): `cargo test --test api -- --ignored
 /// sweep_at_scale --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "the README's measurement at 50,000 policies, not a check: run it with --ignored"]
+#[ignore = "the measurement in docs/leases.md at 50,000 policies, not a check: run it with --ignored"]
 async fn sweep_at_scale() {
     let n = std::env::var("RATELIMITER_SWEEP_POLICIES")
         .ok()
