@@ -432,6 +432,8 @@ AB_QUESTIONS = [
     ("ab-2026-12-01T221553Z.json", "top offenders on (`top.subjects` 128, the default) against off (0)"),
     ("ab-2026-12-01T212507Z.json", "tracing on (`tracing.sample_ratio` 1.0, exporting to a local receiver) "
                                    "against a build without tracing, on a loaded machine"),
+    ("ab-2026-12-02T042437Z.json", "the release profile's fat LTO (`lto = \"fat\"`, `codegen-units = 1`) "
+                                   "against thin LTO (16 codegen units), on a loaded machine"),
 ]
 
 
