@@ -10,6 +10,15 @@ use crate::helpers::{spawn_app, Backend, Binary};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 const CHANGELOG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/CHANGELOG.md");
+/// Keep a Changelog's kinds of change, the only `###` headings under a release.
+const KINDS: [&str; 6] = [
+    "Added",
+    "Changed",
+    "Deprecated",
+    "Removed",
+    "Fixed",
+    "Security",
+];
 
 /// The commit the binary must report, found independently of `build.rs`: the
 /// `RATELIMITER_COMMIT` it was given, else what `git rev-parse HEAD` says of this checkout, else
@@ -52,7 +61,8 @@ fn version_flag_prints_the_release_and_the_commit() {
     assert_eq!(run("--version"), expected);
     assert_eq!(run("-V"), expected);
     assert!(
-        commit == "unknown" || (commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
+        commit == "unknown"
+            || (commit.len() == 40 && commit.bytes().all(|b| b.is_ascii_hexdigit())),
         "a full commit id: {commit}"
     );
 }
@@ -144,14 +154,14 @@ fn the_changelog_has_a_section_for_this_version_and_it_is_the_newest() {
          move Unreleased into a `## [{VERSION}] - <date>` section when bumping it"
     );
     for pair in releases.windows(2) {
-        assert!(pair[0].0 > pair[1].0, "newest first: {} before {}", pair[0].1, pair[1].1);
-    }
-    // Only Keep a Changelog's kinds of change under a release.
-    for l in changelog.lines().filter(|l| l.starts_with("### ")) {
         assert!(
-            ["Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"]
-                .contains(&&l[4..]),
-            "an unknown kind of change: {l}"
+            pair[0].0 > pair[1].0,
+            "newest first: {} before {}",
+            pair[0].1,
+            pair[1].1
         );
+    }
+    for l in changelog.lines().filter(|l| l.starts_with("### ")) {
+        assert!(KINDS.contains(&&l[4..]), "an unknown kind of change: {l}");
     }
 }
