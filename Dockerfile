@@ -1,6 +1,6 @@
 # ratelimiter: a rate-limit HTTP service, and Envoy's rate-limit service over gRPC when asked.
 #
-#   docker build -t ratelimiter .
+#   docker build --build-arg RATELIMITER_COMMIT=$(git rev-parse HEAD) -t ratelimiter .
 #   docker run -p 8080:8080 -e RATELIMITER__REDIS__URL=redis://host:6379 ratelimiter
 #   docker run -p 8080:8080 -p 8081:8081 -e RATELIMITER__GRPC__BIND=0.0.0.0:8081 ratelimiter
 #
@@ -30,13 +30,17 @@ RUN mkdir src benches \
         target/release/.fingerprint/ratelimiter-*
 
 # The crate embeds lua/*.lua with include_str!, so lua/ must be present before it compiles.
+# build.rs records the git commit for `--version` and /healthz; .git is not copied, so the commit
+# comes from this build argument (`unknown` when it is not given).
+ARG RATELIMITER_COMMIT=unknown
+COPY build.rs ./
 COPY src ./src
 COPY benches ./benches
 COPY lua ./lua
 COPY openapi ./openapi
 # COPY keeps the files' own modification times, which may be older than the stub build; touch
 # them so cargo never mistakes the stubs' output for an up-to-date build.
-RUN touch src/main.rs src/lib.rs \
+RUN touch build.rs src/main.rs src/lib.rs \
     && cargo build --release --locked \
     && cp target/release/ratelimiter /usr/local/bin/ratelimiter
 

@@ -14,7 +14,7 @@ use std::net::TcpListener;
 
 use actix_web::{web, App, HttpResponse};
 use anyhow::Context;
-use ratelimiter::api::health::Health;
+use ratelimiter::api::health::{Health, COMMIT, VERSION};
 use ratelimiter::config::Settings;
 use ratelimiter::startup;
 
@@ -24,6 +24,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health {
         status: "ok",
+        version: VERSION,
+        commit: COMMIT,
         store: "embedded",
         policies: None,
         degraded: None,

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::bail;
+use ratelimiter::api::health::{COMMIT, VERSION};
 use ratelimiter::config::Settings;
 use ratelimiter::limiter::{Op, MAX_LIMITS};
 use ratelimiter::policy::Algorithm;
@@ -18,12 +19,26 @@ use ratelimiter::{telemetry, trace};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-const USAGE: &str =
-    "usage: ratelimiter [--config PATH] | --print-script [OPERATION:]ALGORITHM[,ALGORITHM...] | --print-script batch
+const USAGE: &str = "usage: ratelimiter [--config PATH]
+       ratelimiter --print-script [OPERATION:]ALGORITHM[,ALGORITHM...] | --print-script batch
+       ratelimiter -V | --version
+       ratelimiter -h | --help
 
 Serves the rate-limit API. Settings come from defaults, then the TOML file given by --config or
 RATELIMITER_CONFIG, then RATELIMITER__<SECTION>__<KEY> environment variables. Without
-redis.url it runs on the embedded in-process store.";
+redis.url it runs on the embedded in-process store.
+
+  --config PATH     the TOML settings file
+  --print-script    print the Lua source sent to Redis for an operation (acquire, peek, report
+                    or refund; acquire when left out) on a policy's algorithms, or the batch
+                    script, and exit
+  -V, --version     print the release and the git commit of this binary, and exit
+  -h, --help        print this text, and exit";
+
+/// `ratelimiter <version> (commit <commit>)`: the same two values `/healthz` answers.
+fn version_line() -> String {
+    format!("ratelimiter {VERSION} (commit {COMMIT})")
+}
 
 fn config_path() -> anyhow::Result<Option<PathBuf>> {
     let mut args = std::env::args_os().skip(1);
@@ -67,7 +82,7 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                 std::process::exit(0);
             }
             Some("-V" | "--version") => {
-                println!("ratelimiter {}", env!("CARGO_PKG_VERSION"));
+                println!("{}", version_line());
                 std::process::exit(0);
             }
             _ => bail!("unexpected argument {arg:?}\n\n{USAGE}"),
@@ -81,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
     let settings = Settings::load(config_path()?.as_deref())?;
     let (exporting, traces) = trace::start(&settings.tracing)?.unzip();
     telemetry::init(&settings.log, traces);
+    tracing::info!(version = VERSION, commit = COMMIT, "ratelimiter starting");
     if let Some(e) = &exporting {
         e.announce();
     }

@@ -1,5 +1,5 @@
-//! Operations: `GET /healthz` (the process answers), `GET /readyz` (the store answers and
-//! policies are loaded) and `GET /metrics` (Prometheus).
+//! Operations: `GET /healthz` (the process answers, and which build it is), `GET /readyz` (the
+//! store answers and policies are loaded) and `GET /metrics` (Prometheus).
 
 use actix_web::{get, web, HttpResponse};
 use serde::Serialize;
@@ -9,12 +9,25 @@ use super::auth;
 use super::errors::{ApiError, Problem};
 use crate::service::RateLimiter;
 
+/// The release this binary is (`version` in Cargo.toml), as `--version` and `/healthz` show it.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The git commit this binary was built from, or `unknown` (see `build.rs`).
+pub const COMMIT: &str = env!("RATELIMITER_COMMIT");
+
 /// The service's health.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct Health {
     /// Always `ok` in a 200 answer.
     #[schema(example = "ok")]
     pub status: &'static str,
+    /// The release this instance runs (semantic versioning; see CHANGELOG.md).
+    #[schema(example = "0.26.0")]
+    pub version: &'static str,
+    /// The git commit it was built from, or `unknown` when the build had neither a git checkout
+    /// nor `RATELIMITER_COMMIT`.
+    #[schema(example = "b4344a95ed9ec47f442641f393a9b467c3f03bf6")]
+    pub commit: &'static str,
     /// `embedded` or `redis`.
     #[schema(example = "redis")]
     pub store: &'static str,
@@ -53,10 +66,11 @@ pub struct PolicyView {
     pub incremental_pages: u64,
 }
 
-/// Liveness: the process answers HTTP.
+/// Liveness: the process answers HTTP, and which build it runs.
 ///
 /// 200 as long as the process runs, whatever the store's state: restart the process only when
-/// this fails.
+/// this fails. `version` and `commit` say which release and commit answer, as
+/// `ratelimiter --version` does, so that a rolling upgrade can be watched instance by instance.
 #[utoipa::path(
     tag = "operations",
     responses((status = 200, description = "The process is alive", body = Health))
@@ -65,6 +79,8 @@ pub struct PolicyView {
 pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
     HttpResponse::Ok().json(Health {
         status: "ok",
+        version: VERSION,
+        commit: COMMIT,
         store: limiter.store().kind(),
         policies: None,
         degraded: None,
@@ -95,6 +111,8 @@ pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, Api
     let (full_pages, incremental_pages) = limiter.sync().pages();
     Ok(HttpResponse::Ok().json(Health {
         status: "ok",
+        version: VERSION,
+        commit: COMMIT,
         store: limiter.store().kind(),
         policies: Some(PolicyView {
             generation: position

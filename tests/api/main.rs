@@ -41,3 +41,4 @@ mod settling;
 mod tickets;
 mod top;
 mod traces;
+mod version;
