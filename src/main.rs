@@ -1,5 +1,6 @@
 //! The `ratelimiter` binary: read the settings, start logging (and traces), serve.
 
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
@@ -40,6 +41,14 @@ fn version_line() -> String {
     format!("ratelimiter {VERSION} (commit {COMMIT})")
 }
 
+/// Writes `text` to standard output and exits 0; a reader that went away (`ratelimiter --help |
+/// head -1`) ends it quietly, where `print!` would panic on the broken pipe.
+fn print_and_exit(text: &str) -> ! {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    std::process::exit(0)
+}
+
 fn config_path() -> anyhow::Result<Option<PathBuf>> {
     let mut args = std::env::args_os().skip(1);
     let mut path = std::env::var_os("RATELIMITER_CONFIG").map(PathBuf::from);
@@ -50,8 +59,7 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                 None => bail!("--config needs a path\n\n{USAGE}"),
             },
             Some("-h" | "--help") => {
-                println!("{USAGE}");
-                std::process::exit(0);
+                print_and_exit(&format!("{USAGE}\n"));
             }
             Some("--print-script") => {
                 // The exact source sent to Redis, for bench/run.py and for operators.
@@ -60,8 +68,7 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     .and_then(|n| n.into_string().ok())
                     .unwrap_or_default();
                 if name == "batch" {
-                    print!("{}", scripts::batch_source(false));
-                    std::process::exit(0);
+                    print_and_exit(&scripts::batch_source(false));
                 }
                 // An operation (acquire when not named), then one algorithm, or several
                 // separated by commas: a policy's limits in order.
@@ -73,18 +80,14 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     list.split(',').map(Algorithm::parse).collect();
                 match (op, algorithms) {
                     (Some(op), Some(a)) if (1..=MAX_LIMITS).contains(&a.len()) => {
-                        print!("{}", scripts::compose(&a, op))
+                        print_and_exit(&scripts::compose(&a, op))
                     }
                     _ => bail!(
                         "--print-script takes [<operation>:]<algorithms>: acquire, peek, report or refund, then algorithm names separated by commas (at most {MAX_LIMITS}), or `batch`, not {name:?}"
                     ),
                 }
-                std::process::exit(0);
             }
-            Some("-V" | "--version") => {
-                println!("{}", version_line());
-                std::process::exit(0);
-            }
+            Some("-V" | "--version") => print_and_exit(&format!("{}\n", version_line())),
             _ => bail!("unexpected argument {arg:?}\n\n{USAGE}"),
         }
     }

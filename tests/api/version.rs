@@ -165,3 +165,23 @@ fn the_changelog_has_a_section_for_this_version_and_it_is_the_newest() {
         assert!(KINDS.contains(&&l[4..]), "an unknown kind of change: {l}");
     }
 }
+
+/// A reader that stops early (`ratelimiter --print-script … | head -1`) ends the printing
+/// quietly: exit status 0, no panic about a broken pipe.
+#[test]
+fn printing_to_a_reader_that_went_away_exits_quietly() {
+    for args in [&["--print-script", "token_bucket,gcra"][..], &["--help"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ratelimiter"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the binary");
+        // Close the reading end before the binary writes: every write is a broken pipe.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {:?} {stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
