@@ -143,11 +143,11 @@ fn limit_schema_name(algorithm: Algorithm, name_is: NameIs) -> String {
 /// only one), a choice of one named schema per algorithm, each added to `components`.
 fn limit(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
     let (union, description) = match name_is {
-        NameIs::Required => (
-            "Limit",
-            "The limit's name, unique within its policy",
+        NameIs::Required => ("Limit", "The limit's name, unique within its policy"),
+        NameIs::Optional => (
+            "SoleLimit",
+            "The limit's name; left out, it is the policy's",
         ),
-        NameIs::Optional => ("SoleLimit", "The limit's name; left out, it is the policy's"),
     };
     let mut one_of = OneOfBuilder::new().description(Some(match name_is {
         NameIs::Required => "One of several limits of a policy, of any algorithm, named",
@@ -173,7 +173,11 @@ fn limit(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
 
 /// `fail_mode`: the enum of [`FailMode`], or `null` for the default.
 fn fail_mode(components: &mut Components) -> OneOfBuilder {
-    add(components, FailMode::name().into_owned(), FailMode::schema());
+    add(
+        components,
+        FailMode::name().into_owned(),
+        FailMode::schema(),
+    );
     reference_or_null(
         &FailMode::name(),
         Some(
@@ -898,11 +902,11 @@ fn override_doc(answer: bool, components: &mut Components) -> OneOfBuilder {
             // (as a tier's).
             "limits" => limit_changes(components),
             "unlimited" => {
-                flag("`true`: allowed without consulting the store (`decided_by: override`)")
-                    .into()
+                flag("`true`: allowed without consulting the store (`decided_by: override`)").into()
             }
-            _ => flag("`true`: denied without consulting the store (`decided_by: override`)")
-                .into(),
+            _ => {
+                flag("`true`: denied without consulting the store (`decided_by: override`)").into()
+            }
         }
     };
     let (suffix, description) = if answer {
