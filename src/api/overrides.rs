@@ -125,6 +125,7 @@ fn doc(o: &Override) -> Value {
 /// Sorted by id, a page at a time: follow `next_cursor` until it is absent. This instance's copy,
 /// brought up to date with the store first.
 #[utoipa::path(
+    operation_id = "list_overrides",
     tag = "overrides",
     security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name"), ListQuery),
@@ -164,6 +165,7 @@ pub async fn list(
 /// Refused with 409 when another override of the policy has the same match, or past the caps
 /// (`limits.max_exact_overrides`, `limits.max_pattern_overrides`).
 #[utoipa::path(
+    operation_id = "create_override",
     tag = "overrides",
     security((), ("bearer" = [])),
     params(("name" = String, Path, description = "The policy's name")),
@@ -196,6 +198,7 @@ pub async fn create(
 
 /// Get an override.
 #[utoipa::path(
+    operation_id = "read_override",
     tag = "overrides",
     security((), ("bearer" = [])),
     params(OverridePath),
@@ -226,6 +229,7 @@ pub async fn read(
 /// kept). Only an existing override is replaced (404 otherwise). With `If-Match: "<ETag>"` only
 /// if it is still at that version.
 #[utoipa::path(
+    operation_id = "replace_override",
     tag = "overrides",
     security((), ("bearer" = [])),
     params(OverridePath, ReplaceHeaders),
@@ -273,6 +277,7 @@ pub async fn replace(
 /// The subjects it matched fall back to the next override by precedence, or to the policy, on
 /// every instance within `redis.policy_refresh_ms`. Deleting a policy deletes its overrides.
 #[utoipa::path(
+    operation_id = "delete_override",
     tag = "overrides",
     security((), ("bearer" = [])),
     params(OverridePath, DeleteHeaders),

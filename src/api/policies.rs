@@ -175,6 +175,7 @@ pub(super) fn list_page(req: &HttpRequest) -> Result<(usize, Option<String>), Ap
 /// is this instance's copy, brought up to date with the store first (while the store is
 /// unreachable, the copy as it is).
 #[utoipa::path(
+    operation_id = "list_policies",
     tag = "policies",
     security((), ("bearer" = [])),
     params(ListQuery),
@@ -205,6 +206,7 @@ pub async fn list(
 /// that name exists (use `PUT` to replace one) or when the store holds `limits.max_policies`
 /// policies already. The answer's `ETag` names the version created.
 #[utoipa::path(
+    operation_id = "create_policy",
     tag = "policies",
     security((), ("bearer" = [])),
     request_body = PolicyDoc,
@@ -242,6 +244,7 @@ pub async fn create(
 /// it with `If-Match` to change the policy only if nobody else has since). While the store is
 /// unreachable, the copy this instance has cached.
 #[utoipa::path(
+    operation_id = "read_policy",
     tag = "policies",
     security((), ("bearer" = [])),
     params(PolicyPath),
@@ -275,6 +278,7 @@ pub async fn read(
 /// `If-None-Match: *` only if it does not exist (both together never hold: 412). Either makes a
 /// retry after an `outcome-unknown` 503 safe.
 #[utoipa::path(
+    operation_id = "replace_policy",
     tag = "policies",
     security((), ("bearer" = [])),
     params(PolicyPath, ReplaceHeaders),
@@ -330,6 +334,7 @@ pub async fn replace(
 /// policy is still at that version. A policy listed in the configuration file stays deleted: the
 /// file only creates each policy once.
 #[utoipa::path(
+    operation_id = "delete_policy",
     tag = "policies",
     security((), ("bearer" = [])),
     params(PolicyPath, DeleteHeaders),

@@ -19,8 +19,8 @@ use std::borrow::Cow;
 use serde_json::Value;
 use utoipa::openapi::path::{Parameter, ParameterBuilder, ParameterIn};
 use utoipa::openapi::schema::{
-    AdditionalProperties, AnyOfBuilder, ArrayBuilder, Object, ObjectBuilder, OneOfBuilder, Schema,
-    SchemaType, Type,
+    AdditionalProperties, AnyOfBuilder, ArrayBuilder, Object, ObjectBuilder, OneOfBuilder, Ref,
+    Schema, SchemaType, Type,
 };
 use utoipa::openapi::{RefOr, Required};
 use utoipa::{IntoParams, PartialSchema, ToSchema};
@@ -37,6 +37,42 @@ use crate::policy::{
     MAX_KEY_BYTES, MAX_LIMITS, MAX_UNITS, NAME_PATTERN,
 };
 use crate::service::lease_id::{LEASE_ID_PATTERN, MAX_LEASE_ID_BYTES};
+
+/// Named schemas, as [`ToSchema::schemas`] collects them into `components.schemas`.
+type Components = Vec<(String, RefOr<Schema>)>;
+
+/// `{"$ref": "#/components/schemas/<name>"}`.
+fn reference(name: &str) -> RefOr<Schema> {
+    RefOr::Ref(Ref::from_schema_name(name))
+}
+
+/// The named schema `name`, or `null` for "left out", described at the property.
+fn reference_or_null(name: &str, description: Option<String>) -> OneOfBuilder {
+    OneOfBuilder::new()
+        .item(reference(name))
+        .item(ObjectBuilder::new().schema_type(Type::Null))
+        .description(description)
+}
+
+/// `fixed_window` as `FixedWindow`: the start of an algorithm's schema names.
+fn pascal(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or_else(String::new, |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect()
+}
+
+/// Adds `name` to `components` unless it is there already.
+fn add(components: &mut Components, name: String, schema: impl Into<RefOr<Schema>>) {
+    if components.iter().all(|(n, _)| *n != name) {
+        components.push((name, schema.into()));
+    }
+}
 
 /// A string, or `null` for "left out".
 fn nullable_string() -> SchemaType {
@@ -94,82 +130,106 @@ fn kind_object(kind: &str, fields: &[Field], extra: ObjectBuilder) -> ObjectBuil
     o.additional_properties(Some(AdditionalProperties::FreeForm(false)))
 }
 
-/// One limit inside `limits`, of any algorithm.
-fn limit(name_is: NameIs) -> OneOfBuilder {
-    let description = match name_is {
-        NameIs::Required => "The limit's name, unique within its policy",
-        NameIs::Optional => "The limit's name; left out, it is the policy's",
+/// The schema name of one limit of `algorithm` inside `limits`: `FixedWindowLimit` (one of
+/// several, named) or `FixedWindowSoleLimit` (the only one, whose name may be left out).
+fn limit_schema_name(algorithm: Algorithm, name_is: NameIs) -> String {
+    match name_is {
+        NameIs::Required => format!("{}Limit", pascal(algorithm.as_str())),
+        NameIs::Optional => format!("{}SoleLimit", pascal(algorithm.as_str())),
+    }
+}
+
+/// One limit inside `limits`, of any algorithm: `Limit` (one of several) or `SoleLimit` (the
+/// only one), a choice of one named schema per algorithm, each added to `components`.
+fn limit(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
+    let (union, description) = match name_is {
+        NameIs::Required => ("Limit", "The limit's name, unique within its policy"),
+        NameIs::Optional => (
+            "SoleLimit",
+            "The limit's name; left out, it is the policy's",
+        ),
     };
-    let mut one_of = OneOfBuilder::new();
+    let mut one_of = OneOfBuilder::new().description(Some(match name_is {
+        NameIs::Required => "One of several limits of a policy, of any algorithm, named",
+        NameIs::Optional => {
+            "The only limit of a policy's `limits`, of any algorithm; its name may be left out"
+        }
+    }));
     for a in Algorithm::ALL {
         let mut o = ObjectBuilder::new()
-            .title(Some(format!("{} limit", a.as_str())))
+            .schema_type(Type::Object)
+            .description(Some(format!("A `{}` limit", a.as_str())))
             .property("name", name(description, name_is == NameIs::Optional));
         if name_is == NameIs::Required {
             o = o.required("name");
         }
-        one_of = one_of.item(limit_object(a, o));
+        let variant = limit_schema_name(a, name_is);
+        one_of = one_of.item(reference(&variant));
+        add(components, variant, limit_object(a, o).build());
     }
-    one_of
+    add(components, union.to_owned(), Schema::OneOf(one_of.build()));
+    reference(union)
 }
 
 /// `fail_mode`: the enum of [`FailMode`], or `null` for the default.
-fn fail_mode() -> RefOr<Schema> {
-    match FailMode::schema() {
-        RefOr::T(Schema::Object(mut o)) => {
-            o.schema_type = SchemaType::from_iter([Type::String, Type::Null]);
-            if let Some(values) = o.enum_values.as_mut() {
-                values.push(Value::Null);
-            }
-            o.description = Some(
-                "What the service answers for this policy while its store cannot be reached: \
-                 `open` (allow, marked `\"degraded\": true`), `closed` (503 with `Retry-After`) \
-                 or `local` (decide in this instance until the store is back, marked degraded). \
-                 `open` when left out."
-                    .into(),
-            );
-            RefOr::T(Schema::Object(o))
-        }
-        other => other,
-    }
+fn fail_mode(components: &mut Components) -> OneOfBuilder {
+    add(
+        components,
+        FailMode::name().into_owned(),
+        FailMode::schema(),
+    );
+    reference_or_null(
+        &FailMode::name(),
+        Some(
+            "What the service answers for this policy while its store cannot be reached: \
+             `open` (allow, marked `\"degraded\": true`), `closed` (503 with `Retry-After`) \
+             or `local` (decide in this instance until the store is back, marked degraded). \
+             `open` when left out."
+                .into(),
+        ),
+    )
 }
 
 /// `mode`: the enum of [`Mode`], or `null` for the default.
-fn mode() -> RefOr<Schema> {
-    match Mode::schema() {
-        RefOr::T(Schema::Object(mut o)) => {
-            o.schema_type = SchemaType::from_iter([Type::String, Type::Null]);
-            if let Some(values) = o.enum_values.as_mut() {
-                values.push(Value::Null);
-            }
-            o.description = Some(
-                "`enforce` (denials are denials) or `shadow`: every acquire is decided and \
-                     counted exactly as in `enforce`, a would-be denial taking nothing, but answered \
-                     as allowed with `\"shadow\": true` and what enforcement would have answered \
-                     (`would_allow`, `retry_after_ms`, `violated`). `enforce` when left out, unless \
-                     the service runs with `limits.shadow` set, which puts every policy in shadow \
-                     mode."
-                    .into(),
-            );
-            RefOr::T(Schema::Object(o))
-        }
-        other => other,
-    }
+fn mode(components: &mut Components) -> OneOfBuilder {
+    add(components, Mode::name().into_owned(), Mode::schema());
+    reference_or_null(
+        &Mode::name(),
+        Some(
+            "`enforce` (denials are denials) or `shadow`: every acquire is decided and \
+             counted exactly as in `enforce`, a would-be denial taking nothing, but answered \
+             as allowed with `\"shadow\": true` and what enforcement would have answered \
+             (`would_allow`, `retry_after_ms`, `violated`). `enforce` when left out, unless \
+             the service runs with `limits.shadow` set, which puts every policy in shadow \
+             mode."
+                .into(),
+        ),
+    )
 }
 
 /// A concurrency policy's `mode`: `enforce` only (shadow mode is refused for them), or `null`.
-fn concurrency_mode() -> ObjectBuilder {
-    ObjectBuilder::new()
-        .schema_type(nullable_string())
-        .enum_values(Some([Value::from(Mode::Enforce.as_str()), Value::Null]))
+fn concurrency_mode() -> OneOfBuilder {
+    OneOfBuilder::new()
+        .item(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .enum_values(Some([Mode::Enforce.as_str()])),
+        )
+        .item(ObjectBuilder::new().schema_type(Type::Null))
         .description(Some(
             "`enforce`, or left out: shadow mode is not supported for concurrency policies (422)",
         ))
 }
 
 /// `name`, `description`, `fail_mode` and `mode`, common to both forms.
-fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
-    let o = ObjectBuilder::new().title(Some(title));
+fn policy_object(
+    description: String,
+    name_is: NameIs,
+    components: &mut Components,
+) -> ObjectBuilder {
+    let o = ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(description));
     let o = match name_is {
         NameIs::Required => o
             .property("name", name("Unique policy name", false))
@@ -192,15 +252,21 @@ fn policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
                 "Free text for operators, at most {MAX_DESCRIPTION_BYTES} bytes of UTF-8"
             ))),
     )
-    .property("fail_mode", fail_mode())
-    .property("mode", mode())
+    .property("fail_mode", fail_mode(components))
+    .property("mode", mode(components))
 }
 
 /// [`policy_object`] of a rate policy, which may serve Envoy descriptors.
-fn rate_policy_object(title: String, name_is: NameIs) -> ObjectBuilder {
-    policy_object(title, name_is)
-        .property("descriptor", descriptor())
-        .property("tiers", tiers())
+fn rate_policy_object(
+    description: String,
+    name_is: NameIs,
+    components: &mut Components,
+) -> ObjectBuilder {
+    let descriptor = descriptor(components);
+    let tiers = tiers(components);
+    policy_object(description, name_is, components)
+        .property("descriptor", descriptor)
+        .property("tiers", tiers)
         .property(near_limit::FIELD, near_limit_ratio())
 }
 
@@ -225,16 +291,17 @@ fn near_limit_ratio() -> ObjectBuilder {
 
 /// `request_limits` of a policy of one limit of `algorithm`: whether an Envoy descriptor's own
 /// `limit` is honoured, and the most it may give (within the bounds of the algorithm's quota
-/// field).
-fn request_limits(algorithm: Algorithm) -> ObjectBuilder {
+/// field). Named `FixedWindowRequestLimits` and so on, added to `components`; `null` stands for
+/// "left out".
+fn request_limits(algorithm: Algorithm, components: &mut Components) -> OneOfBuilder {
     let quota = algorithm
         .fields()
         .iter()
         .find(|f| f.name == algorithm.quota_field())
         .map_or(MAX_UNITS, |f| f.max);
     let units: Vec<Value> = Unit::ALL.iter().map(|u| Value::from(u.as_str())).collect();
-    ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+    let schema = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
         .description(Some(
             "Lets an Envoy descriptor's own `limit` (`RateLimitOverride { requests_per_unit, \
              unit }`) replace this policy's limit for that request, within this maximum; left \
@@ -268,12 +335,16 @@ fn request_limits(algorithm: Algorithm) -> ObjectBuilder {
         )
         .required("unit")
         .additional_properties(Some(AdditionalProperties::FreeForm(false)))
-        .examples([serde_json::json!({"max_requests_per_unit": 1000, "unit": "minute"})])
+        .examples([serde_json::json!({"max_requests_per_unit": 1000, "unit": "minute"})]);
+    let name = format!("{}RequestLimits", pascal(algorithm.as_str()));
+    add(components, name.clone(), schema.build());
+    reference_or_null(&name, None)
 }
 
 /// Changes of a rate policy's limits (a tier, or an override's `limits`): per limit, by name, the
-/// fields whose values replace the limit's own.
-fn limit_changes() -> ObjectBuilder {
+/// fields whose values replace the limit's own. `LimitChanges`, of `LimitFieldChanges`, added to
+/// `components`.
+fn limit_changes(components: &mut Components) -> RefOr<Schema> {
     let fields = ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::Object))
         .description(Some(
@@ -285,37 +356,44 @@ fn limit_changes() -> ObjectBuilder {
                 .schema_type(SchemaType::new(Type::Integer))
                 .minimum(Some(1))
                 .build(),
-        )))));
-    ObjectBuilder::new()
+        )))))
+        .examples([serde_json::json!({"limit": 1000})]);
+    add(components, "LimitFieldChanges".to_owned(), fields.build());
+    let changes = ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::Object))
         .description(Some(
             "Per limit of the policy, by its name (a policy of one limit: the policy's name), \
                  the fields whose values replace the limit's own",
         ))
-        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
-            fields.build(),
-        )))))
+        .additional_properties(Some(AdditionalProperties::RefOr(reference(
+            "LimitFieldChanges",
+        ))))
+        .examples([serde_json::json!({"api-per-user": {"limit": 1000}})]);
+    add(components, "LimitChanges".to_owned(), changes.build());
+    reference("LimitChanges")
 }
 
-/// `tiers`: named changes of a rate policy's limits, which overrides give subjects.
-fn tiers() -> ObjectBuilder {
-    let tier = limit_changes();
-    ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+/// `tiers`: named changes of a rate policy's limits, which overrides give subjects; `Tiers`,
+/// added to `components`, or `null`.
+fn tiers(components: &mut Components) -> OneOfBuilder {
+    let tier = limit_changes(components);
+    let schema = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
         .description(Some(format!(
             "At most {MAX_TIERS} tiers, by name (`{NAME_PATTERN}`): each replaces some fields of \
                  some limits, for the subjects an override gives it (`POST \
                  /v1/policies/{{name}}/overrides` with `tier`). Replacement, not minimum: a tier may \
                  raise a limit as well as lower it. The subject's counters are kept."
         )))
-        .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
-            tier.build(),
-        )))))
-        .examples([serde_json::json!({"pro": {"api-per-user": {"limit": 1000}}})])
+        .additional_properties(Some(AdditionalProperties::RefOr(tier)))
+        .examples([serde_json::json!({"pro": {"api-per-user": {"limit": 1000}}})]);
+    add(components, "Tiers".to_owned(), schema.build());
+    reference_or_null("Tiers", None)
 }
 
-/// `descriptor`: the Envoy rate-limit descriptors a rate policy serves over gRPC.
-fn descriptor() -> ObjectBuilder {
+/// `descriptor`: the Envoy rate-limit descriptors a rate policy serves over gRPC; `Descriptor`
+/// (of `DescriptorEntry`), added to `components`, or `null`.
+fn descriptor(components: &mut Components) -> OneOfBuilder {
     let text = |description: &str| {
         ObjectBuilder::new()
             .schema_type(SchemaType::new(Type::String))
@@ -329,6 +407,8 @@ fn descriptor() -> ObjectBuilder {
             )))
     };
     let entry = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
+        .description(Some("One entry of an Envoy rate-limit descriptor: its key, and perhaps a fixed value"))
         .property(
             "key",
             text("The descriptor entry's key, as Envoy's rate-limit action sets it (`remote_address`, a `descriptor_key`, `generic_key`…)"),
@@ -339,8 +419,9 @@ fn descriptor() -> ObjectBuilder {
             text("A fixed value: the policy serves only descriptors whose entry has this value (e.g. `path` = `/login`). Left out, any value matches, and the value is part of the subject key"),
         )
         .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-    ObjectBuilder::new()
-        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+    add(components, "DescriptorEntry".to_owned(), entry.build());
+    let schema = ObjectBuilder::new()
+        .schema_type(SchemaType::new(Type::Object))
         .description(Some(format!(
             "The Envoy rate-limit descriptors \
              this policy decides when the service serves Envoy's rate-limit protocol \
@@ -361,16 +442,33 @@ fn descriptor() -> ObjectBuilder {
         .property(
             "entries",
             ArrayBuilder::new()
-                .items(entry)
+                .items(reference("DescriptorEntry"))
                 .min_items(Some(1))
                 .max_items(Some(MAX_ENTRIES)),
         )
         .required("entries")
-        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    add(components, "Descriptor".to_owned(), schema.build());
+    reference_or_null("Descriptor", None)
 }
 
-/// A policy document; see the module's documentation.
-fn policy(name_is: NameIs) -> RefOr<Schema> {
+/// The schema names of a policy document's forms: `FixedWindowPolicy` … `GcraPolicy`,
+/// `ConcurrencyPolicy`, `SeveralLimitsPolicy`, each with `Replacement` after it for a `PUT`
+/// body.
+fn policy_schema_name(form: &str, name_is: NameIs) -> String {
+    match name_is {
+        NameIs::Required => format!("{}Policy", pascal(form)),
+        NameIs::Optional => format!("{}PolicyReplacement", pascal(form)),
+    }
+}
+
+/// A policy document; see the module's documentation. The choice of its forms, each a named
+/// schema added to `components` with every object it holds.
+fn policy(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
+    let may_leave_out_name = match name_is {
+        NameIs::Required => "",
+        NameIs::Optional => " `name` may be left out: the path gives it.",
+    };
     let mut one_of = OneOfBuilder::new().description(Some(format!(
         "A rate-limit policy: one limit in the flat form (`algorithm` and its fields beside \
          `name`), or one to {MAX_LIMITS} limits of any algorithms in `limits`, decided together: \
@@ -378,49 +476,64 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
          A policy of one limit always reads back in the flat form. Or a concurrency policy \
          (`\"algorithm\": \"concurrency\"`, flat form only, never one of `limits`): at most \
          `limit` units held at once by leases (`POST /v1/leases`) that expire after `lease_ms` \
-         unless renewed.{}",
-        match name_is {
-            NameIs::Required => "",
-            NameIs::Optional => " `name` may be left out: the path gives it.",
-        }
+         unless renewed.{may_leave_out_name}"
     )));
     for a in Algorithm::ALL {
-        one_of = one_of.item(limit_object(
+        // `request_limits` only in the flat form: a policy of one limit.
+        let request_limits = request_limits(a, components);
+        let o = limit_object(
             a,
-            // `request_limits` only in the flat form: a policy of one limit.
-            rate_policy_object(format!("{} policy", a.as_str()), name_is)
-                .property("request_limits", request_limits(a)),
-        ));
+            rate_policy_object(
+                format!(
+                    "A policy of one `{}` limit, in the flat form.{may_leave_out_name}",
+                    a.as_str()
+                ),
+                name_is,
+                components,
+            )
+            .property("request_limits", request_limits),
+        );
+        let variant = policy_schema_name(a.as_str(), name_is);
+        one_of = one_of.item(reference(&variant));
+        add(components, variant, o.build());
     }
-    one_of = one_of.item(
-        kind_object(
-            concurrency::NAME,
-            &concurrency::FIELDS,
-            policy_object("concurrency policy".to_owned(), name_is),
-        )
-        .property("mode", concurrency_mode())
-        .property(
-            concurrency::MAX_LEASE.name,
-            ObjectBuilder::new()
-                .schema_type(Type::Integer)
-                .minimum(Some(concurrency::MAX_LEASE.min))
-                .maximum(Some(concurrency::MAX_LEASE.max))
-                .description(Some(format!(
-                    "{} ({} to {})",
-                    concurrency::MAX_LEASE.doc,
-                    concurrency::MAX_LEASE.min,
-                    concurrency::MAX_LEASE.max
-                )))
-                .examples([concurrency::MAX_LEASE.example]),
+    let concurrency_policy = kind_object(
+        concurrency::NAME,
+        &concurrency::FIELDS,
+        policy_object(
+            format!(
+                "A concurrency policy: at most `limit` units held at once by leases.\
+                 {may_leave_out_name}"
+            ),
+            name_is,
+            components,
         ),
+    )
+    .property("mode", concurrency_mode())
+    .property(
+        concurrency::MAX_LEASE.name,
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(concurrency::MAX_LEASE.min))
+            .maximum(Some(concurrency::MAX_LEASE.max))
+            .description(Some(format!(
+                "{} ({} to {})",
+                concurrency::MAX_LEASE.doc,
+                concurrency::MAX_LEASE.min,
+                concurrency::MAX_LEASE.max
+            )))
+            .examples([concurrency::MAX_LEASE.example]),
     );
+    let variant = policy_schema_name(concurrency::NAME, name_is);
+    one_of = one_of.item(reference(&variant));
+    add(components, variant, concurrency_policy.build());
     // One limit may go unnamed (it takes the policy's name); several must each have a name,
     // distinct from the others' (which JSON Schema cannot state: the server answers 422).
     let limits = OneOfBuilder::new()
         .item(
             ArrayBuilder::new()
                 .title(Some("one limit"))
-                .items(limit(NameIs::Optional))
+                .items(limit(NameIs::Optional, components))
                 .min_items(Some(1))
                 .max_items(Some(1)),
         )
@@ -428,26 +541,40 @@ fn policy(name_is: NameIs) -> RefOr<Schema> {
             ArrayBuilder::new()
                 .title(Some("several limits"))
                 .description(Some("Each limit named, no two alike"))
-                .items(limit(NameIs::Required))
+                .items(limit(NameIs::Required, components))
                 .min_items(Some(2))
                 .max_items(Some(MAX_LIMITS)),
         );
-    let limits = rate_policy_object("policy of several limits".to_owned(), name_is)
-        .property("limits", limits)
-        .required("limits")
-        .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-    one_of.item(limits).into()
+    let several = rate_policy_object(
+        format!(
+            "A policy of one to {MAX_LIMITS} limits in `limits`, decided together.\
+             {may_leave_out_name}"
+        ),
+        name_is,
+        components,
+    )
+    .property("limits", limits)
+    .required("limits")
+    .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+    let variant = policy_schema_name("several_limits", name_is);
+    one_of = one_of.item(reference(&variant));
+    add(components, variant, several.build());
+    one_of.into()
 }
 
 impl PartialSchema for PolicyDoc {
     fn schema() -> RefOr<Schema> {
-        policy(NameIs::Required)
+        policy(NameIs::Required, &mut Vec::new())
     }
 }
 
 impl ToSchema for PolicyDoc {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("PolicyDoc")
+    }
+
+    fn schemas(schemas: &mut Components) {
+        policy(NameIs::Required, schemas);
     }
 }
 
@@ -457,13 +584,17 @@ pub struct PolicyReplacement;
 
 impl PartialSchema for PolicyReplacement {
     fn schema() -> RefOr<Schema> {
-        policy(NameIs::Optional)
+        policy(NameIs::Optional, &mut Vec::new())
     }
 }
 
 impl ToSchema for PolicyReplacement {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("PolicyReplacement")
+    }
+
+    fn schemas(schemas: &mut Components) {
+        policy(NameIs::Optional, schemas);
     }
 }
 
@@ -669,7 +800,7 @@ fn null_only() -> ObjectBuilder {
 
 /// An override's `match`: exactly one of `key`, `prefix` or `cidr` (the others left out or
 /// `null`).
-fn override_match() -> OneOfBuilder {
+fn override_match(components: &mut Components) -> RefOr<Schema> {
     const MEMBERS: [&str; 3] = ["key", "prefix", "cidr"];
     let member = |name: &str, description: &str, example: &str, max: Option<usize>| {
         let mut text = ObjectBuilder::new()
@@ -688,31 +819,51 @@ fn override_match() -> OneOfBuilder {
         o.required(name)
             .additional_properties(Some(AdditionalProperties::FreeForm(false)))
     };
-    OneOfBuilder::new()
-        .description(Some(
-            "What the override applies to. Precedence when several match one subject: an exact \
-             `key`, then the narrowest `cidr`, then the longest `prefix`. Two overrides of one \
-             policy never have the same match (409 naming `match`).",
-        ))
-        .item(member(
-            "key",
-            "That subject exactly (at most 256 bytes)",
-            "acme-corp",
-            Some(MAX_KEY_BYTES),
-        ))
-        .item(member(
-            "prefix",
-            "Every subject key starting with these bytes (at most 256)",
-            "acme-",
-            Some(MAX_KEY_BYTES),
-        ))
-        .item(member(
-            "cidr",
-            "Every subject key that is an IPv4 or IPv6 address inside this range, written without \
-             host bits (an IPv4-mapped IPv6 address counts as IPv4)",
-            "203.0.113.0/24",
-            None,
-        ))
+    let members = [
+        (
+            "KeyMatch",
+            member(
+                "key",
+                "That subject exactly (at most 256 bytes)",
+                "acme-corp",
+                Some(MAX_KEY_BYTES),
+            ),
+        ),
+        (
+            "PrefixMatch",
+            member(
+                "prefix",
+                "Every subject key starting with these bytes (at most 256)",
+                "acme-",
+                Some(MAX_KEY_BYTES),
+            ),
+        ),
+        (
+            "CidrMatch",
+            member(
+                "cidr",
+                "Every subject key that is an IPv4 or IPv6 address inside this range, written \
+                 without host bits (an IPv4-mapped IPv6 address counts as IPv4)",
+                "203.0.113.0/24",
+                None,
+            ),
+        ),
+    ];
+    let mut one_of = OneOfBuilder::new().description(Some(
+        "What the override applies to. Precedence when several match one subject: an exact \
+         `key`, then the narrowest `cidr`, then the longest `prefix`. Two overrides of one \
+         policy never have the same match (409 naming `match`).",
+    ));
+    for (name, member) in members {
+        one_of = one_of.item(reference(name));
+        add(components, name.to_owned(), member.build());
+    }
+    add(
+        components,
+        "OverrideMatch".to_owned(),
+        Schema::OneOf(one_of.build()),
+    );
+    reference("OverrideMatch")
 }
 
 /// What an override sets: exactly one of these, given and not `null`.
@@ -722,7 +873,7 @@ const OVERRIDE_SETS: [&str; 4] = ["tier", "limits", "unlimited", "block"];
 /// (`answer`: true, with `id` and `created_at` required). One object per thing it sets (`tier`,
 /// `limits`, `unlimited`, `block`), in which the other three may only be left out or `null`, so
 /// that the schema says "exactly one" as the parser does.
-fn override_doc(answer: bool) -> OneOfBuilder {
+fn override_doc(answer: bool, components: &mut Components) -> OneOfBuilder {
     use crate::policy::overrides::MAX_REASON_BYTES;
     let text = |description: &str| {
         ObjectBuilder::new()
@@ -740,41 +891,50 @@ fn override_doc(answer: bool) -> OneOfBuilder {
             utoipa::openapi::KnownFormat::DateTime,
         ))
     };
-    let sets = |name: &str| -> ObjectBuilder {
+    let sets = |name: &str, components: &mut Components| -> RefOr<Schema> {
         match name {
             "tier" => ObjectBuilder::new()
                 .schema_type(Type::String)
                 .description(Some("One of the policy's `tiers`, by name"))
-                .pattern(Some(NAME_PATTERN)),
-            "limits" => limit_changes()
-                .description(Some(
-                    "Per limit of the policy, by name (a policy of one limit: the policy's \
-                     name), the fields whose values replace the limit's own (as a tier's)",
-                ))
-                .examples([serde_json::json!({"daily": {"limit": 1000000}})]),
+                .pattern(Some(NAME_PATTERN))
+                .into(),
+            // Per limit of the policy, by name, the fields whose values replace the limit's own
+            // (as a tier's).
+            "limits" => limit_changes(components),
             "unlimited" => {
-                flag("`true`: allowed without consulting the store (`decided_by: override`)")
+                flag("`true`: allowed without consulting the store (`decided_by: override`)").into()
             }
-            _ => flag("`true`: denied without consulting the store (`decided_by: override`)"),
+            _ => {
+                flag("`true`: denied without consulting the store (`decided_by: override`)").into()
+            }
         }
+    };
+    let (suffix, description) = if answer {
+        ("Override", "An override, as the service answers it")
+    } else {
+        (
+            "OverrideBody",
+            "An override, as `POST` and `PUT` take it (`id` and `created_at` may be left out)",
+        )
     };
     let mut doc = OneOfBuilder::new().description(Some(
         "An override of a policy for the subjects its `match` selects. It sets exactly one of \
          `tier`, `limits`, `unlimited` or `block` (the others left out, or `null`).",
     ));
     for set in OVERRIDE_SETS {
+        let matches = override_match(components);
         let mut o = ObjectBuilder::new()
             .schema_type(Type::Object)
-            .title(Some(set))
+            .description(Some(format!("{description}, setting `{set}`")))
             .property(
                 "id",
                 text("Chosen by the service (16 hex digits); a `PUT` body may repeat the path's")
                     .pattern(Some("^[0-9a-f]{16}$")),
             )
-            .property("match", override_match());
+            .property("match", matches);
         for other in OVERRIDE_SETS {
             o = if other == set {
-                o.property(other, sets(other))
+                o.property(other, sets(other, components))
             } else {
                 o.property(other, null_only())
             };
@@ -811,7 +971,9 @@ fn override_doc(answer: bool) -> OneOfBuilder {
         if answer {
             o = o.required("id").required("created_at");
         }
-        doc = doc.item(o);
+        let variant = format!("{}{suffix}", pascal(set));
+        doc = doc.item(reference(&variant));
+        add(components, variant, o.build());
     }
     doc
 }
@@ -822,7 +984,7 @@ pub struct OverrideBody;
 impl PartialSchema for OverrideBody {
     fn schema() -> RefOr<Schema> {
         RefOr::T(Schema::OneOf(
-            override_doc(false)
+            override_doc(false, &mut Vec::new())
                 .examples([serde_json::json!({"match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan"})])
                 .build(),
         ))
@@ -833,6 +995,10 @@ impl ToSchema for OverrideBody {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("OverrideBody")
     }
+
+    fn schemas(schemas: &mut Components) {
+        override_doc(false, schemas);
+    }
 }
 
 /// An override as the API answers it.
@@ -841,7 +1007,7 @@ pub struct OverrideAnswer;
 impl PartialSchema for OverrideAnswer {
     fn schema() -> RefOr<Schema> {
         RefOr::T(Schema::OneOf(
-            override_doc(true)
+            override_doc(true, &mut Vec::new())
                 .examples([serde_json::json!({"id": "3f9b1e2d4a6870c1", "match": {"key": "acme-corp"}, "tier": "pro", "reason": "enterprise plan", "created_at": "2026-12-01T10:00:00Z"})])
                 .build(),
         ))
@@ -851,6 +1017,10 @@ impl PartialSchema for OverrideAnswer {
 impl ToSchema for OverrideAnswer {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("Override")
+    }
+
+    fn schemas(schemas: &mut Components) {
+        override_doc(true, schemas);
     }
 }
 
