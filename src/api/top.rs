@@ -171,7 +171,7 @@ fn parse_query(req: &HttpRequest) -> Result<(By, Window, usize), ApiError> {
 /// The heaviest subjects of the policy by denied, allowed or near-limit acquires in the window,
 /// heaviest first, counted by every instance sharing the store (each folds what it counted
 /// every `top.fold_ms`), from bounded summaries: every count is within `error_bound` of the true
-/// count (see the README's Operations, "Top offenders"). Needs an admin token when admin tokens
+/// count (see docs/observability.md, "Top offenders"). Needs an admin token when admin tokens
 /// are set.
 #[utoipa::path(
     tag = "operations",
