@@ -350,12 +350,35 @@ impl Extractor for GrpcMetadata<'_> {
 mod tests {
     use super::*;
 
+    /// Counts what it exports, each export waiting until `open` is set: a receiver that does
+    /// not answer, for as long as a test wants.
     #[derive(Debug, Clone, Default)]
-    struct Counting(Arc<std::sync::Mutex<usize>>);
+    struct Counting {
+        exported: Arc<std::sync::Mutex<usize>>,
+        open: Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>,
+    }
+
+    impl Counting {
+        fn open(&self) {
+            let (open, changed) = &*self.open;
+            if let Ok(mut open) = open.lock() {
+                *open = true;
+            }
+            changed.notify_all();
+        }
+
+        fn exported(&self) -> usize {
+            self.exported.lock().map(|n| *n).unwrap_or_default()
+        }
+    }
 
     impl SpanExporter for Counting {
         async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-            if let Ok(mut n) = self.0.lock() {
+            let (open, changed) = &*self.open;
+            if let Ok(guard) = open.lock() {
+                let _open = changed.wait_while(guard, |open| !*open);
+            }
+            if let Ok(mut n) = self.exported.lock() {
                 *n += batch.len();
             }
             Ok(())
@@ -367,8 +390,9 @@ mod tests {
         use opentelemetry::trace::{Span as _, Tracer as _};
         let exported = Counting::default();
         let queued = Arc::new(AtomicUsize::new(0));
-        // A batch thread that only exports on its timer (an hour away) or at shutdown: the
-        // queue fills and stays full.
+        // A receiver that does not answer: the batch thread takes a batch (the SDK starts an
+        // export as soon as a batch's worth is queued) and hangs in its export, so the queue
+        // fills behind it and stays full.
         let batch = BatchSpanProcessor::new(
             Dequeued {
                 inner: exported.clone(),
@@ -376,7 +400,7 @@ mod tests {
             },
             BatchConfigBuilder::default()
                 .with_max_queue_size(4)
-                .with_max_export_batch_size(100)
+                .with_max_export_batch_size(4)
                 .with_scheduled_delay(Duration::from_secs(3_600))
                 .build(),
         );
@@ -388,20 +412,30 @@ mod tests {
             })
             .build();
         let tracer = provider.tracer("test");
+        // A batch's worth, which the batch thread takes into its hung export.
+        for _ in 0..4 {
+            tracer.start("s").end();
+        }
+        let waiting = std::time::Instant::now();
+        while queued.load(Ordering::Acquire) != 0 {
+            assert!(
+                waiting.elapsed() < Duration::from_secs(10),
+                "never exported"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // Then 6 more: 4 fill the queue behind the hung export, 2 are dropped, none waits.
         let started = std::time::Instant::now();
-        for _ in 0..10 {
+        for _ in 0..6 {
             tracer.start("s").end();
         }
         assert!(started.elapsed() < Duration::from_secs(1), "never waits");
         assert_eq!(queued.load(Ordering::Acquire), 4, "the bound holds");
+        exported.open();
         provider
             .shutdown_with_timeout(Duration::from_secs(5))
             .expect("shut down");
-        assert_eq!(
-            *exported.0.lock().expect("lock"),
-            4,
-            "the queued ones are sent"
-        );
+        assert_eq!(exported.exported(), 8, "the queued ones are sent");
         assert_eq!(queued.load(Ordering::Acquire), 0);
     }
 
