@@ -706,6 +706,46 @@ mod tests {
         );
     }
 
+    /// A tiered policy `p` created by the write of version `born`.
+    fn born(version: u64, born: u64) -> Policy {
+        match tiered(version).entry {
+            Some(Item::Policy(p)) => p.with_incarnation(born),
+            _ => unreachable!("tiered() holds a policy"),
+        }
+    }
+
+    #[test]
+    fn a_page_read_before_a_deletion_brings_no_override_back_to_the_recreated_policy() {
+        // The page arrives after the recreation.
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![tiered(1)], 1);
+        cache.apply_own_override(&etag(2), "p", &id(A), Some(over(A, "k", "a")));
+        cache.apply_own(&etag(3), "p", None);
+        cache.apply_own(&etag(4), "p", Some(born(4, 4)));
+        cache.apply_page("g", vec![over_change(2, A, Some(over(A, "k", "a")))], 2);
+        assert_eq!(
+            quota_for(&cache, "k"),
+            None,
+            "A belonged to the deleted policy"
+        );
+        assert!(!cache.with_overrides("p", |s| s.is_some()));
+        // The page arrives between the deletion and the recreation.
+        let cache = PolicyCache::default();
+        cache.replace_all("g".into(), vec![tiered(1)], 1);
+        cache.apply_own_override(&etag(2), "p", &id(A), Some(over(A, "k", "a")));
+        cache.apply_own(&etag(3), "p", None);
+        cache.apply_page("g", vec![over_change(2, A, Some(over(A, "k", "a")))], 2);
+        cache.apply_own(&etag(4), "p", Some(born(4, 4)));
+        assert_eq!(
+            quota_for(&cache, "k"),
+            None,
+            "A belonged to the deleted policy"
+        );
+        // An override written after the recreation applies.
+        cache.apply_own_override(&etag(5), "p", &id(B), Some(over(B, "k", "b")));
+        assert_eq!(quota_for(&cache, "k"), Some(20));
+    }
+
     #[test]
     fn an_own_write_of_a_match_applied_before_the_deletion_it_followed_wins() {
         let cache = PolicyCache::default();

@@ -142,6 +142,10 @@ impl PolicyOverrides {
     /// Applies one change newer than the entry it replaces; `policy` is the policy as this
     /// instance has it (`None` before it arrives: indexed when it does, [`Self::rebuild`]).
     /// Returns whether it was applied.
+    ///
+    /// A change older than the policy's incarnation belongs to a policy of the name that was
+    /// deleted before this one was created (a page read before the deletion, applied after the
+    /// name came back): it is dropped, as the deletion dropped the overrides it knew of.
     pub fn apply(
         &mut self,
         id: OverrideId,
@@ -149,7 +153,9 @@ impl PolicyOverrides {
         over: Option<Override>,
         policy: Option<&Policy>,
     ) -> bool {
-        if self.entries.get(&id).is_some_and(|(_, v)| *v >= version) {
+        if self.entries.get(&id).is_some_and(|(_, v)| *v >= version)
+            || policy.is_some_and(|p| version < p.incarnation())
+        {
             return false;
         }
         let over = over.map(Arc::new);
@@ -174,10 +180,14 @@ impl PolicyOverrides {
         }
     }
 
-    /// Compiles every live override again against `policy` (it changed).
+    /// Compiles every live override again against `policy` (it changed), after dropping those
+    /// older than its incarnation (see [`Self::apply`]): they arrived while the name had no
+    /// policy, from before its deletion.
     pub fn rebuild(&mut self, policy: &Policy) {
         self.index = OverrideIndex::default();
         self.shadowed = false;
+        let born = policy.incarnation();
+        self.entries.retain(|_, (_, v)| *v >= born);
         let live: Vec<(Arc<Override>, u64)> = self
             .entries
             .values()
