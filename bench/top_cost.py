@@ -85,10 +85,13 @@ def measure(port, subjects, folds, minutes, pool):
     rng = random.Random(1)
     started = time.monotonic()
     calls = 0
+    seq = 0
     for minute in range(29_000_000, 29_000_000 + minutes):
         keys = [f"rl:{{top/api}}:{minute}:{p}" for p in "danm"]
         for _ in range(folds):
-            args = [subjects, 3720]
+            # The capacity, the TTL, then the fold's id (one instance, increasing numbers).
+            seq += 1
+            args = [subjects, 3720, "00000000000000b1", seq]
             for _ in range(3):
                 args += [subjects, 0, subjects]
                 for _ in range(subjects):

@@ -11,14 +11,26 @@
 -- every count overstates its subject by at most that, and an untracked subject has at most that.
 -- `c<d>` adds up the bounds of the folded summaries, `t<d>` their decisions.
 --
+-- A fold is applied once: `s<instance>` keeps the sequence number of the last fold applied from
+-- that instance to the minute, and a fold whose number is not above it changes nothing (the
+-- instance sends a fold whose outcome it does not know again, unchanged: store::top::FoldId).
+--
 -- KEYS[1], KEYS[2], KEYS[3]: the minute's sorted sets of denied, allowed and near-limit counts;
--- KEYS[4]: the minute's hash (t1..t3, c1..c3, f1..f3).
--- ARGV[1]: the capacity; ARGV[2]: the keys' TTL in seconds; then, per dimension in that order:
--- its total, its bound, n, and n pairs of member and count.
+-- KEYS[4]: the minute's hash (t1..t3, c1..c3, f1..f3, s<instance>).
+-- ARGV[1]: the capacity; ARGV[2]: the keys' TTL in seconds; ARGV[3]: the instance's id (hex);
+-- ARGV[4]: the fold's sequence number; then, per dimension in that order: its total, its bound,
+-- n, and n pairs of member and count.
+-- Reply: 1 when applied, 0 when that fold was applied before.
 local cap = tonumber(ARGV[1])
 local ttl = tonumber(ARGV[2])
 local meta = KEYS[4]
-local at = 3
+local folded = 's' .. ARGV[3]
+local seq = tonumber(ARGV[4])
+if seq <= tonumber(redis.call('HGET', meta, folded) or '0') then
+  return 0
+end
+redis.call('HSET', meta, folded, ARGV[4])
+local at = 5
 for d = 1, 3 do
   local set = KEYS[d]
   local total = tonumber(ARGV[at])

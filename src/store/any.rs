@@ -7,7 +7,7 @@ use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 
 use super::redis::breaker::BreakerState;
-use super::top::{Minute, Tally, DIMENSIONS};
+use super::top::{FoldId, Minute, Tally, DIMENSIONS};
 use super::{
     ChangePage, Etag, LeasePlan, LeasedLedger, MemoryStore, OverrideWrite, OverrideWritten, Plan,
     PolicyWrite, RedisStore, Store, StoreError, Written,
@@ -197,11 +197,12 @@ impl AnyStore {
         policy: &str,
         minute: u64,
         capacity: usize,
+        fold: FoldId,
         tallies: &[Tally; DIMENSIONS],
     ) -> Result<(), StoreError> {
         match self {
             AnyStore::Memory(_) => Ok(()),
-            AnyStore::Redis(r) => r.fold_top(policy, minute, capacity, tallies).await,
+            AnyStore::Redis(r) => r.fold_top(policy, minute, capacity, fold, tallies).await,
         }
     }
 

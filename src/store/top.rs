@@ -20,6 +20,17 @@ pub struct Tally {
     pub entries: Vec<(String, u64)>,
 }
 
+/// Which fold this is: the folding instance's random id and its sequence number, increasing
+/// over every fold that instance sends. `lua/top.lua` applies a fold only when its sequence is
+/// above the last one applied from that instance to the minute, so a fold whose outcome is
+/// unknown (a timeout while Redis hung) is sent again unchanged and counted once, whether the
+/// first sending ran or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FoldId {
+    pub instance: u64,
+    pub seq: u64,
+}
+
 /// One minute of a policy's summaries: its number (Unix time in minutes) and one tally per
 /// dimension.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

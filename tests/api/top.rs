@@ -472,3 +472,66 @@ async fn hashed_keys_are_salted_hmacs_alike_on_instances_sharing_the_salt() {
     assert!(key.starts_with("hmac:") && key.len() == 37, "{key}");
     assert_ne!(json!(key), expected[0]);
 }
+
+/// Folds `tallies` twice as `fold` and once as a later fold, into `store`, and reads the minute.
+async fn fold_twice_then_once(store: &ratelimiter::store::RedisStore) -> Vec<u64> {
+    use ratelimiter::store::top::{FoldId, Tally};
+    let one = Tally {
+        total: 3,
+        bound: 0,
+        entries: vec![("resent".to_owned(), 3)],
+    };
+    let tallies = [one, Tally::default(), Tally::default()];
+    let fold = FoldId {
+        instance: 0xfeed,
+        seq: 7,
+    };
+    for f in [fold, fold, FoldId { seq: 8, ..fold }] {
+        store
+            .fold_top("top-once", 42, 16, f, &tallies)
+            .await
+            .expect("fold");
+    }
+    // A fold of another instance with a lower number is its own.
+    let other = FoldId {
+        instance: 0xbeef,
+        seq: 1,
+    };
+    store
+        .fold_top("top-once", 42, 16, other, &tallies)
+        .await
+        .expect("fold");
+    let minute = store.read_top("top-once", &[42]).await.expect("read");
+    let denied = &minute[0].tallies[0];
+    vec![denied.total, denied.entries[0].1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_sent_again_after_an_unknown_outcome_counts_once() {
+    use ratelimiter::store::connection::ConnectionMode;
+    use ratelimiter::store::RedisStore;
+    let redis = TestRedis::start();
+    let store = RedisStore::open(
+        &redis.url(),
+        ConnectionMode::Multiplexed,
+        1,
+        Duration::from_secs(5),
+        "rl",
+    )
+    .expect("store");
+    assert_eq!(
+        fold_twice_then_once(&store).await,
+        [9, 9],
+        "three folds of 3"
+    );
+    let cluster = TestCluster::start();
+    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_owned).collect();
+    let store = RedisStore::open_cluster(&seeds, Duration::from_secs(5), "rl")
+        .await
+        .expect("cluster store");
+    assert_eq!(
+        fold_twice_then_once(&store).await,
+        [9, 9],
+        "on a Cluster too"
+    );
+}

@@ -7,7 +7,9 @@
 //! background task swaps them for their spares and, off the acquire path, folds them: into Redis
 //! (one `lua/top.lua` call per policy that decided anything, into that minute's summaries every
 //! instance shares), or, on the embedded store, into this process's minute summaries (the last
-//! 61 kept). A fold Redis refuses is added back into the live summaries and goes with the next.
+//! 61 kept). A fold that fails is kept as it is and sent again, unchanged, before the next: Redis
+//! applies each fold once ([`FoldId`]), so a fold that timed out while Redis hung, and ran when it
+//! woke, is not counted twice; while one is kept, the live summaries go on counting.
 //!
 //! `top` adds up the minutes of its window (the minute in progress and the 1, 5 or 60 before:
 //! between W and W+1 minutes of decisions, as of the last fold): counts, exact totals, and
@@ -34,7 +36,7 @@ use crate::config::TopSettings;
 use crate::limiter::{Params, Verdict};
 use crate::metrics as m;
 use crate::policy::{NearLimitRatio, Policy, Rate};
-use crate::store::top::{Minute, Tally, DIMENSIONS};
+use crate::store::top::{FoldId, Minute, Tally, DIMENSIONS, MINUTE_TTL_S};
 use crate::telemetry::Summarized;
 
 /// The policy's `near_limit_ratio` (its default when the document gives none): the same rule
@@ -141,6 +143,16 @@ struct PolicyTop {
     spare: Mutex<Dims>,
     /// On the embedded store: the minutes kept, oldest first.
     minutes: Mutex<VecDeque<(u64, Dims)>>,
+    /// On Redis: the fold that failed, sent again before anything newer; only the fold task
+    /// locks it.
+    unsent: Mutex<Option<Unsent>>,
+}
+
+/// A fold whose outcome is not known, as it was first sent.
+struct Unsent {
+    minute: u64,
+    fold: FoldId,
+    tallies: [Tally; DIMENSIONS],
 }
 
 impl PolicyTop {
@@ -149,6 +161,7 @@ impl PolicyTop {
             live: Mutex::new(dims(capacity)),
             spare: Mutex::new(dims(capacity)),
             minutes: Mutex::new(VecDeque::new()),
+            unsent: Mutex::new(None),
         }
     }
 
@@ -182,6 +195,9 @@ pub struct Top {
     folds: [Counter; 2],
     /// `ratelimiter_top_dropped_total`.
     evicted: Counter,
+    /// This instance's id in its folds ([`FoldId`]), and the next fold's sequence number.
+    instance: u64,
+    seq: std::sync::atomic::AtomicU64,
 }
 
 impl Top {
@@ -210,9 +226,20 @@ impl Top {
         let folds = ["ok", "error"].map(|o| metrics::counter!(m::TOP_FOLDS, "outcome" => o));
         let evicted = metrics::counter!(m::TOP_EVICTED);
         folds.iter().chain([&evicted]).for_each(|c| c.increment(0));
+        let mut id = [0u8; 8];
+        // Without randomness (never on a working system) the id is still unique per process
+        // start among instances started at different nanoseconds.
+        if getrandom::fill(&mut id).is_err() {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            id = (now ^ u64::from(std::process::id())).to_le_bytes();
+        }
         Self {
             folds,
             evicted,
+            instance: u64::from_le_bytes(id),
+            seq: std::sync::atomic::AtomicU64::new(1),
             capacity: settings.subjects,
             fold_every: settings.fold_every(),
             hasher: KeyHasher::default(),
@@ -419,26 +446,59 @@ impl RateLimiter {
     pub(super) async fn fold_top(&self) {
         let minute = minute_of(self.clock.now_us());
         for (name, p) in self.top.snapshot() {
+            let unsent = lock(&p.unsent).take();
+            if let Some(u) = unsent {
+                // A minute Redis no longer keeps is not written again.
+                if minute.saturating_sub(u.minute) < MINUTE_TTL_S / 60 {
+                    if let Err(e) = self.send_fold(&name, u.minute, u.fold, &u.tallies).await {
+                        self.unfolded(&name, &e);
+                        *lock(&p.unsent) = Some(u);
+                        continue;
+                    }
+                }
+            }
             let Some(tallies) = self.swap_out(&name, &p, minute) else {
                 continue;
             };
-            let folded = self
-                .store
-                .fold_top(&name, minute, self.top.capacity, &tallies)
-                .await;
-            self.top.folds[usize::from(folded.is_err())].increment(1);
-            let mut spare = lock(&p.spare);
-            if let Err(e) = folded {
-                static UNFOLDED: Summarized = Summarized::per_second();
-                if let Some(count) = UNFOLDED.hit() {
-                    tracing::debug!(policy = %name, error = %e, count, "could not fold the top offenders into Redis; folding them with the next");
-                }
-                let mut live = lock(&p.live);
-                for (l, s) in live.iter_mut().zip(spare.iter()) {
-                    l.merge(s);
-                }
+            lock(&p.spare).iter_mut().for_each(Summary::reset);
+            let fold = FoldId {
+                instance: self.top.instance,
+                seq: self
+                    .top
+                    .seq
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            };
+            if let Err(e) = self.send_fold(&name, minute, fold, &tallies).await {
+                self.unfolded(&name, &e);
+                *lock(&p.unsent) = Some(Unsent {
+                    minute,
+                    fold,
+                    tallies,
+                });
             }
-            spare.iter_mut().for_each(Summary::reset);
+        }
+    }
+
+    /// One fold into Redis, counted by its outcome.
+    async fn send_fold(
+        &self,
+        name: &str,
+        minute: u64,
+        fold: FoldId,
+        tallies: &[Tally; DIMENSIONS],
+    ) -> Result<(), crate::store::StoreError> {
+        let folded = self
+            .store
+            .fold_top(name, minute, self.top.capacity, fold, tallies)
+            .await;
+        self.top.folds[usize::from(folded.is_err())].increment(1);
+        folded
+    }
+
+    fn unfolded(&self, name: &str, e: &crate::store::StoreError) {
+        static UNFOLDED: Summarized = Summarized::per_second();
+        if let Some(count) = UNFOLDED.hit() {
+            tracing::debug!(policy = %name, error = %e, count, "could not fold the top offenders into Redis; sending the fold again next time");
         }
     }
 

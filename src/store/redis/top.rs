@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 use redis::{FromRedisValue, Value};
 
 use super::RedisStore;
-use crate::store::top::{Minute, Tally, DIMENSIONS, MINUTE_TTL_S};
+use crate::store::top::{FoldId, Minute, Tally, DIMENSIONS, MINUTE_TTL_S};
 use crate::store::{key, StoreError};
 
 static FOLD: LazyLock<redis::Script> =
@@ -16,12 +16,14 @@ static FOLD: LazyLock<redis::Script> =
 
 impl RedisStore {
     /// Folds `tallies` (one per dimension) into the policy's summaries of `minute`, each kept to
-    /// at most `capacity` subjects: one script call.
+    /// at most `capacity` subjects: one script call, which does nothing when the fold `fold`
+    /// was already applied.
     pub async fn fold_top(
         &self,
         policy: &str,
         minute: u64,
         capacity: usize,
+        fold: FoldId,
         tallies: &[Tally; DIMENSIONS],
     ) -> Result<(), StoreError> {
         let keys = key::top_keys(&self.prefix, policy, minute);
@@ -30,7 +32,10 @@ impl RedisStore {
             for k in &keys {
                 call.key(k.as_str());
             }
-            call.arg(capacity).arg(MINUTE_TTL_S);
+            call.arg(capacity)
+                .arg(MINUTE_TTL_S)
+                .arg(format!("{:016x}", fold.instance))
+                .arg(fold.seq);
             for t in tallies {
                 call.arg(t.total).arg(t.bound).arg(t.entries.len());
                 for (member, count) in &t.entries {
