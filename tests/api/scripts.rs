@@ -1814,3 +1814,47 @@ async fn the_service_starts_on_a_redis_that_hides_info() {
     let d = app.acquire("p", "k", 1).await;
     assert_eq!(d["degraded"], false, "{d}");
 }
+
+/// The one case `composed_scripts_decide_exactly_as_decide_all` was seen to fail, once, on a
+/// loaded machine (step 3 found step 2's log entries gone): replayed at twenty start times it
+/// agrees, as it did 3,000 times under load, so the cause was not in the scripts' arithmetic.
+#[test]
+fn the_case_seen_failing_once_under_load_decides_exactly_at_any_start() {
+    let mut lab = Lab::new();
+    let specs: Vec<Spec> = vec![
+        (Algorithm::SlidingWindowLog, vec![11, 1]),
+        (Algorithm::SlidingWindowCounter, vec![554109884, 2678400000]),
+    ];
+    let steps = [(382i64, 3u64), (37627880813, 1), (3410, 4), (962, 5)];
+    let mut bad = 0;
+    for r in 0..20u64 {
+        let t0 = T0 + r * 7919 % 1000;
+        let (policy, keys) = composite(&mut lab, &specs);
+        let params = policy.params();
+        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let sha = load(&mut lab.conn, &scripts::compose(&algorithms, Op::Acquire));
+        let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        let mut now = t0;
+        for (i, (dt, pick)) in steps.iter().enumerate() {
+            now = now.saturating_add_signed(*dt);
+            let cost = match pick % 8 {
+                0 => quota,
+                _ => 1 + pick % quota.min(5),
+            };
+            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            let got =
+                composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now).expect("call");
+            if got != as_reply(&expected) {
+                bad += 1;
+                eprintln!(
+                    "t0+{} step {i}: got {got:?} expected {:?}",
+                    t0 - T0,
+                    as_reply(&expected)
+                );
+            }
+        }
+    }
+    assert_eq!(bad, 0, "wrong answers");
+}
