@@ -191,8 +191,11 @@ impl Application {
             )
         });
         let grpc_files = grpc_connections.map_or(0, |n| n as u64 + 1);
+        let certs = web::Data::new(crate::tls::ListenerCerts(
+            http_tls.iter().chain(grpc_tls.iter()).cloned().collect(),
+        ));
         let server = http_server(
-            move || api::app(data.clone(), edge.clone()),
+            move || api::app(data.clone(), edge.clone()).app_data(certs.clone()),
             listener,
             server_settings,
             workers,

@@ -28,6 +28,40 @@ use rustls::{
 /// How often the files are checked for a change (fixed: SIGHUP reloads at once).
 pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 
+/// Under this many days left, `/readyz` warns of a certificate's expiry (and stays 200).
+pub const EXPIRY_WARNING_DAYS: f64 = 14.0;
+
+/// The certificates of this instance's listeners, for `/readyz`.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerCerts(pub Vec<Arc<Reloadable>>);
+
+impl ListenerCerts {
+    /// A warning for each certificate with less than [`EXPIRY_WARNING_DAYS`] left (or expired).
+    pub fn expiry_warnings(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .filter_map(|c| {
+                let days = c.days_left();
+                (days < EXPIRY_WARNING_DAYS).then(|| {
+                    if days < 0.0 {
+                        format!(
+                            "the {} listener's TLS certificate expired {:.1} days ago",
+                            c.listener(),
+                            -days
+                        )
+                    } else {
+                        format!(
+                            "the {} listener's TLS certificate expires in {:.1} days",
+                            c.listener(),
+                            days
+                        )
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
 /// A certificate or key that cannot be used, naming the setting whose file it is.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
