@@ -329,7 +329,7 @@ impl Reloadable {
                 path: self.files.cert.clone(),
                 reason: e.to_string(),
             })?;
-        let has_ca = self.verifier.read().map_or(false, |v| v.is_some());
+        let has_ca = self.verifier.read().is_ok_and(|v| v.is_some());
         let builder = if has_ca {
             builder.with_client_cert_verifier(Arc::new(ClientCa(self.clone())))
         } else {
