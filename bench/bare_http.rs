@@ -44,6 +44,6 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", server.bind))?;
     let workers = startup::worker_count(server);
     let factory = || App::new().route("/healthz", web::get().to(healthz));
-    startup::http_server(factory, listener, server, workers, 0)?.await?;
+    startup::http_server(factory, listener, server, workers, 0, None)?.await?;
     Ok(())
 }

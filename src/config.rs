@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -209,6 +209,15 @@ pub struct ServerSettings {
     pub keep_alive_s: u64,
     /// On SIGTERM or SIGINT, how long in-flight requests may take to finish.
     pub shutdown_timeout_s: u64,
+    /// PEM certificate chain to serve HTTPS with (see docs/tls.md); plain HTTP when unset.
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates; when set, HTTPS clients must present a certificate signed by one.
+    #[serde(default)]
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 /// Envoy's rate-limit service over gRPC (see `grpc`).
@@ -237,6 +246,12 @@ pub struct GrpcSettings {
     pub keepalive_interval_ms: u64,
     /// A ping not answered within this is the end of its connection.
     pub keepalive_timeout_ms: u64,
+    /// PEM certificate chain to serve gRPC over TLS with (see docs/tls.md); plaintext when unset.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+    /// PEM CA certificates; when set, gRPC clients must present a certificate signed by one.
+    pub tls_client_ca_file: Option<PathBuf>,
 }
 
 impl Default for GrpcSettings {
@@ -250,6 +265,9 @@ impl Default for GrpcSettings {
             max_pending_resets: 20,
             keepalive_interval_ms: 30_000,
             keepalive_timeout_ms: 10_000,
+            tls_cert_file: None,
+            tls_key_file: None,
+            tls_client_ca_file: None,
         }
     }
 }
@@ -866,6 +884,42 @@ impl RawSettings {
         }
         if let Some((key, reason)) = self.grpc.invalid() {
             return Err(invalid(key, reason));
+        }
+        for (section, cert, key, ca) in [
+            (
+                "server",
+                &self.server.tls_cert_file,
+                &self.server.tls_key_file,
+                &self.server.tls_client_ca_file,
+            ),
+            (
+                "grpc",
+                &self.grpc.tls_cert_file,
+                &self.grpc.tls_key_file,
+                &self.grpc.tls_client_ca_file,
+            ),
+        ] {
+            match (cert, key) {
+                (Some(_), None) => {
+                    return Err(invalid(
+                        &format!("{section}.tls_key_file"),
+                        &format!("must be set with {section}.tls_cert_file"),
+                    ))
+                }
+                (None, Some(_)) => {
+                    return Err(invalid(
+                        &format!("{section}.tls_cert_file"),
+                        &format!("must be set with {section}.tls_key_file"),
+                    ))
+                }
+                (None, None) if ca.is_some() => {
+                    return Err(invalid(
+                        &format!("{section}.tls_client_ca_file"),
+                        &format!("needs {section}.tls_cert_file and {section}.tls_key_file"),
+                    ))
+                }
+                _ => {}
+            }
         }
         if let Some(grpc) = self.grpc.bind {
             if grpc == self.server.bind && grpc.port() != 0 {

@@ -81,6 +81,7 @@ pub async fn serve(
     tokens: Tokens,
     settings: &GrpcSettings,
     max_connections: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let grpc = Grpc::new(limiter);
@@ -111,7 +112,7 @@ pub async fn serve(
         }
     };
     let service = RateLimitServiceServer::with_interceptor(grpc, authorize);
-    let incoming = incoming::bounded(listener, max_connections, settings.handshake_timeout());
+    let incoming = incoming::bounded(listener, max_connections, settings.handshake_timeout(), tls);
     tonic::transport::Server::builder()
         .timeout(settings.call_timeout())
         .max_concurrent_streams(settings.max_concurrent_streams)

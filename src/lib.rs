@@ -28,6 +28,7 @@
 //!   once (its fields, its Lua part); the Lua parts in `lua/` mirror the functions.
 //! - [`config`], [`startup`], [`telemetry`], [`trace`], [`metrics`]: settings, assembling the
 //!   application, logging, OpenTelemetry traces, Prometheus metrics.
+//! - [`tls`]: TLS on the HTTP and gRPC listeners (certificates, client CA, reload, expiry).
 #![forbid(unsafe_code)]
 
 pub mod access;
@@ -42,4 +43,5 @@ pub mod service;
 pub mod startup;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;

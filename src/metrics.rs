@@ -90,6 +90,12 @@ pub const GRPC_UNMATCHED: &str = "ratelimiter_grpc_unmatched_descriptors_total";
 /// `handshake_timeout` (`grpc.handshake_timeout_ms`) or `evicted` (closed to make room at
 /// `grpc.max_connections`).
 pub const GRPC_CONNECTIONS_CLOSED: &str = "ratelimiter_grpc_connections_closed_total";
+/// Days until a listener's TLS certificate expires (fractional, negative once expired), labelled
+/// `listener` (`http` or `grpc`); set at load and reload and at every poll of the files.
+pub const TLS_CERTIFICATE_EXPIRY_DAYS: &str = "ratelimiter_tls_certificate_expiry_days";
+/// Reloads of a listener's TLS files that failed (the certificate in use was kept), labelled
+/// `listener`.
+pub const TLS_RELOAD_FAILURES: &str = "ratelimiter_tls_reload_failures_total";
 /// Time to answer a gRPC `ShouldRateLimit` call, from decoded request to answer, in seconds.
 pub const GRPC_SECONDS: &str = "ratelimiter_grpc_request_duration_seconds";
 /// Time of each Redis call, connection checkout included, in seconds.
@@ -210,6 +216,14 @@ pub fn handle() -> &'static PrometheusHandle {
 
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        TLS_CERTIFICATE_EXPIRY_DAYS,
+        "Days until the listener's TLS certificate expires"
+    );
+    describe_counter!(
+        TLS_RELOAD_FAILURES,
+        "Reloads of the listener's TLS files that failed (the certificate in use was kept)"
+    );
     describe_counter!(
         DECISIONS,
         "Decisions by policy and outcome (allowed, denied, degraded)"

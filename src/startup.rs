@@ -19,6 +19,7 @@ use crate::store::breaker::Breaker;
 use crate::store::connection::ConnectionMode;
 use crate::store::redis::redact_url;
 use crate::store::{AnyStore, MemoryStore, RedisStore, Store};
+use crate::tls::spawn_reloader;
 
 /// A built application, bound to its port and ready to run.
 pub struct Application {
@@ -130,6 +131,33 @@ impl Application {
             .context("reading the keys that sign refund tickets (or creating the first)")?;
         limiter.spawn_background(settings.redis.policy_refresh());
 
+        // The certificates first: a bad file fails the start-up naming its setting.
+        let http_tls = load_tls(crate::tls::TlsFiles::new(
+            "server",
+            settings.server.tls_cert_file.as_deref(),
+            settings.server.tls_key_file.as_deref(),
+            settings.server.tls_client_ca_file.as_deref(),
+        ))?;
+        let grpc_tls = match settings.grpc.bind {
+            Some(_) => load_tls(crate::tls::TlsFiles::new(
+                "grpc",
+                settings.grpc.tls_cert_file.as_deref(),
+                settings.grpc.tls_key_file.as_deref(),
+                settings.grpc.tls_client_ca_file.as_deref(),
+            ))?,
+            None => None,
+        };
+        spawn_reloader(http_tls.iter().chain(grpc_tls.iter()).cloned().collect());
+        let http_config = http_tls
+            .as_ref()
+            .map(|t| t.server_config(&[b"http/1.1"]))
+            .transpose()?;
+        let grpc_acceptor = grpc_tls
+            .as_ref()
+            .map(|t| t.server_config(&[b"h2"]))
+            .transpose()?
+            .map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+
         let listener = TcpListener::bind(settings.server.bind)
             .with_context(|| format!("cannot listen on {}", settings.server.bind))?;
         let address = listener.local_addr()?;
@@ -163,14 +191,19 @@ impl Application {
             )
         });
         let grpc_files = grpc_connections.map_or(0, |n| n as u64 + 1);
+        let certs = web::Data::new(crate::tls::ListenerCerts(
+            http_tls.iter().chain(grpc_tls.iter()).cloned().collect(),
+        ));
         let server = http_server(
-            move || api::app(data.clone(), edge.clone()),
+            move || api::app(data.clone(), edge.clone()).app_data(certs.clone()),
             listener,
             server_settings,
             workers,
             redis_files + grpc_files,
+            http_config,
         )?;
-        tracing::info!(%address, docs = %format!("http://{address}/docs/"), "serving");
+        let scheme = if http_tls.is_some() { "https" } else { "http" };
+        tracing::info!(%address, docs = %format!("{scheme}://{address}/docs/"), "serving");
         let grpc = match (settings.grpc.bind, grpc_connections) {
             (Some(bind), Some(max_connections)) => Some(
                 serve_grpc(
@@ -179,6 +212,7 @@ impl Application {
                     Tokens::from_settings(&settings.auth),
                     settings.grpc.clone(),
                     max_connections,
+                    grpc_acceptor,
                 )
                 .await?,
             ),
@@ -230,7 +264,9 @@ async fn serve_grpc(
     tokens: Tokens,
     settings: GrpcSettings,
     max_connections: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) -> anyhow::Result<(u16, tokio::task::JoinHandle<()>)> {
+    let tls_on = tls.is_some();
     let listener = tokio::net::TcpListener::bind(bind)
         .await
         .with_context(|| format!("cannot listen on {bind} (grpc.bind)"))?;
@@ -255,13 +291,14 @@ async fn serve_grpc(
             tokens,
             &settings,
             max_connections,
+            tls,
             shutdown,
         );
         if let Err(e) = served.await {
             tracing::error!(error = %e, "the gRPC server failed");
         }
     });
-    tracing::info!(%address, max_connections, "serving Envoy's rate-limit service (gRPC)");
+    tracing::info!(%address, max_connections, tls = tls_on, "serving Envoy's rate-limit service (gRPC)");
     Ok((address.port(), task))
 }
 
@@ -277,13 +314,15 @@ pub fn worker_count(server: &ServerSettings) -> usize {
 /// each with at most `server.max_connections` connections (fewer when they would not fit the
 /// open-file limit beside `redis_files`), and the service's timeouts. The benchmark's bare
 /// handler (`bench/bare_http.rs`) is served by this too, so that the two differ only in what
-/// runs inside.
+/// runs inside. With `tls`, HTTPS: the TLS handshake must finish within
+/// `server.client_request_timeout_ms` too, and counts against the connection cap.
 pub fn http_server<F, T, B>(
     factory: F,
     listener: TcpListener,
     server: &ServerSettings,
     workers: usize,
     redis_files: u64,
+    tls: Option<rustls::ServerConfig>,
 ) -> std::io::Result<Server>
 where
     F: Fn() -> App<T> + Send + Clone + 'static,
@@ -297,15 +336,29 @@ where
     B: MessageBody + 'static,
 {
     let max_connections = connections_that_fit(server.max_connections, workers, redis_files);
-    Ok(HttpServer::new(factory)
+    let timeout = Duration::from_millis(server.client_request_timeout_ms);
+    let builder = HttpServer::new(factory)
         .workers(workers)
-        .listen(listener)?
+        .tls_handshake_timeout(timeout);
+    let builder = match tls {
+        None => builder.listen(listener)?,
+        Some(config) => builder.listen_rustls_0_23(listener, config)?,
+    };
+    Ok(builder
         .max_connections(max_connections)
         .client_request_timeout(Duration::from_millis(server.client_request_timeout_ms))
         .client_disconnect_timeout(Duration::from_secs(1))
         .keep_alive(Duration::from_secs(server.keep_alive_s))
         .shutdown_timeout(server.shutdown_timeout_s)
         .run())
+}
+
+/// A listener's certificates, loaded, when its files are set.
+fn load_tls(
+    files: Option<crate::tls::TlsFiles>,
+) -> anyhow::Result<Option<Arc<crate::tls::Reloadable>>> {
+    let Some(files) = files else { return Ok(None) };
+    Ok(Some(crate::tls::Reloadable::load(files)?))
 }
 
 /// The circuit breaker the settings ask for.

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 use super::auth;
 use super::errors::{ApiError, Problem};
 use crate::service::RateLimiter;
+use crate::tls::ListenerCerts;
 
 /// The release this binary is (`version` in Cargo.toml), as `--version` and `/healthz` show it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -105,8 +106,19 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
     )
 )]
 #[get("/readyz")]
-pub async fn readyz(limiter: web::Data<RateLimiter>) -> Result<HttpResponse, ApiError> {
+pub async fn readyz(
+    limiter: web::Data<RateLimiter>,
+    certs: Option<web::Data<ListenerCerts>>,
+) -> Result<HttpResponse, ApiError> {
     let degraded = limiter.readiness().await?;
+    // A certificate near its expiry is a warning, not unreadiness: every instance of a
+    // deployment usually shares it, and taking them all out of rotation would serve no one.
+    let expiring = certs.map(|c| c.expiry_warnings()).unwrap_or_default();
+    let degraded = match (degraded, expiring.is_empty()) {
+        (degraded, true) => degraded,
+        (None, false) => Some(expiring.join("; ")),
+        (Some(d), false) => Some(format!("{d}; {}", expiring.join("; "))),
+    };
     let position = limiter.cache().position();
     let (full_pages, incremental_pages) = limiter.sync().pages();
     Ok(HttpResponse::Ok().json(Health {

@@ -6,6 +6,11 @@
 //! out a client that speaks; without such a connection, the next one waits in the listen queue,
 //! as the HTTP side's do at theirs.
 //!
+//! With TLS (`grpc.tls_cert_file`), the TLS handshake comes first, under the same slot and
+//! within the same deadline, and runs beside the accept loop (one task per connection), so a
+//! client that says nothing holds one slot until its deadline and blocks no other accept; a
+//! connection in its TLS handshake may be closed to make room like one in its HTTP/2 handshake.
+//!
 //! What happens after the handshake is hyper's (keepalive pings, stream limits) and tonic's
 //! (the per-call deadline), set up in `grpc::serve`.
 
@@ -18,11 +23,13 @@ use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::Sleep;
+use tokio::time::{Instant, Sleep};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// The client's connection preface (RFC 9113, section 3.4), which its SETTINGS frame follows.
@@ -43,6 +50,8 @@ struct Conn {
     state: AtomicU8,
     /// Its task's waker, to close it from the accept loop.
     waker: Mutex<Option<Waker>>,
+    /// Told when it is closed to make room (a connection in its TLS handshake waits on this).
+    closed: Notify,
 }
 
 /// Accepted, not yet read from: its handshake may already be waiting in the socket.
@@ -55,21 +64,214 @@ const DONE: u8 = 2;
 const EVICTED: u8 = 3;
 
 /// The connections `listener` accepts, at most `max_connections` open at once, each closed
-/// unless its handshake arrives within `handshake_timeout`.
+/// unless its handshake (TLS first, with `tls`) arrives within `handshake_timeout`.
 pub fn bounded(
     listener: TcpListener,
     max_connections: usize,
     handshake_timeout: Duration,
+    tls: Option<TlsAcceptor>,
 ) -> impl Stream<Item = io::Result<Guarded>> {
     let slots = Arc::new(Slots {
         permits: Arc::new(Semaphore::new(max_connections.max(1))),
         handshaking: Mutex::new(VecDeque::new()),
         evictable: Notify::new(),
     });
-    futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
-        let next = slots.next(&listener, handshake_timeout).await;
-        Some((next, (listener, slots)))
+    match tls {
+        None => {
+            futures_util::stream::unfold((listener, slots), move |(listener, slots)| async move {
+                let next = slots
+                    .next(&listener, handshake_timeout)
+                    .await
+                    .map(Admitted::plain);
+                Some((next, (listener, slots)))
+            })
+            .left_stream()
+        }
+        Some(acceptor) => tls_stream(listener, slots, handshake_timeout, acceptor).right_stream(),
+    }
+}
+
+/// Accepts on a task of its own, each TLS handshake on a task of its own, and yields the
+/// connections whose handshake succeeded; the tasks end when the stream is dropped.
+fn tls_stream(
+    listener: TcpListener,
+    slots: Arc<Slots>,
+    handshake_timeout: Duration,
+    acceptor: TlsAcceptor,
+) -> impl Stream<Item = io::Result<Guarded>> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Guarded>();
+    tokio::spawn(async move {
+        loop {
+            let admitted = tokio::select! {
+                () = tx.closed() => return,
+                admitted = slots.next(&listener, handshake_timeout) => admitted,
+            };
+            let Ok(admitted) = admitted else { return };
+            let acceptor = acceptor.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                // Evictable from the start: a TLS client that says nothing is what eviction is for.
+                admitted.conn.state.store(WAITING, Ordering::Release);
+                admitted.slots.evictable.notify_one();
+                let conn = admitted.conn.clone();
+                let deadline = admitted.deadline;
+                let closed = conn.closed.notified();
+                let (stream, rest) = admitted.split();
+                let handshake = tokio::select! {
+                    () = closed => {
+                        tracing::debug!("a gRPC connection in its TLS handshake was closed to make room");
+                        return;
+                    }
+                    done = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => done,
+                };
+                match handshake {
+                    Ok(Ok(tls)) => {
+                        if conn.state.load(Ordering::Acquire) != EVICTED {
+                            let _ = tx.send(rest.with(Io::Tls(Box::new(tls))));
+                        }
+                    }
+                    Ok(Err(error)) => {
+                        tracing::debug!(%error, "a gRPC connection's TLS handshake failed");
+                        metrics::counter!(crate::metrics::GRPC_CONNECTIONS_CLOSED, "reason" => "tls_handshake_failed")
+                            .increment(1);
+                    }
+                    Err(_) => {
+                        tracing::debug!(
+                            "a gRPC connection did not finish its TLS handshake in time"
+                        );
+                        metrics::counter!(crate::metrics::GRPC_CONNECTIONS_CLOSED, "reason" => "handshake_timeout")
+                            .increment(1);
+                    }
+                }
+            });
+        }
+    });
+    futures_util::stream::unfold(rx, |mut rx| async move {
+        let next = rx.recv().await?;
+        Some((Ok(next), rx))
     })
+}
+
+/// A connection accepted with a slot, before its handshake.
+struct Admitted {
+    stream: TcpStream,
+    deadline: Instant,
+    conn: Arc<Conn>,
+    slots: Arc<Slots>,
+    permit: OwnedSemaphorePermit,
+}
+
+/// An [`Admitted`] without its socket, while the TLS handshake has that.
+struct Rest {
+    deadline: Instant,
+    conn: Arc<Conn>,
+    slots: Arc<Slots>,
+    permit: OwnedSemaphorePermit,
+}
+
+impl Admitted {
+    fn plain(self) -> Guarded {
+        let (stream, rest) = self.split();
+        rest.with(Io::Plain(stream))
+    }
+
+    fn split(self) -> (TcpStream, Rest) {
+        (
+            self.stream,
+            Rest {
+                deadline: self.deadline,
+                conn: self.conn,
+                slots: self.slots,
+                permit: self.permit,
+            },
+        )
+    }
+}
+
+impl Rest {
+    fn with(self, stream: Io) -> Guarded {
+        Guarded {
+            stream,
+            handshake: Handshake::default(),
+            deadline: Some(Box::pin(tokio::time::sleep_until(self.deadline))),
+            conn: self.conn,
+            slots: self.slots,
+            _permit: self.permit,
+        }
+    }
+}
+
+/// A connection's socket, in plaintext or under TLS.
+enum Io {
+    Plain(TcpStream),
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Io {
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Io::Plain(s) => s,
+            Io::Tls(s) => s.get_ref().0,
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Plain(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 impl Slots {
@@ -79,7 +281,7 @@ impl Slots {
         self: &Arc<Self>,
         listener: &TcpListener,
         deadline: Duration,
-    ) -> io::Result<Guarded> {
+    ) -> io::Result<Admitted> {
         let stream = loop {
             match listener.accept().await {
                 Ok((stream, _)) => break stream,
@@ -114,6 +316,7 @@ impl Slots {
         let conn = Arc::new(Conn {
             state: AtomicU8::new(ACCEPTED),
             waker: Mutex::new(None),
+            closed: Notify::new(),
         });
         if let Ok(mut queue) = self.handshaking.lock() {
             // Entries of connections done with their handshake are dropped from the front; the
@@ -126,13 +329,12 @@ impl Slots {
             }
             queue.push_back(Arc::downgrade(&conn));
         }
-        Ok(Guarded {
+        Ok(Admitted {
             stream,
-            handshake: Handshake::default(),
-            deadline: Some(Box::pin(tokio::time::sleep(deadline))),
+            deadline: Instant::now() + deadline,
             conn,
             slots: self.clone(),
-            _permit: permit,
+            permit,
         })
     }
 
@@ -153,6 +355,7 @@ impl Slots {
             {
                 Ok(_) => {
                     queue.remove(i);
+                    conn.closed.notify_one();
                     if let Some(waker) = conn.waker.lock().ok().and_then(|mut w| w.take()) {
                         waker.wake();
                     }
@@ -203,7 +406,7 @@ impl Handshake {
 /// An accepted connection holding its slot until it is dropped, closed if its handshake does
 /// not arrive in time or the accept loop needs its slot first.
 pub struct Guarded {
-    stream: TcpStream,
+    stream: Io,
     handshake: Handshake,
     /// Until the handshake is complete.
     deadline: Option<Pin<Box<Sleep>>>,
@@ -313,7 +516,7 @@ impl Connected for Guarded {
     type ConnectInfo = TcpConnectInfo;
 
     fn connect_info(&self) -> TcpConnectInfo {
-        self.stream.connect_info()
+        self.stream.tcp().connect_info()
     }
 }
 

@@ -28,6 +28,7 @@ mod lease_scripts;
 mod leases;
 mod leases_smoke;
 mod limits;
+mod listener_tls;
 mod metrics;
 mod openapi;
 mod operations;
