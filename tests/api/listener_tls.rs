@@ -531,3 +531,52 @@ async fn silent_tls_clients_do_not_keep_out_a_client_that_speaks() {
     );
     drop(silent);
 }
+
+#[tokio::test]
+async fn a_reload_that_fails_keeps_the_certificate_in_use_and_is_counted() {
+    let pki = Pki::new("failed-reload");
+    let (cert, key) = pki.write("server", &pki.leaf("kept", 30));
+    let grpc_port = crate::helpers::free_port();
+    let bind = format!("127.0.0.1:{grpc_port}");
+    let binary = Binary::start(
+        "",
+        &[
+            ("RATELIMITER__GRPC__BIND", &bind),
+            ("RATELIMITER__GRPC__TLS_CERT_FILE", &cert),
+            ("RATELIMITER__GRPC__TLS_KEY_FILE", &key),
+        ],
+    )
+    .await;
+    std::fs::write(&cert, "not a certificate").unwrap();
+    let failures = || async {
+        let text = reqwest::get(format!("{}/metrics", binary.address))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with("ratelimiter_tls_reload_failures_total{listener=\"grpc\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let start = Instant::now();
+    while failures().await < 1.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the failed reload was not counted: {}",
+            binary.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        binary.log_text().contains("grpc.tls_cert_file"),
+        "the error names the setting: {}",
+        binary.log_text()
+    );
+    // The certificate loaded at start is still served to new connections.
+    let mut client = grpc_client(grpc_port, &pki.ca_pem, None)
+        .await
+        .expect("the kept certificate is served");
+    assert!(answers(&mut client).await);
+}
