@@ -11,7 +11,7 @@ use ratelimiter::config::Settings;
 use ratelimiter::startup::Application;
 
 use crate::certs::TestPki;
-use crate::helpers::{free_port, spawn_app_with, TestApp, TestRedis};
+use crate::helpers::{free_port, spawn_app_with, TestApp, TestCluster, TestRedis};
 
 /// A Redis with a TLS port (its plain port stays for the harness), its PKI, and the TLS port.
 struct TlsRedis {
@@ -134,14 +134,29 @@ async fn knows(app: &TestApp, name: &str) {
 /// Acquires, batches, pub/sub, policy sync and a lease, on two instances over TLS.
 async fn everything_works_over_tls(redis: &TlsRedis, client: bool) {
     let (a, b) = (redis.instance(client).await, redis.instance(client).await);
+    everything_works(&a, &b).await;
+    let mut conn = redis.redis.conn();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("rl:*")
+        .query(&mut conn)
+        .expect("KEYS");
+    assert!(
+        !keys.is_empty(),
+        "the decisions were written to the TLS Redis"
+    );
+}
+
+/// Acquires, batches, pub/sub, policy sync and a lease, on instances `a` and `b`.
+async fn everything_works(a: &TestApp, b: &TestApp) {
+    let (a, b) = (a, b);
 
     // Acquire, and policy sync: created on a, seen by b.
     a.create_policy(
         json!({"name": "tls", "algorithm": "fixed_window", "limit": 1000, "window_ms": 3_600_000}),
     )
     .await;
-    knows(&b, "tls").await;
-    let (first, by) = acquire(&a, "tls", "k").await;
+    knows(b, "tls").await;
+    let (first, by) = acquire(a, "tls", "k").await;
     assert_eq!(
         (&first["allowed"], by.as_str()),
         (&json!(true), "redis"),
@@ -149,19 +164,10 @@ async fn everything_works_over_tls(redis: &TlsRedis, client: bool) {
     );
 
     // A batch: many concurrent acquires on one instance, every one counted once.
-    let calls = (0..200).map(|_| acquire(&b, "tls", "k"));
+    let calls = (0..200).map(|_| acquire(b, "tls", "k"));
     let answers = futures_join_all(calls).await;
     assert!(answers.iter().all(|(v, _)| v["allowed"] == true));
-    let mut conn = redis.redis.conn();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("rl:*tls*")
-        .query(&mut conn)
-        .expect("KEYS");
-    assert!(
-        !keys.is_empty(),
-        "the decisions were written to the TLS Redis"
-    );
-    let (after, _) = acquire(&a, "tls", "k").await;
+    let (after, _) = acquire(a, "tls", "k").await;
     assert_eq!(after["remaining"], 1000 - 202, "{after}");
 
     // The denial cache's pub/sub: a caches a denial; a reset through b ends it on a.
@@ -169,10 +175,10 @@ async fn everything_works_over_tls(redis: &TlsRedis, client: bool) {
         json!({"name": "one", "algorithm": "fixed_window", "limit": 1, "window_ms": 3_600_000}),
     )
     .await;
-    knows(&b, "one").await;
-    assert_eq!(acquire(&a, "one", "k").await.0["allowed"], true);
-    assert_eq!(acquire(&a, "one", "k").await.1, "redis");
-    let (cached, by) = acquire(&a, "one", "k").await;
+    knows(b, "one").await;
+    assert_eq!(acquire(a, "one", "k").await.0["allowed"], true);
+    assert_eq!(acquire(a, "one", "k").await.1, "redis");
+    let (cached, by) = acquire(a, "one", "k").await;
     assert_eq!(
         (&cached["allowed"], by.as_str()),
         (&json!(false), "local_cache")
@@ -183,7 +189,7 @@ async fn everything_works_over_tls(redis: &TlsRedis, client: bool) {
     assert_eq!(r.status(), 204);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let (body, by) = acquire(&a, "one", "k").await;
+        let (body, by) = acquire(a, "one", "k").await;
         if by == "redis" {
             assert_eq!(body["allowed"], true, "after the reset: {body}");
             break;
@@ -280,6 +286,48 @@ async fn futures_join_all<F: std::future::Future>(
 async fn decisions_batches_pubsub_policy_sync_and_leases_work_over_tls() {
     let redis = TlsRedis::start(false);
     everything_works_over_tls(&redis, false).await;
+}
+
+#[tokio::test]
+async fn everything_works_on_a_redis_cluster_over_tls() {
+    let pki = TestPki::new();
+    let (cert, key) = pki.issue("node", &["127.0.0.1", "localhost"]);
+    let (cert, key, ca) = (
+        cert.to_string_lossy().into_owned(),
+        key.to_string_lossy().into_owned(),
+        pki.ca_pem_path().to_string_lossy().into_owned(),
+    );
+    let cluster = Arc::new(TestCluster::start_with(&[
+        "--tls-port",
+        "{tls-port}",
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        &ca,
+        "--tls-auth-clients",
+        "no",
+        "--tls-cluster",
+        "yes",
+        "--tls-replication",
+        "yes",
+    ]));
+    let seeds: Vec<String> = cluster
+        .tls_ports
+        .iter()
+        .map(|p| format!("rediss://127.0.0.1:{p}"))
+        .collect();
+    let seeds = seeds.join(",");
+    let settings = [
+        ("RATELIMITER__REDIS__CLUSTER_NODES", seeds.as_str()),
+        ("RATELIMITER__REDIS__TLS_CA_FILE", ca.as_str()),
+        ("RATELIMITER__LIMITS__DENIAL_CACHE_MS", "60000"),
+    ];
+    let a = spawn_app_with(None, &settings).await;
+    let b = spawn_app_with(None, &settings).await;
+    everything_works(&a, &b).await;
+    drop(cluster);
 }
 
 #[tokio::test]
