@@ -13,6 +13,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -342,6 +343,24 @@ pub struct RedisSettings {
     pub breaker_failures: u32,
     /// How long an open breaker answers by fail mode before letting one call probe Redis.
     pub breaker_cooldown_ms: u64,
+    /// PEM CA bundle that verifies the server (`rediss://`); unset: the system's roots.
+    #[serde(default)]
+    pub tls_ca_file: Option<PathBuf>,
+    /// PEM client certificate chain, for Redis that asks for one (mutual TLS).
+    #[serde(default)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    #[serde(default)]
+    pub tls_key_file: Option<PathBuf>,
+    /// The name the server's certificate must carry, instead of the address's host.
+    #[serde(default)]
+    pub tls_server_name: Option<String>,
+    /// Whether the cluster seeds are `rediss://` (they are kept without the scheme).
+    #[serde(skip)]
+    pub cluster_tls: bool,
+    /// The TLS client, built from `tls_*` at validation when Redis is reached over TLS.
+    #[serde(skip)]
+    pub tls: Option<Arc<crate::store::redis::tls::Tls>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -831,8 +850,25 @@ impl RawSettings {
                 "cannot be set together with redis.url: set one of them",
             ));
         }
+        let seeds_tls = self
+            .redis
+            .cluster_nodes
+            .iter()
+            .filter(|n| n.expose().trim().starts_with("rediss://"))
+            .count();
+        if seeds_tls != 0 && seeds_tls != self.redis.cluster_nodes.len() {
+            return Err(invalid(
+                "redis.cluster_nodes",
+                "every seed must be rediss:// or none: the Cluster is reached one way",
+            ));
+        }
+        self.redis.cluster_tls = seeds_tls != 0;
         for node in &mut self.redis.cluster_nodes {
             let trimmed = node.expose().trim();
+            let trimmed = trimmed
+                .strip_prefix("rediss://")
+                .or_else(|| trimmed.strip_prefix("redis://"))
+                .unwrap_or(trimmed);
             // Credentials, when given, come before the last `@`; never echoed.
             let address = trimmed.rsplit_once('@').map_or(trimmed, |(_, a)| a);
             let ok = address
@@ -854,6 +890,30 @@ impl RawSettings {
                 ));
             }
         }
+        let r = &self.redis;
+        let uses_tls = r.cluster_tls
+            || r.url
+                .as_ref()
+                .is_some_and(|u| u.expose().starts_with("rediss://"));
+        let options = crate::store::redis::tls::TlsOptions {
+            ca_file: r.tls_ca_file.clone(),
+            cert_file: r.tls_cert_file.clone(),
+            key_file: r.tls_key_file.clone(),
+            server_name: r.tls_server_name.clone().filter(|n| !n.is_empty()),
+        };
+        let files_set =
+            options.ca_file.is_some() || options.cert_file.is_some() || options.key_file.is_some();
+        // Files are checked even when unused, so that a mistake shows before TLS is turned on.
+        self.redis.tls = if uses_tls || files_set {
+            let tls =
+                crate::store::redis::tls::Tls::new(&options).map_err(|e| ConfigError::Invalid {
+                    key: e.setting.to_owned(),
+                    reason: e.reason,
+                })?;
+            uses_tls.then(|| Arc::new(tls))
+        } else {
+            None
+        };
         let mut policies: Vec<Policy> = Vec::with_capacity(self.policies.len());
         for (i, value) in self.policies.iter().enumerate() {
             let at = format!("policies[{i}]");

@@ -50,9 +50,14 @@ impl Application {
                     .map(|n| redact_url(&format!("redis://{n}")))
                     .collect();
                 let shown = shown.join(", ");
-                let store = RedisStore::open_cluster(&nodes, settings.redis.timeout(), prefix)
-                    .await
-                    .with_context(|| format!("cannot reach the Redis Cluster at {shown}"))?;
+                let store = RedisStore::open_cluster_with_tls(
+                    &nodes,
+                    settings.redis.timeout(),
+                    prefix,
+                    settings.redis.tls.clone(),
+                )
+                .await
+                .with_context(|| format!("cannot reach the Redis Cluster at {shown}"))?;
                 tracing::info!(nodes = %shown, "using Redis Cluster");
                 store
                     .with_breaker(breaker(&settings))
@@ -68,12 +73,13 @@ impl Application {
             }
             Some(url) => {
                 let shown = redact_url(url.expose());
-                let store = RedisStore::open(
+                let store = RedisStore::open_with_tls(
                     url.expose(),
                     settings.redis.connection_mode(),
                     settings.redis.pool_size,
                     settings.redis.timeout(),
                     prefix,
+                    settings.redis.tls.clone(),
                 )?
                 .with_breaker(breaker(&settings))
                 .with_batch_max(settings.redis.batch_max);

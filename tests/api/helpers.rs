@@ -180,6 +180,8 @@ impl Drop for TestRedis {
 pub struct TestCluster {
     nodes: Vec<TestRedis>,
     dir: std::path::PathBuf,
+    /// Each node's TLS port, when its arguments had a `{tls-port}` placeholder.
+    pub tls_ports: Vec<u16>,
 }
 
 impl TestCluster {
@@ -198,9 +200,26 @@ impl TestCluster {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("cluster dir");
         let dir_arg = dir.to_string_lossy().into_owned();
+        let mut tls_ports = Vec::new();
         let nodes: Vec<TestRedis> = (0..6)
             .map(|i| {
                 let bus = free_port().to_string();
+                // `{tls-port}` in `extra`: a free port of each node's own.
+                let tls_port = free_port();
+                if extra.contains(&"{tls-port}") {
+                    tls_ports.push(tls_port);
+                }
+                let tls_port = tls_port.to_string();
+                let extra: Vec<&str> = extra
+                    .iter()
+                    .map(|a| {
+                        if *a == "{tls-port}" {
+                            tls_port.as_str()
+                        } else {
+                            a
+                        }
+                    })
+                    .collect();
                 let conf = format!("nodes-{i}.conf");
                 let mut args = vec![
                     "--cluster-enabled",
@@ -214,7 +233,7 @@ impl TestCluster {
                     "--dir",
                     &dir_arg,
                 ];
-                args.extend_from_slice(extra);
+                args.extend_from_slice(&extra);
                 TestRedis::start_with(&args)
             })
             .collect();
@@ -234,7 +253,11 @@ impl TestCluster {
             "redis-cli --cluster create: {}",
             String::from_utf8_lossy(&out.stdout)
         );
-        let cluster = Self { nodes, dir };
+        let cluster = Self {
+            nodes,
+            dir,
+            tls_ports,
+        };
         cluster.wait_until_ok();
         cluster
     }

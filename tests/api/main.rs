@@ -3,6 +3,7 @@
 //! One test binary (so it links once). Every test that needs Redis starts its own private
 //! `redis-server` on a free loopback port (see `helpers`); none touches any other Redis.
 
+mod certs;
 mod helpers;
 
 mod acquire;
@@ -36,6 +37,7 @@ mod outcomes;
 mod overrides;
 mod policies;
 mod policy_sync;
+mod redis_tls;
 mod scripts;
 mod settle;
 mod settling;

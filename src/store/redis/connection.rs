@@ -42,7 +42,44 @@ use thread_local::ThreadLocal;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use super::tls::Tls;
 use crate::store::StoreError;
+
+/// The TLS of each Cluster node the store was told of, by `host:port`: the cluster client
+/// makes node connections through a static [`redis::cluster_async::Connect`], which carries no
+/// state of its own. A node the cluster reports later (not a seed) takes the TLS of the
+/// latest TLS cluster opened: one process serves one Cluster.
+type NodeTls = Vec<(String, Option<Arc<Tls>>)>;
+static CLUSTER_TLS: Mutex<NodeTls> = Mutex::new(Vec::new());
+/// The TLS of the latest Cluster opened, for the nodes it did not name.
+static CLUSTER_TLS_DEFAULT: Mutex<Option<Arc<Tls>>> = Mutex::new(None);
+
+fn cluster_tls(host: &str, port: u16) -> Option<Arc<Tls>> {
+    let address = format!("{host}:{port}");
+    let known = CLUSTER_TLS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, tls)) = known.iter().rev().find(|(a, _)| *a == address) {
+        return tls.clone();
+    }
+    drop(known);
+    CLUSTER_TLS_DEFAULT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone()
+}
+
+/// Records the TLS (or none) of a Cluster's seeds, before any connection to it is made.
+fn register_cluster_tls(nodes: &[&str], tls: Option<&Arc<Tls>>) {
+    let mut known = CLUSTER_TLS.lock().unwrap_or_else(|e| e.into_inner());
+    for node in nodes {
+        let address = node.rsplit_once('@').map_or(*node, |(_, a)| a);
+        known.retain(|(a, _)| a != address);
+        known.push((address.to_owned(), tls.cloned()));
+    }
+    drop(known);
+    *CLUSTER_TLS_DEFAULT
+        .lock()
+        .unwrap_or_else(|e| e.into_inner()) = tls.cloned();
+}
 
 /// `redis.connection_mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -88,6 +125,8 @@ struct Target {
     port: u16,
     redis: RedisConnectionInfo,
     config: AsyncConnectionConfig,
+    /// Set for `rediss://`.
+    tls: Option<Arc<Tls>>,
 }
 
 /// The connections to one Redis server.
@@ -143,13 +182,14 @@ impl Drop for ClosedOnDrop {
     }
 }
 
-/// The socket, counting what it writes.
-struct Counted {
-    inner: TcpStream,
+/// The socket (plain or TLS, chosen at connect time: no branch per call), counting what it
+/// writes.
+struct Counted<S> {
+    inner: S,
     health: Arc<Health>,
 }
 
-impl AsyncRead for Counted {
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -159,7 +199,7 @@ impl AsyncRead for Counted {
     }
 }
 
-impl AsyncWrite for Counted {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -211,8 +251,28 @@ impl Connections {
     /// Prepares the connections to the Redis at `url`: `size` shared ones in `pool` mode, one
     /// per calling thread in `multiplexed` mode. Nothing connects yet (connections are made on
     /// first use), so this fails only on a URL it cannot use.
-    pub fn open(url: &str, mode: ConnectionMode, size: u32) -> Result<Self, RedisError> {
-        let client = Client::open(url)?;
+    pub fn open(
+        url: &str,
+        mode: ConnectionMode,
+        size: u32,
+        tls: Option<Arc<Tls>>,
+    ) -> Result<Self, RedisError> {
+        // TLS is this module's (see `tls.rs`): the URL only says where and who.
+        let plain = match url.strip_prefix("rediss://") {
+            Some(rest) => format!("redis://{rest}"),
+            None => url.to_owned(),
+        };
+        let tls = if url.starts_with("rediss://") {
+            Some(tls.ok_or_else(|| {
+                RedisError::from((
+                    redis::ErrorKind::InvalidClientConfig,
+                    "rediss:// needs the TLS settings",
+                ))
+            })?)
+        } else {
+            None
+        };
+        let client = Client::open(plain.as_str())?;
         let info = client.get_connection_info();
         let ConnectionAddr::Tcp(host, port) = info.addr() else {
             return Err(RedisError::from((
@@ -244,6 +304,7 @@ impl Connections {
                 config: AsyncConnectionConfig::new()
                     .set_connection_timeout(None)
                     .set_response_timeout(None),
+                tls,
             }),
             per_thread: ThreadLocal::new(),
             shared,
@@ -253,7 +314,12 @@ impl Connections {
     }
 
     /// Connects to a Redis Cluster through any of its `nodes` (`[user:password@]host:port`).
-    pub async fn open_cluster(nodes: &[&str], timeout: Duration) -> Result<Self, RedisError> {
+    pub async fn open_cluster(
+        nodes: &[&str],
+        timeout: Duration,
+        tls: Option<Arc<Tls>>,
+    ) -> Result<Self, RedisError> {
+        register_cluster_tls(nodes, tls.as_ref());
         let urls: Vec<String> = nodes.iter().map(|n| format!("redis://{n}")).collect();
         // The client resends by itself what Redis refused unrun (`MOVED`, `ASK`) and what a
         // node's connection proves it never sent ([`NodeConn`]); a call that may have run is
@@ -400,7 +466,14 @@ impl Link {
 
 impl Target {
     async fn connect(&self) -> Result<Live, RedisError> {
-        connect_counted(&self.host, self.port, &self.redis, self.config.clone()).await
+        connect_counted(
+            &self.host,
+            self.port,
+            &self.redis,
+            self.config.clone(),
+            self.tls.as_deref(),
+        )
+        .await
     }
 }
 
@@ -411,9 +484,28 @@ async fn connect_counted(
     port: u16,
     redis: &RedisConnectionInfo,
     config: AsyncConnectionConfig,
+    tls: Option<&Tls>,
 ) -> Result<Live, RedisError> {
     let socket = TcpStream::connect((host, port)).await?;
     socket.set_nodelay(true)?;
+    match tls {
+        None => multiplexed(socket, redis, config).await,
+        Some(tls) => {
+            let stream = tls.handshake(host, port, socket).await?;
+            multiplexed(stream, redis, config).await
+        }
+    }
+}
+
+/// [`connect_counted`] over a connected (and, for TLS, handshaken) stream.
+async fn multiplexed<S>(
+    socket: S,
+    redis: &RedisConnectionInfo,
+    config: AsyncConnectionConfig,
+) -> Result<Live, RedisError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let health = Arc::new(Health::default());
     let stream = Counted {
         inner: socket,
@@ -459,7 +551,9 @@ impl redis::cluster_async::Connect for NodeConn {
                     "only host:port cluster nodes are supported",
                 )));
             };
-            let live = connect_counted(host, *port, info.redis_settings(), config).await?;
+            let tls = cluster_tls(host, *port);
+            let live =
+                connect_counted(host, *port, info.redis_settings(), config, tls.as_deref()).await?;
             Ok(NodeConn(live))
         })
     }

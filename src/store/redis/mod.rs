@@ -11,6 +11,7 @@ pub mod breaker;
 pub mod calls;
 pub mod connection;
 pub mod scripts;
+pub mod tls;
 pub mod topology;
 
 mod argv;
@@ -61,6 +62,8 @@ pub struct RedisStore {
     scripts: Arc<Scripts>,
     /// Where to subscribe to a channel: the server, or each seed node of a Cluster in turn.
     pubsub_urls: Vec<String>,
+    /// `rediss://`: every connection's TLS, the subscriptions' included.
+    tls: Option<Arc<tls::Tls>>,
     /// One-limit decisions that wait for their thread's call at Redis (on a Cluster, at the
     /// key's master) go together; `None` when `redis.batch_max` is 1.
     batches: Option<Arc<Batches>>,
@@ -82,10 +85,27 @@ impl RedisStore {
         timeout: Duration,
         prefix: &str,
     ) -> Result<Self, StoreError> {
-        let conns = Connections::open(url, mode, connections).map_err(|e| {
+        Self::open_with_tls(url, mode, connections, timeout, prefix, None)
+    }
+
+    /// [`RedisStore::open`], over `tls` when `url` is `rediss://`.
+    pub fn open_with_tls(
+        url: &str,
+        mode: ConnectionMode,
+        connections: u32,
+        timeout: Duration,
+        prefix: &str,
+        tls: Option<Arc<tls::Tls>>,
+    ) -> Result<Self, StoreError> {
+        let tls = tls.filter(|_| url.starts_with("rediss://"));
+        let conns = Connections::open(url, mode, connections, tls.clone()).map_err(|e| {
             StoreError::server(format!("invalid redis.url {}: {e}", redact_url(url))).caused_by(e)
         })?;
-        Ok(Self::on(conns, timeout, prefix, vec![url.to_owned()]))
+        let plain = match url.strip_prefix("rediss://") {
+            Some(rest) => format!("redis://{rest}"),
+            None => url.to_owned(),
+        };
+        Ok(Self::on(conns, timeout, prefix, vec![plain], tls))
     }
 
     /// Opens the store on a Redis Cluster, connecting to it through any of `nodes`
@@ -95,10 +115,20 @@ impl RedisStore {
         timeout: Duration,
         prefix: &str,
     ) -> Result<Self, StoreError> {
+        Self::open_cluster_with_tls(nodes, timeout, prefix, None).await
+    }
+
+    /// [`RedisStore::open_cluster`], every node over `tls` when given.
+    pub async fn open_cluster_with_tls(
+        nodes: &[impl AsRef<str>],
+        timeout: Duration,
+        prefix: &str,
+        tls: Option<Arc<tls::Tls>>,
+    ) -> Result<Self, StoreError> {
         let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        let conns = Connections::open_cluster(&nodes, timeout).await?;
+        let conns = Connections::open_cluster(&nodes, timeout, tls.clone()).await?;
         let urls = nodes.iter().map(|n| format!("redis://{n}")).collect();
-        let mut store = Self::on(conns, timeout, prefix, urls);
+        let mut store = Self::on(conns, timeout, prefix, urls, tls);
         store.calls.topology = Some(Arc::new(Topology::default()));
         if let Err(e) = store.refresh_topology().await {
             tracing::warn!(error = %e, "could not read the cluster's slot map; until it is read, one circuit breaker guards every master");
@@ -106,7 +136,13 @@ impl RedisStore {
         Ok(store)
     }
 
-    fn on(conns: Connections, timeout: Duration, prefix: &str, pubsub_urls: Vec<String>) -> Self {
+    fn on(
+        conns: Connections,
+        timeout: Duration,
+        prefix: &str,
+        pubsub_urls: Vec<String>,
+        tls: Option<Arc<tls::Tls>>,
+    ) -> Self {
         // The recorder must exist before a handle is taken, or the handle records nothing.
         let _ = m::handle();
         Self {
@@ -121,6 +157,7 @@ impl RedisStore {
             policy_keys: PolicyKeys::new(prefix),
             scripts: Arc::new(Scripts::new()),
             pubsub_urls,
+            tls,
             batches: Some(Arc::new(Batches::new(DEFAULT_BATCH_MAX))),
             clock_offset_us: AtomicI64::new(0),
             indexed: Mutex::new(HashMap::new()),

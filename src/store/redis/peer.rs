@@ -33,7 +33,23 @@ impl RedisStore {
         for url in &self.pubsub_urls {
             let attempt = async {
                 let client = redis::Client::open(url.as_str())?;
-                let mut pubsub = client.get_async_pubsub().await?;
+                let info = client.get_connection_info();
+                let redis::ConnectionAddr::Tcp(host, port) = info.addr() else {
+                    return Err(RedisError::from((
+                        redis::ErrorKind::InvalidClientConfig,
+                        "only host:port addresses are supported",
+                    )));
+                };
+                // Our own socket, so that it goes over the store's TLS when it has one.
+                let socket = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                socket.set_nodelay(true)?;
+                let mut pubsub = match &self.tls {
+                    None => redis::aio::PubSub::new(info.redis_settings(), socket).await?,
+                    Some(tls) => {
+                        let stream = tls.handshake(host, *port, socket).await?;
+                        redis::aio::PubSub::new(info.redis_settings(), stream).await?
+                    }
+                };
                 pubsub.subscribe(channel).await?;
                 Ok::<_, RedisError>(pubsub)
             };
