@@ -5,6 +5,7 @@
     python3 bench/run.py --smoke      # about 80 seconds: checks that the tables come out (CI)
     python3 bench/run.py --grpc-only  # the gRPC section alone (about 2 minutes)
     python3 bench/run.py --against OLD/target/release/ratelimiter   # A/B: that build beside this one
+    python3 bench/run.py --redis-tls  # this build to one Redis over TCP and over TLS, in turn
 
 It builds the service in release mode, starts its own redis-server on a free loopback port, a
 service on that Redis and a service on the embedded store, and drives POST /v1/acquire with
@@ -38,6 +39,10 @@ policy of its own and wrk for --duration seconds after a warm-up. It reports eac
 and per-round acquires/s, B/A, p99, CPU per acquire of the service and of Redis, and on Redis the
 script calls per decision (INFO commandstats), as ab-<time>.json. The spread of the rounds' B/A
 is the noise to judge a difference by; A/B of a build against itself measures it.
+
+With --redis-tls, the same A/B rounds measure this build over plain TCP (A) and over TLS (B) to
+one redis-server listening on both (a CA and a certificate for 127.0.0.1 made with openssl,
+`redis.tls_ca_file` set on B), on that Redis only, as tls-<time>.json.
 
 It prints a table and writes it as JSON under bench/results/. Everything it starts listens on
 127.0.0.1 only and is stopped at the end. Load generator, service and Redis share this
@@ -204,6 +209,40 @@ def start_redis(procs):
     return port
 
 
+def tls_files(directory):
+    """A CA and a certificate for 127.0.0.1 signed by it (ECDSA P-256), made with openssl in
+    `directory`: what a Redis with TLS presents and the service verifies. Answers the CA's path,
+    the certificate's and the key's."""
+    need("openssl", "openssl")
+    ca, ca_key = os.path.join(directory, "ca.crt"), os.path.join(directory, "ca.key")
+    crt, key, csr = (os.path.join(directory, f"redis.{x}") for x in ("crt", "key", "csr"))
+    ext = os.path.join(directory, "san.ext")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=IP:127.0.0.1\n")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    quiet = dict(capture_output=True, check=True)
+    subprocess.run(["openssl", "req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-subj", "/CN=bench-ca",
+                    "-days", "2"], **quiet)
+    subprocess.run(["openssl", "req", *ec, "-keyout", key, "-out", csr, "-subj", "/CN=127.0.0.1"], **quiet)
+    subprocess.run(["openssl", "x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+                    "-out", crt, "-days", "2", "-extfile", ext], **quiet)
+    return ca, crt, key
+
+
+def start_redis_tls(procs):
+    """One redis-server listening on a plain port and a TLS port (no client certificates asked):
+    the same server, so that the two differ only in the transport. Answers both ports and the CA
+    to verify it by."""
+    directory = tempfile.mkdtemp(prefix="ratelimiter-bench-tls-")
+    ca, crt, key = tls_files(directory)
+    port, tls_port = free_port(), free_port()
+    procs.start(["redis-server", "--port", str(port), "--tls-port", str(tls_port), "--tls-cert-file", crt,
+                 "--tls-key-file", key, "--tls-ca-cert-file", ca, "--tls-auth-clients", "no",
+                 "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+    wait_until(lambda: redis_cli(port, "PING") == "PONG", "redis-server with TLS")
+    return port, tls_port, ca
+
+
 def start_cluster(procs, masters=3):
     """A Redis Cluster of `masters` masters without replicas (the cores are few); returns the
     seeds for redis.cluster_nodes."""
@@ -222,7 +261,8 @@ def start_cluster(procs, masters=3):
     return ",".join(f"127.0.0.1:{p}" for p in ports)
 
 
-def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0, cluster=None, extra=None):
+def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", workers=0, cluster=None, extra=None,
+                  redis_url=None):
     port = free_port()
     env = dict(os.environ, RUST_LOG="warn", RATELIMITER__SERVER__BIND=f"127.0.0.1:{port}",
                RATELIMITER__SERVER__WORKERS=str(workers), **(extra or {}))
@@ -230,7 +270,7 @@ def start_service(procs, binary, redis_port, pool_size, mode="multiplexed", work
     if cluster:
         env["RATELIMITER__REDIS__CLUSTER_NODES"] = cluster
     if redis_port:
-        env["RATELIMITER__REDIS__URL"] = f"redis://127.0.0.1:{redis_port}"
+        env["RATELIMITER__REDIS__URL"] = redis_url or f"redis://127.0.0.1:{redis_port}"
         env["RATELIMITER__REDIS__POOL_SIZE"] = str(pool_size)
         env["RATELIMITER__REDIS__CONNECTION_MODE"] = mode
     child = procs.start([binary], env=env)
@@ -688,12 +728,13 @@ def binary_id(path):
     return digest.hexdigest()[:12]
 
 
-def ab_run(procs, opts, binary, redis_port, algorithm, connections, run):
+def ab_run(procs, opts, binary, redis_port, algorithm, connections, run, extra=None, redis_url=None):
     """One A/B measurement: a fresh service of `binary` (on the Redis at `redis_port`, or the
     embedded store when None), a policy of its own (so no run finds another's state, and nothing
     needs flushing), a warm-up, then wrk on SPREAD keys, with CPU times per acquire and, on Redis,
     the script calls Redis ran per decision the service answered. The service is stopped after."""
-    base, child = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers)
+    base, child = start_service(procs, binary, redis_port, opts.pool_size, opts.connection_mode, opts.workers,
+                                extra=extra, redis_url=redis_url)
     policy = f"bench-ab-{run}"
     status, body = http("PUT", f"{base}/v1/policies/{policy}", policy_doc(algorithm))
     if status not in (200, 201):
@@ -755,27 +796,53 @@ def ab_cell(store, connections, algorithm, rounds):
     return cell
 
 
+def tls_section(procs, opts, binary, connections, algorithms):
+    """A/B rounds of one binary on one redis-server: over plain TCP (A) and over TLS (B), in the
+    orders A,B then B,A, a fresh service per run."""
+    port, tls_port, ca = start_redis_tls(procs)
+    sides = {"A": {}, "B": {"extra": {"RATELIMITER__REDIS__TLS_CA_FILE": ca},
+                            "redis_url": f"rediss://127.0.0.1:{tls_port}"}}
+    cells, run = [], 0
+    for c in connections:
+        for algorithm in algorithms:
+            rounds = []
+            for i in range(opts.rounds):
+                order = ["A", "B"] if i % 2 == 0 else ["B", "A"]
+                measured = {"round": i, "order": order}
+                for side in order:
+                    run += 1
+                    measured[side] = ab_run(procs, opts, binary, port, algorithm, c, run, **sides[side])
+                rounds.append(measured)
+            cells.append(ab_cell("redis", c, algorithm, rounds))
+    return cells
+
+
 def ab_main(opts, binary, connections, algorithms):
-    binaries = {"A": os.path.abspath(opts.against), "B": binary}
+    binaries = {"A": binary if opts.redis_tls else os.path.abspath(opts.against), "B": binary}
     began = time.monotonic()
     results = {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "machine": {"cores": os.cpu_count(), "redis": redis_cli_version()},
                "settings": {"duration_s": opts.duration, "warmup_s": opts.ab_warmup, "rounds": opts.rounds,
                             "connections": connections, "algorithms": algorithms, "keys": SPREAD,
                             "pool_size": opts.pool_size, "connection_mode": opts.connection_mode,
-                            "workers": opts.workers, "sections": ["ab"],
+                            "workers": opts.workers, "sections": ["tls"] if opts.redis_tls else ["ab"],
+                            "sides": {"A": "redis:// (TCP)", "B": "rediss:// (TLS)"} if opts.redis_tls else None,
                             "binaries": {side: {"path": path, "sha256": binary_id(path)}
                                          for side, path in binaries.items()}}}
     procs = Processes()
     try:
-        results["cells"] = ab_section(procs, opts, binaries, connections, algorithms)
+        if opts.redis_tls:
+            results["cells"] = tls_section(procs, opts, binary, connections, algorithms)
+        else:
+            results["cells"] = ab_section(procs, opts, binaries, connections, algorithms)
     finally:
         procs.stop_all()
     results["seconds"] = round(time.monotonic() - began, 1)
     report_ab(results)
     os.makedirs(opts.out, exist_ok=True)
     stamp = results["started"].replace(":", "").replace("+0000", "Z")
-    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}ab-{stamp}.json")
+    kind = "tls" if opts.redis_tls else "ab"
+    path = os.path.join(opts.out, f"{'smoke-' if opts.smoke else ''}{kind}-{stamp}.json")
     with open(path, "w") as f:
         json.dump(results, f, indent=1)
     print(f"\nwritten to {os.path.relpath(path, ROOT)} in {results['seconds']} s")
@@ -784,7 +851,8 @@ def ab_main(opts, binary, connections, algorithms):
 def report_ab(results):
     s = results["settings"]
     for side, b in s["binaries"].items():
-        print(f"{side}: {b['path']} (sha256 {b['sha256']})")
+        over = f", {s['sides'][side]}" if s.get("sides") else ""
+        print(f"{side}: {b['path']} (sha256 {b['sha256']}){over}")
     orders = " / ".join(",".join(["A", "B"] if i % 2 == 0 else ["B", "A"]) for i in range(s["rounds"]))
     print(f"POST /v1/acquire, {s['keys'] // 1000}k keys, {s['rounds']} round(s) of {s['duration_s']} s "
           f"(orders {orders}), a fresh service per run; medians (latencies in ms):")
@@ -835,6 +903,9 @@ def main():
                     help="A/B mode instead of the table: this baseline release binary (A) and this build (B) in "
                          "turn on the embedded store and on one Redis, a fresh service per run; results as "
                          "ab-<time>.json")
+    ap.add_argument("--redis-tls", action="store_true",
+                    help="this build over plain TCP (A) and over TLS (B) to one redis-server, in turn, a fresh "
+                         "service per run; results as tls-<time>.json")
     ap.add_argument("--rounds", type=int, default=3,
                     help="A/B rounds of each cell, in the orders A,B then B,A and so on (default 3)")
     ap.add_argument("--ab-warmup", type=int, default=1,
@@ -844,14 +915,16 @@ def main():
     ap.add_argument("--no-build", action="store_true", help="use the existing target/release binary")
     ap.add_argument("--out", default=os.path.join(BENCH, "results"))
     opts = ap.parse_args()
-    if opts.against:
+    if opts.against and opts.redis_tls:
+        fail("--against and --redis-tls are two different comparisons: pick one")
+    if opts.against or opts.redis_tls:
         opts.connections = opts.connections or "50"
         opts.algorithms = opts.algorithms or "token_bucket"
         if opts.smoke:
             opts.duration, opts.rounds, opts.ab_warmup = 1, 1, 0
         if opts.rounds < 1:
             fail("--rounds must be at least 1")
-        if not os.access(opts.against, os.X_OK):
+        if opts.against and not os.access(opts.against, os.X_OK):
             fail(f"--against {opts.against}: no such executable")
     elif opts.smoke:
         opts.duration, opts.connections, opts.algorithms, opts.memory_subjects = 1, "1,8", f"token_bucket,{TWO}", 2000
@@ -871,18 +944,18 @@ def main():
         need(tool, package)
     if not opts.no_build:
         subprocess.check_call(["cargo", "build", "--release", "--quiet"], cwd=ROOT)
-    if not opts.no_build and not opts.against:
+    if not opts.no_build and not (opts.against or opts.redis_tls):
         subprocess.check_call(["cargo", "build", "--release", "--quiet", "--example", "bare_http", "--example",
                                "grpc_load"], cwd=ROOT)
     binary = os.path.join(ROOT, "target", "release", "ratelimiter")
     bare_binary = os.path.join(ROOT, "target", "release", "examples", "bare_http")
     grpc_binary = os.path.join(ROOT, "target", "release", "examples", "grpc_load")
     needed = [binary] + ([] if opts.grpc_only else [bare_binary]) + ([grpc_binary] if opts.grpc_rounds else [])
-    for path in [binary] if opts.against else needed:
+    for path in [binary] if (opts.against or opts.redis_tls) else needed:
         if not os.path.exists(path):
             fail(f"{path} is missing: run `cargo build --release && cargo build --release --example bare_http "
                  f"--example grpc_load`")
-    if opts.against:
+    if opts.against or opts.redis_tls:
         ab_main(opts, binary, connections, algorithms)
         return
 
