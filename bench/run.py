@@ -759,13 +759,12 @@ def ab_run(procs, opts, binary, redis_port, algorithm, connections, run, extra=N
     return r
 
 
-def ab_section(procs, opts, binaries, connections, algorithms):
-    """A/B rounds: for each store, connection count and policy, the baseline (A) and this build
-    (B) in turn, `opts.rounds` times, the order A,B then B,A and so on, so that a drifting machine
-    favours neither. Redis is one private redis-server for all runs."""
-    redis_port = start_redis(procs)
+def ab_cells(procs, opts, stores, connections, algorithms, sides):
+    """A/B rounds: for each of `stores` (name, Redis port or None), connection count and policy,
+    side A and side B in turn, `opts.rounds` times, the order A,B then B,A and so on, so that a
+    drifting machine favours neither. `sides` gives each side's binary and ab_run's settings."""
     cells, run = [], 0
-    for store, port in (("embedded", None), ("redis", redis_port)):
+    for store, port in stores:
         for c in connections:
             for algorithm in algorithms:
                 rounds = []
@@ -774,10 +773,19 @@ def ab_section(procs, opts, binaries, connections, algorithms):
                     measured = {"round": i, "order": order}
                     for side in order:
                         run += 1
-                        measured[side] = ab_run(procs, opts, binaries[side], port, algorithm, c, run)
+                        binary, settings = sides[side]
+                        measured[side] = ab_run(procs, opts, binary, port, algorithm, c, run, **settings)
                     rounds.append(measured)
                 cells.append(ab_cell(store, c, algorithm, rounds))
     return cells
+
+
+def ab_section(procs, opts, binaries, connections, algorithms):
+    """The baseline (A) and this build (B) on the embedded store and on one private
+    redis-server, in A/B rounds (ab_cells)."""
+    stores = (("embedded", None), ("redis", start_redis(procs)))
+    sides = {side: (binaries[side], {}) for side in ("A", "B")}
+    return ab_cells(procs, opts, stores, connections, algorithms, sides)
 
 
 def ab_cell(store, connections, algorithm, rounds):
@@ -797,24 +805,13 @@ def ab_cell(store, connections, algorithm, rounds):
 
 
 def tls_section(procs, opts, binary, connections, algorithms):
-    """A/B rounds of one binary on one redis-server: over plain TCP (A) and over TLS (B), in the
-    orders A,B then B,A, a fresh service per run."""
+    """One binary on one redis-server, over plain TCP (A) and over TLS (B), in A/B rounds
+    (ab_cells), a fresh service per run."""
     port, tls_port, ca = start_redis_tls(procs)
-    sides = {"A": {}, "B": {"extra": {"RATELIMITER__REDIS__TLS_CA_FILE": ca},
-                            "redis_url": f"rediss://127.0.0.1:{tls_port}"}}
-    cells, run = [], 0
-    for c in connections:
-        for algorithm in algorithms:
-            rounds = []
-            for i in range(opts.rounds):
-                order = ["A", "B"] if i % 2 == 0 else ["B", "A"]
-                measured = {"round": i, "order": order}
-                for side in order:
-                    run += 1
-                    measured[side] = ab_run(procs, opts, binary, port, algorithm, c, run, **sides[side])
-                rounds.append(measured)
-            cells.append(ab_cell("redis", c, algorithm, rounds))
-    return cells
+    sides = {"A": (binary, {}),
+             "B": (binary, {"extra": {"RATELIMITER__REDIS__TLS_CA_FILE": ca},
+                            "redis_url": f"rediss://127.0.0.1:{tls_port}"})}
+    return ab_cells(procs, opts, (("redis", port),), connections, algorithms, sides)
 
 
 def ab_main(opts, binary, connections, algorithms):
