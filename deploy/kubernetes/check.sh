@@ -11,7 +11,10 @@
 #   4. the validator is shown to fail: a rendering broken on purpose must be refused;
 #   5. pod_smoke.py runs the release binary as each overlay's Deployment describes its container
 #      (its environment, user, no capabilities, read-only root, own network namespace, in
-#      bubblewrap) and checks its probes, metrics port, gRPC port, Secrets and SIGTERM.
+#      bubblewrap) and checks its probes, metrics port, gRPC port, Secrets and SIGTERM; for the tls
+#      overlay with certificates made by openssl in a directory laid out as the kubelet mounts a
+#      Secret, a redis-server on --tls-port, HTTPS probes, mutual TLS on gRPC (openssl s_client),
+#      and a renewal by the kubelet's ..data symlink swap served without a restart.
 #
 #   bash deploy/kubernetes/check.sh            (KUBECTL=/path/to/kubectl to choose kubectl,
 #                                               RATELIMITER_BIN for target/release/ratelimiter)
@@ -30,7 +33,9 @@ REQUIREMENTS=$HERE/requirements.txt
 OUT=target/k8s-rendered
 # The oldest and the newest Kubernetes whose schemas kubernetes-validate 1.37.0 carries.
 K8S_VERSIONS=(1.25.0 1.37.0)
-RENDERINGS=(base overlays/embedded overlays/redis)
+RENDERINGS=(base overlays/embedded overlays/redis overlays/tls)
+# The example Secrets of the overlays that read Secrets (validated alone, and read by pod_smoke.py).
+EXAMPLE_SECRETS=(overlays/redis/example-secret.yaml overlays/tls/example-secret.yaml)
 
 die() { echo "deploy/kubernetes/check.sh: $*" >&2; exit 1; }
 
@@ -45,7 +50,8 @@ if [ -n "$POD" ]; then
   # Checked first, so that a missing part fails before the rest of the work.
   [ -x "$BIN" ] || die "$BIN not found: build it with 'cargo build --release' (or run with --no-pod)"
   [ "$(id -u)" -eq 0 ] || die "the pod smoke test needs root (it switches to the pod's user): run as root or with --no-pod"
-  for tool in bwrap:bubblewrap setpriv:util-linux ip:iproute2 redis-server:redis-server redis-cli:redis-server; do
+  for tool in bwrap:bubblewrap setpriv:util-linux ip:iproute2 redis-server:redis-server redis-cli:redis-server \
+    openssl:openssl mount:mount; do
     command -v "${tool%%:*}" >/dev/null ||
       die "${tool%%:*} not found (needed by the pod smoke test): apt-get install -y ${tool#*:}"
   done
@@ -134,11 +140,27 @@ for version in "${K8S_VERSIONS[@]}"; do versions+=(--k8s "$version"); done
 echo "==> validating against Kubernetes ${K8S_VERSIONS[*]} and the Prometheus Operator's CRDs"
 "$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" --unapplied base "${args[@]}" ||
   die "a rendered object is invalid (above)"
-"$VENV/bin/python" "$HERE/validate.py" --objects-only "${versions[@]}" \
-  "overlays/redis/example-secret.yaml=$HERE/overlays/redis/example-secret.yaml" ||
-  die "overlays/redis/example-secret.yaml is invalid (above)"
+for example in "${EXAMPLE_SECRETS[@]}"; do
+  "$VENV/bin/python" "$HERE/validate.py" --objects-only "${versions[@]}" "$example=$HERE/$example" ||
+    die "$example is invalid (above)"
+done
 
 # --- The validator refuses a broken rendering -------------------------------------------------
+# Fails unless validate.py refuses rendering $2 (named $1), naming each of the faults after it.
+must_refuse() {
+  local name=$1 file=$2
+  shift 2
+  if "$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" "$name=$file" 2>"$file.stderr"; then
+    die "validate.py accepted $file, a rendering broken on purpose"
+  fi
+  local expected
+  for expected in "$@"; do
+    grep -qF "$expected" "$file.stderr" || {
+      cat "$file.stderr" >&2
+      die "validate.py refused $file but did not name $expected"
+    }
+  done
+}
 # A misspelt field in the Deployment (refused by the core schemas) and in the ServiceMonitor
 # (refused by its CRD's schema), a Service port that targets no container port, and privilege
 # escalation allowed (refused by the restricted profile): each must be named, or the checks
@@ -150,21 +172,28 @@ sed -e 's/^\( *\)readOnlyRootFilesystem: true$/&\n\1readOnlyRootFileSystem: true
     -e 's/^\( *\)targetPort: grpc$/\1targetPort: grcp/' \
     -e 's/^\( *\)allowPrivilegeEscalation: false$/\1allowPrivilegeEscalation: true/' \
     "$OUT/overlays-redis.yaml" >"$broken"
-if "$VENV/bin/python" "$HERE/validate.py" "${versions[@]}" "broken=$broken" 2>"$broken.stderr"; then
-  die "validate.py accepted $broken, a rendering broken on purpose"
-fi
-for expected in "'readOnlyRootFileSystem' was unexpected" "'scrapeTimout' was unexpected" \
-  "targets 'grcp'" "allowPrivilegeEscalation is not false"; do
-  grep -qF "$expected" "$broken.stderr" || {
-    cat "$broken.stderr" >&2
-    die "validate.py refused $broken but did not name $expected"
-  }
-done
+must_refuse broken "$broken" "'readOnlyRootFileSystem' was unexpected" "'scrapeTimout' was unexpected" \
+  "targets 'grcp'" "allowPrivilegeEscalation is not false"
 echo "    refused, naming each of the 4 faults"
+# The tls overlay's own promises: probes over HTTPS, a scrape that verifies, and the Secret
+# mounted whole (a subPath mount never sees the kubelet's update of a renewed certificate).
+broken="$OUT/broken-tls.yaml"
+sed -e '0,/^\( *\)scheme: HTTPS$/s//\1scheme: HTTP/' \
+    -e 's/^\( *\)insecureSkipVerify: false$/\1insecureSkipVerify: true/' \
+    -e 's|^\( *\)- mountPath: /etc/ratelimiter/tls$|&\n\1  subPath: tls.crt|' \
+    "$OUT/overlays-tls.yaml" >"$broken"
+must_refuse broken-tls "$broken" "livenessProbe scheme HTTP on the HTTPS listener" \
+  "insecureSkipVerify is not false" "mounted with subPath"
+echo "    the tls overlay broken on purpose: refused, naming each of the 3 faults"
 
 # --- The binary as each overlay's pod runs it --------------------------------------------------
 if [ -n "$POD" ]; then
-  "$VENV/bin/python" "$HERE/pod_smoke.py" "$BIN" "$OUT/overlays-embedded.yaml" "$OUT/overlays-redis.yaml" ||
+  # Each rendering with the example Secrets its pod reads (the embedded overlay reads only the
+  # optional ratelimiter-auth, which the redis example holds).
+  "$VENV/bin/python" "$HERE/pod_smoke.py" "$BIN" \
+    "$OUT/overlays-embedded.yaml=$HERE/overlays/redis/example-secret.yaml" \
+    "$OUT/overlays-redis.yaml=$HERE/overlays/redis/example-secret.yaml" \
+    "$OUT/overlays-tls.yaml=$HERE/overlays/tls/example-secret.yaml" ||
     die "the binary does not run as the Deployment describes it (above)"
   echo "==> deploy/kubernetes: every rendering valid, and the binary runs as each overlay's pod ($SECONDS s)"
 else

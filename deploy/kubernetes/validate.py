@@ -19,7 +19,11 @@ Each object is checked:
   the autoscaler scales a Deployment of the same rendering, env references to Secrets name a key;
 - the HTTP worker count against the CPU limit;
 - the embedded store's topology: an overlay without a Redis runs one replica, under no
-  autoscaler, with the Recreate strategy.
+  autoscaler, with the Recreate strategy;
+- TLS: every *_FILE setting lies in a mounted volume (Secret volumes read-only, without subPath,
+  which the kubelet never updates); probes, the ServiceMonitor (with a tlsConfig that verifies:
+  a CA, a serverName, insecureSkipVerify false) and the Service's appProtocol follow whether
+  each listener serves TLS; no httpGet probe on a listener that requires client certificates.
 
 Exit status 1 with every failure listed; 0 with a summary line.
 """
@@ -260,6 +264,9 @@ class Checker:
                 if ref is not None and not (ref.get("name") and ref.get("key")):
                     self.fail(name, deployment, f"env {env['name']}: a secretKeyRef needs a name and a key")
         env_names = {e["name"] for c in containers for e in c.get("env", [])}
+        tls = {}
+        for container in containers:
+            tls.update(self.tls_problems(name, deployment, pod["spec"], container))
         for container in containers:
             # One HTTP worker per core of the CPU limit: more would be throttled, fewer leave the
             # limit unused (docs/kubernetes.md says to change both together).
@@ -307,6 +314,87 @@ class Checker:
                 for endpoint in obj["spec"].get("endpoints", []):
                     if endpoint.get("port") not in service_ports:
                         self.fail(name, obj, f"endpoint port {endpoint.get('port')!r} is not a Service port")
+                    self.scrape_tls(name, obj, endpoint, https=tls.get("http", False))
+        for service in services:
+            for port in service["spec"].get("ports", []):
+                listener = {"http": "http", "grpc": "grpc"}.get(port.get("targetPort"))
+                hint = port.get("appProtocol")
+                if listener is None or hint is None:
+                    continue
+                if tls.get(listener) and hint in ("http", "kubernetes.io/h2c", "h2c"):
+                    self.fail(name, service, f"port {port.get('name')}: appProtocol {hint} for a TLS listener")
+                if not tls.get(listener) and hint in ("https", "kubernetes.io/wss"):
+                    self.fail(name, service, f"port {port.get('name')}: appProtocol {hint} for a plaintext listener")
+
+    def tls_problems(self, name, deployment, pod_spec, container):
+        """The TLS files against the volumes, the probes against the listener's scheme.
+
+        Returns which listeners serve TLS ({"http": bool, "grpc": bool}) for the checks of the
+        ServiceMonitor and the Service."""
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        volumes = {v.get("name"): v for v in pod_spec.get("volumes", [])}
+        mounts = container.get("volumeMounts", [])
+        for mount in mounts:
+            volume = volumes.get(mount.get("name"))
+            if volume is None:
+                self.fail(name, deployment, f"volumeMount {mount.get('name')!r} names no volume of the pod")
+                continue
+            if "secret" in volume:
+                if mount.get("readOnly") is not True:
+                    self.fail(name, deployment, f"Secret volume {mount['name']} mounted without readOnly: true")
+                if "subPath" in mount or "subPathExpr" in mount:
+                    # The kubelet updates a Secret volume by swapping its ..data symlink; a subPath
+                    # mount is bound to the file of the start and never sees a renewal.
+                    self.fail(name, deployment, f"Secret volume {mount['name']} mounted with subPath: "
+                                                "the kubelet never updates it, a renewed certificate would not arrive")
+        for variable, value in env.items():
+            if not variable.endswith("_FILE") or not value:
+                continue
+            # The root file system is the image's (read-only, holding no certificate): every
+            # file a setting names must be in a mounted volume, under a key the volume has.
+            mount = next((m for m in mounts if value.startswith(m.get("mountPath", "").rstrip("/") + "/")), None)
+            if mount is None:
+                self.fail(name, deployment, f"env {variable}: {value} is in no volumeMount of the container")
+                continue
+            volume = volumes.get(mount.get("name"), {})
+            key = value[len(mount["mountPath"].rstrip("/")) + 1:]
+            items = (volume.get("secret") or {}).get("items")
+            if items is not None and key not in {i.get("path") for i in items}:
+                self.fail(name, deployment, f"env {variable}: {key} is not among the items of volume {mount['name']}")
+        https = bool(env.get("RATELIMITER__SERVER__TLS_CERT_FILE"))
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            get = container.get(probe, {}).get("httpGet")
+            if get is None:
+                continue
+            scheme = get.get("scheme", "HTTP")
+            if https and scheme != "HTTPS":
+                self.fail(name, deployment, f"{probe} scheme {scheme} on the HTTPS listener (RATELIMITER__SERVER__TLS_CERT_FILE)")
+            if not https and scheme != "HTTP":
+                self.fail(name, deployment, f"{probe} scheme {scheme} on a plaintext HTTP listener")
+            if https and env.get("RATELIMITER__SERVER__TLS_CLIENT_CA_FILE"):
+                self.fail(name, deployment, f"{probe} on a listener that requires client certificates: "
+                                            "the kubelet presents none")
+        return {"http": https, "grpc": bool(env.get("RATELIMITER__GRPC__TLS_CERT_FILE"))}
+
+    def scrape_tls(self, name, monitor, endpoint, https):
+        scheme = endpoint.get("scheme", "http")
+        if not https:
+            if scheme != "http":
+                self.fail(name, monitor, f"endpoint scheme {scheme} on a plaintext HTTP listener")
+            return
+        if scheme != "https":
+            self.fail(name, monitor, f"endpoint scheme {scheme} on the HTTPS listener")
+        config = endpoint.get("tlsConfig")
+        if config is None:
+            self.fail(name, monitor, "endpoint scrapes HTTPS without a tlsConfig")
+            return
+        if config.get("insecureSkipVerify") is not False:
+            self.fail(name, monitor, "endpoint tlsConfig: insecureSkipVerify is not false")
+        if not (config.get("ca") or config.get("caFile")):
+            self.fail(name, monitor, "endpoint tlsConfig names no CA (ca or caFile)")
+        if not config.get("serverName"):
+            # Prometheus scrapes pod IPs, which no certificate names.
+            self.fail(name, monitor, "endpoint tlsConfig has no serverName")
 
 
 def main():
