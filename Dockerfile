@@ -7,6 +7,27 @@
 # Without RATELIMITER__REDIS__URL the container runs the embedded in-process store (limits are
 # per container). CI does not build this image (no Docker engine runs there); it runs the same
 # `cargo build --release --locked` as the builder stage below.
+#
+# TLS (docs/tls.md): mount the PEM files read-only and name them. The image's user must read
+# them; --user with the files' owner settles that for files of the host:
+#
+#   docker run -p 8443:8443 -p 8081:8081 --user "$(id -u):$(id -g)" \
+#     -v "$PWD/tls:/etc/ratelimiter/tls:ro" \
+#     -e RATELIMITER__SERVER__BIND=0.0.0.0:8443 \
+#     -e RATELIMITER__SERVER__TLS_CERT_FILE=/etc/ratelimiter/tls/tls.crt \
+#     -e RATELIMITER__SERVER__TLS_KEY_FILE=/etc/ratelimiter/tls/tls.key \
+#     -e RATELIMITER__GRPC__BIND=0.0.0.0:8081 \
+#     -e RATELIMITER__GRPC__TLS_CERT_FILE=/etc/ratelimiter/tls/tls.crt \
+#     -e RATELIMITER__GRPC__TLS_KEY_FILE=/etc/ratelimiter/tls/tls.key \
+#     -e RATELIMITER__GRPC__TLS_CLIENT_CA_FILE=/etc/ratelimiter/tls/ca.crt \
+#     -e RATELIMITER__REDIS__URL='rediss://:password@my-redis.example.com:6380' ratelimiter
+#
+# Mount the directory, not single files: a file bind-mounted alone stays the file of the start,
+# so a renewal written as a new file renamed over the old (as most tools write) would not reach
+# the container. The service polls the files every 2 s (or `docker kill -s HUP` at once).
+# rediss:// to a managed Redis is verified against the system roots (ca-certificates, below)
+# unless RATELIMITER__REDIS__TLS_CA_FILE names a CA. On Kubernetes see
+# deploy/kubernetes/overlays/tls.
 
 # ---- builder ----------------------------------------------------------------------------------
 FROM rust:1.95-slim-bookworm AS builder
@@ -47,6 +68,13 @@ RUN touch build.rs src/main.rs src/lib.rs \
 # ---- runtime ----------------------------------------------------------------------------------
 FROM debian:bookworm-slim
 
+# ca-certificates: the system roots (/etc/ssl/certs) that verify a rediss:// server when
+# redis.tls_ca_file is not set; debian:bookworm-slim has none, and the service would refuse to
+# start ("no system root certificates found"). Nothing else is installed.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+
 RUN groupadd --system ratelimiter \
     && useradd --system --gid ratelimiter --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin ratelimiter
@@ -63,7 +91,11 @@ USER ratelimiter:ratelimiter
 # line. Installing curl instead would add libcurl and its TLS and protocol libraries (several MB
 # and their security updates) to an image that otherwise holds a single binary. The port
 # is taken from RATELIMITER__SERVER__BIND, so overriding the bind address keeps the check valid.
+# bash speaks no TLS: with HTTPS on (RATELIMITER__SERVER__TLS_CERT_FILE set) the check only
+# proves that the port accepts a connection. HTTPS set in a configuration file instead fails
+# the check: replace it (--health-cmd) or drop it (--no-healthcheck). Kubernetes ignores
+# HEALTHCHECK and uses the Deployment's probes (scheme: HTTPS in overlays/tls).
 HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
-    CMD ["bash", "-c", "exec 3<>\"/dev/tcp/127.0.0.1/${RATELIMITER__SERVER__BIND##*:}\" && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n 1 <&3 | grep -q ' 200 '"]
+    CMD ["bash", "-c", "exec 3<>\"/dev/tcp/127.0.0.1/${RATELIMITER__SERVER__BIND##*:}\" && { [ -n \"${RATELIMITER__SERVER__TLS_CERT_FILE:-}\" ] || { printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && head -n 1 <&3 | grep -q ' 200 '; }; }"]
 
 ENTRYPOINT ["/usr/local/bin/ratelimiter"]

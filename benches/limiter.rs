@@ -13,10 +13,7 @@ const NOW: u64 = 1_764_460_800_123_457;
 fn decisions(c: &mut Criterion) {
     let mut group = c.benchmark_group("acquire");
 
-    let p = fixed_window::Params {
-        limit: 1_000_000_000,
-        window_us: 60_000_000,
-    };
+    let p = fixed_window::Params::every(1_000_000_000, 60_000_000);
     let state = fixed_window::acquire(None, &p, 1, NOW).state;
     group.bench_function("fixed_window", |b| {
         b.iter(|| fixed_window::acquire(black_box(state), &p, 1, black_box(NOW + 1)))
@@ -64,5 +61,56 @@ fn decisions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, decisions);
+/// The boundaries of a calendar period (issue 28), which a calendar limit computes for every
+/// decision before its script runs (`period`, twice: this period and the next, in
+/// `params_at`): a day and a month in a zone with daylight saving, and a day in UTC. Beside
+/// them, `params_at` of an epoch window, the cost every other limit pays for the same step.
+fn calendar_periods(c: &mut Criterion) {
+    use ratelimiter::limiter::calendar::period;
+    use ratelimiter::policy::calendar::Calendar;
+    use ratelimiter::policy::{Algorithm, Limit, PolicyName};
+    use serde_json::json;
+
+    fn limit_name(l: &Limit) -> String {
+        let c = l.calendar_of().expect("a calendar limit");
+        format!(
+            "{}_{}",
+            c.unit().as_str(),
+            c.zone().name().replace('/', "_")
+        )
+    }
+
+    let mut group = c.benchmark_group("calendar_period");
+    let now = i64::try_from(NOW).expect("fits");
+    for (name, calendar) in [
+        ("day_utc", json!({"unit": "day", "time_zone": "UTC"})),
+        (
+            "day_berlin",
+            json!({"unit": "day", "time_zone": "Europe/Berlin"}),
+        ),
+        (
+            "month_31_new_york",
+            json!({"unit": "month", "time_zone": "America/New_York", "month_day": 31}),
+        ),
+    ] {
+        let calendar = Calendar::parse(&calendar).expect("a valid calendar");
+        group.bench_function(name, |b| b.iter(|| period(&calendar, black_box(now + 7))));
+        let name = PolicyName::parse("p").expect("a name");
+        let limit = Limit::calendar(name, 100, calendar);
+        group.bench_function(format!("params_at_{}", limit_name(&limit)), |b| {
+            b.iter(|| limit.params_at(black_box(NOW + 7)))
+        });
+    }
+    let epoch = Limit::new(
+        PolicyName::parse("p").expect("a name"),
+        Algorithm::FixedWindow,
+        &[100, 86_400_000],
+    );
+    group.bench_function("params_at_epoch_window", |b| {
+        b.iter(|| epoch.params_at(black_box(NOW + 7)))
+    });
+    group.finish();
+}
+
+criterion_group!(benches, decisions, calendar_periods);
 criterion_main!(benches);

@@ -56,6 +56,7 @@ run python_client.py   python3 examples/python_client.py
 run metered.py         python3 examples/metered.py
 run leases.py          python3 examples/leases.py
 run overrides.py       python3 examples/overrides.py
+run calendar_quotas.py python3 examples/calendar_quotas.py
 run node_client.mjs    node examples/node_client.mjs
 run JavaClient.java    java examples/JavaClient.java
 run middleware_test.py python3 examples/middleware_test.py

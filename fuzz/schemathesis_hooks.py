@@ -71,6 +71,11 @@ Schemathesis generates.
   real, not only refused with 412 or 409, which are right but test nothing more. Override writes never
   name a fixed policy (they would change the quotas the decisions rely on): those are sent to
   FUZZ_OVERRIDE_POLICY too, negative cases included (a fixed name is a valid one).
+- A calendar limit's `calendar.time_zone` is a name of the IANA database built into the
+  service (422 naming it otherwise), which the schema leaves a string rather than list some 600
+  names. A generated name almost never is one, so a positive policy's calendars whose zone is
+  not one of ZONES (compared without regard to ASCII case, as the service does) get one of them,
+  chosen by the generated name's length.
 - The policies fuzz/schemathesis.sh creates for the decisions to hit (FUZZ_FIXED_POLICIES) are
   not replaced or deleted: their quotas are the largest there is, so that any cost the schema
   allows fits them (an acquire's or peek's cost above the policy's own quota is a 422 the schema
@@ -331,6 +336,23 @@ def _overrides_in_rules(case, method, path, body, stateful):
             _override_body_in_rules(body, policy, params.get("id"))
 
 
+# Zones of the IANA database, with and without daylight saving, north and south, whole and
+# fractional offsets.
+ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Adelaide",
+         "Asia/Tokyo", "America/Sao_Paulo", "Pacific/Chatham")
+
+
+def _zones_in_rules(body):
+    """The calendars of a positive policy body (its own and its limits') given a real zone."""
+    limits = body.get("limits")
+    for doc in [body] + (limits if isinstance(limits, list) else []):
+        calendar = doc.get("calendar") if isinstance(doc, dict) else None
+        if isinstance(calendar, dict) and isinstance(calendar.get("time_zone"), str):
+            zone = calendar["time_zone"]
+            if zone.lower() not in {z.lower() for z in ZONES}:
+                doc["calendar"] = dict(calendar, time_zone=ZONES[len(zone) % len(ZONES)])
+
+
 def _distinct_names(limits):
     seen = set()
     for i, limit in enumerate(limits):
@@ -401,6 +423,7 @@ def before_call(context, case, kwargs):
             # Generated limits may be one object twice (an example's are): copy them first.
             body["limits"] = json.loads(json.dumps(body["limits"]))
             _distinct_names(body["limits"])
+        _zones_in_rules(body)
         if isinstance(body.get("description"), str):
             body["description"] = _utf8_prefix(body["description"], DESCRIPTION_BYTES)
         _descriptor_in_bytes(body.get("descriptor"))

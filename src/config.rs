@@ -777,6 +777,27 @@ impl RawSettings {
                 "must be at most 86400 (one day)",
             ));
         }
+        // Durations an operator would never want that end in arithmetic on instants (a deadline,
+        // the breaker's reopening time) past what the clock types hold, and a queue whose bound
+        // is no bound: each is refused at start-up rather than met at run time.
+        if self.server.shutdown_timeout_s > 3_600 {
+            return Err(invalid(
+                "server.shutdown_timeout_s",
+                "must be at most 3600 (one hour)",
+            ));
+        }
+        if self.redis.breaker_cooldown_ms > 3_600_000 {
+            return Err(invalid(
+                "redis.breaker_cooldown_ms",
+                "must be at most 3600000 (one hour)",
+            ));
+        }
+        if self.limits.lease_undo_queue > 1_000_000 {
+            return Err(invalid(
+                "limits.lease_undo_queue",
+                "must be at most 1000000",
+            ));
+        }
         if self.server.max_connections == 0 {
             return Err(invalid("server.max_connections", "must be at least 1"));
         }
@@ -1364,7 +1385,7 @@ mod tests {
     }
 
     #[test]
-    fn worker_counts_and_keep_alives_the_http_server_cannot_take_are_refused_naming_their_key() {
+    fn settings_past_their_bounds_are_refused_naming_their_key() {
         for (var, accepted, refused, key) in [
             (
                 "RATELIMITER__SERVER__WORKERS",
@@ -1377,6 +1398,24 @@ mod tests {
                 "86400",
                 "9223372036854775807",
                 "server.keep_alive_s",
+            ),
+            (
+                "RATELIMITER__SERVER__SHUTDOWN_TIMEOUT_S",
+                "3600",
+                "3601",
+                "server.shutdown_timeout_s",
+            ),
+            (
+                "RATELIMITER__REDIS__BREAKER_COOLDOWN_MS",
+                "3600000",
+                "18446744073709551615",
+                "redis.breaker_cooldown_ms",
+            ),
+            (
+                "RATELIMITER__LIMITS__LEASE_UNDO_QUEUE",
+                "1000000",
+                "1000001",
+                "limits.lease_undo_queue",
             ),
         ] {
             assert!(

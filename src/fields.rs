@@ -27,7 +27,8 @@ impl Sink for String {
     }
 }
 
-/// `"<name>";q=<quota>;w=<window seconds>` for each limit of each answer's policy.
+/// `"<name>";q=<quota>;w=<window seconds>` for each limit of each answer's policy; a calendar
+/// limit's `w` is the length of the period that holds the decision's time.
 pub fn ratelimit_policy<'a>(out: &mut impl Sink, answers: impl IntoIterator<Item = &'a Acquired>) {
     let mut first = true;
     for a in answers {
@@ -37,7 +38,7 @@ pub fn ratelimit_policy<'a>(out: &mut impl Sink, answers: impl IntoIterator<Item
             out.text(";q=");
             out.number(l.params.quota());
             out.text(";w=");
-            out.number(l.window_seconds());
+            out.number(l.window_seconds_at(a.verdict.at_us));
         }
     }
 }

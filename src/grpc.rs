@@ -48,6 +48,7 @@ use crate::config::GrpcSettings;
 use crate::fields;
 use crate::limiter::{MAX_UNITS, MAX_WAIT_US};
 use crate::metrics as m;
+use crate::policy::calendar::CalendarUnit;
 use crate::policy::request_limits::{Requested, Unit as RequestUnit};
 use crate::policy::{LimitKey, Policy, Rate};
 use crate::service::{Acquired, Ask, DecidedBy, Hit, RateLimiter, ServiceError};
@@ -432,7 +433,10 @@ fn descriptor_status(a: &Acquired, denies: bool) -> DescriptorStatus {
     let current_limit = limit.map(|l| RateLimit {
         name: item_name(&a.policy, binding),
         requests_per_unit: u32::try_from(l.params.quota()).unwrap_or(u32::MAX),
-        unit: unit(l.params.window_us()) as i32,
+        unit: match l.calendar_of() {
+            Some(c) => calendar_unit(c.unit()),
+            None => unit(l.params.window_us()),
+        } as i32,
     });
     DescriptorStatus {
         code: if denies { Code::OverLimit } else { Code::Ok } as i32,
@@ -475,6 +479,17 @@ fn unit(window_us: u64) -> Unit {
         // As envoyproxy/ratelimit counts a month, and a request-given `limit` of MONTH is kept.
         w if w == 30 * 86_400 * S => Unit::Month,
         _ => Unit::Unknown,
+    }
+}
+
+/// A calendar limit's unit: a quarter has none in Envoy's protocol (its `w` says 89 to 92 days).
+fn calendar_unit(u: CalendarUnit) -> Unit {
+    match u {
+        CalendarUnit::Day => Unit::Day,
+        CalendarUnit::Week => Unit::Week,
+        CalendarUnit::Month => Unit::Month,
+        CalendarUnit::Quarter => Unit::Unknown,
+        CalendarUnit::Year => Unit::Year,
     }
 }
 

@@ -9,6 +9,7 @@ use ratelimiter::config::Settings;
 use ratelimiter::limiter::{Op, MAX_LIMITS};
 use ratelimiter::policy::Algorithm;
 use ratelimiter::startup::Application;
+use ratelimiter::store::redis::acl;
 use ratelimiter::store::scripts;
 use ratelimiter::{telemetry, trace};
 
@@ -22,6 +23,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const USAGE: &str = "usage: ratelimiter [--config PATH]
        ratelimiter --print-script [OPERATION:]ALGORITHM[,ALGORITHM...] | --print-script batch
+       ratelimiter [--config PATH] --print-acl
        ratelimiter -V | --version
        ratelimiter -h | --help
 
@@ -33,6 +35,8 @@ redis.url it runs on the embedded in-process store.
   --print-script    print the Lua source sent to Redis for an operation (acquire, peek, report
                     or refund; acquire when left out) on a policy's algorithms, or the batch
                     script, and exit
+  --print-acl       print the Redis ACL rules of a user that may do all the service does under
+                    the configured redis.key_prefix and nothing else, and exit
   -V, --version     print the release and the git commit of this binary, and exit
   -h, --help        print this text, and exit";
 
@@ -49,9 +53,11 @@ fn print_and_exit(text: &str) -> ! {
     std::process::exit(0)
 }
 
-fn config_path() -> anyhow::Result<Option<PathBuf>> {
+/// The settings file, and whether `--print-acl` was asked for (it needs the settings' prefix).
+fn config_path() -> anyhow::Result<(Option<PathBuf>, bool)> {
     let mut args = std::env::args_os().skip(1);
     let mut path = std::env::var_os("RATELIMITER_CONFIG").map(PathBuf::from);
+    let mut print_acl = false;
     while let Some(arg) = args.next() {
         match arg.to_str() {
             Some("--config") => match args.next() {
@@ -87,16 +93,21 @@ fn config_path() -> anyhow::Result<Option<PathBuf>> {
                     ),
                 }
             }
+            Some("--print-acl") => print_acl = true,
             Some("-V" | "--version") => print_and_exit(&format!("{}\n", version_line())),
             _ => bail!("unexpected argument {arg:?}\n\n{USAGE}"),
         }
     }
-    Ok(path)
+    Ok((path, print_acl))
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let settings = Settings::load(config_path()?.as_deref())?;
+    let (path, print_acl) = config_path()?;
+    let settings = Settings::load(path.as_deref())?;
+    if print_acl {
+        print_and_exit(&format!("{}\n", acl::rules(&settings.redis.key_prefix)));
+    }
     let (exporting, traces) = trace::start(&settings.tracing)?.unzip();
     telemetry::init(&settings.log, traces);
     tracing::info!(version = VERSION, commit = COMMIT, "ratelimiter starting");

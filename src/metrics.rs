@@ -90,8 +90,10 @@ pub const GRPC_UNMATCHED: &str = "ratelimiter_grpc_unmatched_descriptors_total";
 /// `handshake_timeout` (`grpc.handshake_timeout_ms`) or `evicted` (closed to make room at
 /// `grpc.max_connections`).
 pub const GRPC_CONNECTIONS_CLOSED: &str = "ratelimiter_grpc_connections_closed_total";
-/// Days until a listener's TLS certificate expires (fractional, negative once expired), labelled
-/// `listener` (`http` or `grpc`); set at load and reload and at every poll of the files.
+/// Days until one of this instance's TLS certificates expires (fractional, negative once
+/// expired), labelled `certificate`: `http` or `grpc` (a listener's, set at load and reload and
+/// at every poll of the files) or `redis` (the client certificate shown to Redis,
+/// `redis.tls_cert_file`, set at start-up and at every poll).
 pub const TLS_CERTIFICATE_EXPIRY_DAYS: &str = "ratelimiter_tls_certificate_expiry_days";
 /// Reloads of a listener's TLS files that failed (the certificate in use was kept), labelled
 /// `listener`.
@@ -218,7 +220,7 @@ fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(
         TLS_CERTIFICATE_EXPIRY_DAYS,
-        "Days until the listener's TLS certificate expires"
+        "Days until the TLS certificate expires: a listener's (http, grpc) or the one shown to Redis (redis)"
     );
     describe_counter!(
         TLS_RELOAD_FAILURES,

@@ -44,10 +44,16 @@ impl Application {
                     .iter()
                     .map(|n| n.expose())
                     .collect();
-                // Seeds may carry the cluster's password: only their redacted form is shown.
+                // Seeds may carry the cluster's password: only their redacted form is shown,
+                // with the scheme they were given (the configuration keeps `host:port`).
+                let scheme = if settings.redis.cluster_tls {
+                    "rediss"
+                } else {
+                    "redis"
+                };
                 let shown: Vec<String> = nodes
                     .iter()
-                    .map(|n| redact_url(&format!("redis://{n}")))
+                    .map(|n| redact_url(&format!("{scheme}://{n}")))
                     .collect();
                 let shown = shown.join(", ");
                 let store = RedisStore::open_cluster_with_tls(
@@ -100,6 +106,10 @@ impl Application {
             .require_flagged_scripts()
             .await
             .context("checking the Redis version")?;
+        store
+            .require_permissions()
+            .await
+            .context("checking the Redis user's permissions")?;
         if let Err(e) = store.load_scripts().await {
             tracing::warn!(error = %e, "could not load the scripts at start-up; each is loaded on first use");
         }
@@ -153,7 +163,17 @@ impl Application {
             ))?,
             None => None,
         };
-        spawn_reloader(http_tls.iter().chain(grpc_tls.iter()).cloned().collect());
+        // The gauge and `/readyz` watch the client certificate shown to Redis beside them.
+        let redis_client = settings
+            .redis
+            .tls
+            .as_ref()
+            .and_then(|t| t.client_certificate_not_after());
+        let certs = Arc::new(crate::tls::Certificates::new(
+            http_tls.iter().chain(grpc_tls.iter()).cloned().collect(),
+            redis_client,
+        ));
+        spawn_reloader(&certs);
         let http_config = http_tls
             .as_ref()
             .map(|t| t.server_config(&[b"http/1.1"]))
@@ -197,9 +217,7 @@ impl Application {
             )
         });
         let grpc_files = grpc_connections.map_or(0, |n| n as u64 + 1);
-        let certs = web::Data::new(crate::tls::ListenerCerts(
-            http_tls.iter().chain(grpc_tls.iter()).cloned().collect(),
-        ));
+        let certs = web::Data::from(certs);
         let server = http_server(
             move || api::app(data.clone(), edge.clone()).app_data(certs.clone()),
             listener,
@@ -235,6 +253,12 @@ impl Application {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The service, for tests that drive its clock ([`RateLimiter::clock`]) to decide at chosen
+    /// instants (a day of a DST change) through the real edges and stores.
+    pub fn limiter(&self) -> Arc<RateLimiter> {
+        self.limiter.clone()
     }
 
     /// The port Envoy's rate-limit service listens on, when `grpc.bind` is set.

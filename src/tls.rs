@@ -2,6 +2,9 @@
 //! the rustls `ServerConfig` both listeners serve with, reloading those files without a restart,
 //! and how long each certificate has left.
 //!
+//! The client certificate shown to Redis (`redis.tls_cert_file`, see `store::redis::tls`) is
+//! read once at start-up; its days left are watched here beside the listeners'.
+//!
 //! Reload: the files are read again on SIGHUP and whenever a poll, every [`POLL_INTERVAL`],
 //! sees one of them change (modification time or size). New handshakes take the new
 //! certificate (and client CA); connections already established keep the keys they agreed on,
@@ -11,7 +14,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use rustls::client::danger::HandshakeSignatureValid;
@@ -31,34 +34,72 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(2);
 /// Under this many days left, `/readyz` warns of a certificate's expiry (and stays 200).
 pub const EXPIRY_WARNING_DAYS: f64 = 14.0;
 
-/// The certificates of this instance's listeners, for `/readyz`.
+/// The certificates this instance shows, for `/readyz` and the expiry gauge: its listeners'
+/// (reloaded from their files) and the client certificate it shows Redis (`redis.tls_cert_file`,
+/// read once at start-up).
 #[derive(Debug, Clone, Default)]
-pub struct ListenerCerts(pub Vec<Arc<Reloadable>>);
+pub struct Certificates {
+    pub listeners: Vec<Arc<Reloadable>>,
+    /// The notAfter (seconds since the epoch) of the client certificate, when Redis is reached
+    /// over TLS with one.
+    pub redis_client: Option<i64>,
+}
 
-impl ListenerCerts {
+impl Certificates {
+    /// The listeners' certificates and the Redis client certificate's notAfter; sets the
+    /// latter's gauge (the listeners' is set when they load).
+    pub fn new(listeners: Vec<Arc<Reloadable>>, redis_client: Option<i64>) -> Self {
+        let this = Self {
+            listeners,
+            redis_client,
+        };
+        this.publish_redis_expiry();
+        this
+    }
+
     /// A warning for each certificate with less than [`EXPIRY_WARNING_DAYS`] left (or expired).
     pub fn expiry_warnings(&self) -> Vec<String> {
-        self.0
-            .iter()
-            .filter_map(|c| {
-                let days = c.days_left();
-                (days < EXPIRY_WARNING_DAYS).then(|| {
-                    if days < 0.0 {
-                        format!(
-                            "the {} listener's TLS certificate expired {:.1} days ago",
-                            c.listener(),
-                            -days
-                        )
-                    } else {
-                        format!(
-                            "the {} listener's TLS certificate expires in {:.1} days",
-                            c.listener(),
-                            days
-                        )
-                    }
-                })
-            })
+        let listeners = self.listeners.iter().map(|c| {
+            (
+                format!("the {} listener's TLS certificate", c.listener()),
+                c.days_left(),
+            )
+        });
+        let redis = self
+            .redis_client
+            .map(|n| ("the Redis client TLS certificate".to_owned(), days_until(n)));
+        listeners
+            .chain(redis)
+            .filter_map(|(what, days)| expiry_warning(&what, days))
             .collect()
+    }
+
+    /// The gauge of the Redis client certificate, labelled `certificate="redis"`.
+    fn publish_redis_expiry(&self) {
+        if let Some(not_after) = self.redis_client {
+            metrics::gauge!(crate::metrics::TLS_CERTIFICATE_EXPIRY_DAYS, "certificate" => "redis")
+                .set(days_until(not_after));
+        }
+    }
+}
+
+/// Days from now until `not_after` (seconds since the epoch): negative once it has passed.
+pub fn days_until(not_after: i64) -> f64 {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    (not_after as f64 - now) / 86_400.0
+}
+
+/// The warning for `what` (a certificate) with `days` left, when that is under
+/// [`EXPIRY_WARNING_DAYS`].
+fn expiry_warning(what: &str, days: f64) -> Option<String> {
+    if days >= EXPIRY_WARNING_DAYS {
+        None
+    } else if days < 0.0 {
+        Some(format!("{what} expired {:.1} days ago", -days))
+    } else {
+        Some(format!("{what} expires in {days:.1} days"))
     }
 }
 
@@ -105,7 +146,8 @@ impl TlsFiles {
         })
     }
 
-    /// The metric label of the listener: `http` or `grpc`.
+    /// The listener's name in metrics (the expiry gauge's `certificate`, the reload failures'
+    /// `listener`) and warnings: `http` or `grpc`.
     pub fn listener(&self) -> &'static str {
         if self.section == "grpc" {
             "grpc"
@@ -118,15 +160,18 @@ impl TlsFiles {
         format!("{}.{name}", self.section)
     }
 
-    /// Modification times and sizes of the files, to see them change.
-    fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+    /// Each file's modification time, size and inode (of the file its symlinks lead to), to
+    /// see it change: the inode tells a replacement that kept the other two (`cp -p`, a
+    /// Secret's `..data` swap to files written in the same second with the same length).
+    fn stamp(&self) -> Vec<Option<(SystemTime, u64, u64)>> {
+        use std::os::unix::fs::MetadataExt as _;
         std::iter::once(&self.cert)
             .chain(std::iter::once(&self.key))
             .chain(self.client_ca.iter())
             .map(|p| {
                 std::fs::metadata(p)
                     .ok()
-                    .and_then(|m| Some((m.modified().ok()?, m.len())))
+                    .and_then(|m| Some((m.modified().ok()?, m.len(), m.ino())))
             })
             .collect()
     }
@@ -225,7 +270,7 @@ pub struct Reloadable {
     current: RwLock<Arc<CertifiedKey>>,
     verifier: RwLock<Option<Arc<dyn ClientCertVerifier>>>,
     not_after: RwLock<i64>,
-    stamp: RwLock<Vec<Option<(SystemTime, u64)>>>,
+    stamp: RwLock<Vec<Option<(SystemTime, u64, u64)>>>,
 }
 
 impl fmt::Debug for Reloadable {
@@ -258,15 +303,11 @@ impl Reloadable {
 
     /// Days until the certificate in use expires (negative once it has).
     pub fn days_left(&self) -> f64 {
-        let not_after = self.not_after.read().map_or(0, |n| *n);
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        (not_after as f64 - now) / 86_400.0
+        days_until(self.not_after.read().map_or(0, |n| *n))
     }
 
     fn publish_expiry(&self) {
-        metrics::gauge!(crate::metrics::TLS_CERTIFICATE_EXPIRY_DAYS, "listener" => self.listener())
+        metrics::gauge!(crate::metrics::TLS_CERTIFICATE_EXPIRY_DAYS, "certificate" => self.listener())
             .set(self.days_left());
     }
 
@@ -341,21 +382,26 @@ impl Reloadable {
     }
 }
 
-/// Reloads every listener's files on SIGHUP and on a change seen by the poll, until all of them
-/// are dropped (their servers stopped).
-pub fn spawn_reloader(certs: Vec<Arc<Reloadable>>) {
-    if certs.is_empty() {
+/// Reloads every listener's files on SIGHUP and on a change seen by the poll, and sets the
+/// Redis client certificate's gauge at every poll (its days left go down), until `certs` is
+/// dropped (its servers stopped).
+pub fn spawn_reloader(certs: &Arc<Certificates>) {
+    if certs.listeners.is_empty() && certs.redis_client.is_none() {
         return;
     }
-    let weak: Vec<Weak<Reloadable>> = certs.iter().map(Arc::downgrade).collect();
-    drop(certs);
-    let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(s) => Some(s),
-        Err(error) => {
-            tracing::warn!(%error, "cannot listen for SIGHUP: TLS files are reloaded on change only");
-            None
+    // SIGHUP is taken over only where there is a file to reload.
+    let mut hangup = if certs.listeners.is_empty() {
+        None
+    } else {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => Some(s),
+            Err(error) => {
+                tracing::warn!(%error, "cannot listen for SIGHUP: TLS files are reloaded on change only");
+                None
+            }
         }
     };
+    let weak = Arc::downgrade(certs);
     tokio::spawn(async move {
         let mut poll = tokio::time::interval(POLL_INTERVAL);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -369,11 +415,10 @@ pub fn spawn_reloader(certs: Vec<Arc<Reloadable>>) {
                     }
                 } => true,
             };
-            let live: Vec<Arc<Reloadable>> = weak.iter().filter_map(Weak::upgrade).collect();
-            if live.is_empty() {
+            let Some(certs) = weak.upgrade() else {
                 return;
-            }
-            for cert in live {
+            };
+            for cert in &certs.listeners {
                 if signalled {
                     tracing::info!(
                         listener = cert.listener(),
@@ -384,6 +429,7 @@ pub fn spawn_reloader(certs: Vec<Arc<Reloadable>>) {
                     cert.reload_if_changed();
                 }
             }
+            certs.publish_redis_expiry();
         }
     });
 }
@@ -452,5 +498,74 @@ impl ClientCertVerifier for ClientCa {
         self.inner()
             .map(|v| v.supported_verify_schemes())
             .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file replaced by one of the same size and modification time (`cp -p`, or a Secret's
+    /// `..data` symlink swapped to files written in the same second) is still seen to change.
+    #[test]
+    fn a_replacement_with_the_same_size_and_time_changes_the_stamp() {
+        let dir = std::env::temp_dir().join(format!("rl-stamp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let (cert, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        std::fs::write(&cert, "first").expect("write");
+        std::fs::write(&key, "key").expect("write");
+        let files = TlsFiles::new("server", Some(&cert), Some(&key), None).expect("two files");
+        let before = files.stamp();
+        let when = std::fs::metadata(&cert)
+            .and_then(|m| m.modified())
+            .expect("mtime");
+        let next = dir.join("next.crt");
+        std::fs::write(&next, "other").expect("write");
+        std::fs::File::options()
+            .write(true)
+            .open(&next)
+            .and_then(|f| f.set_modified(when))
+            .expect("set the same modification time");
+        std::fs::rename(&next, &cert).expect("replace");
+        let after = files.stamp();
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(before[0].is_some());
+        assert_eq!(before[0].map(|s| (s.0, s.1)), after[0].map(|s| (s.0, s.1)));
+        assert_ne!(before, after, "the inode tells the new file");
+    }
+
+    #[test]
+    fn a_certificate_warns_under_the_threshold_and_says_how_far_past_it_is() {
+        let what = "the Redis client TLS certificate";
+        assert_eq!(expiry_warning(what, EXPIRY_WARNING_DAYS), None);
+        assert_eq!(expiry_warning(what, 20.0), None);
+        assert_eq!(
+            expiry_warning(what, 4.96).as_deref(),
+            Some("the Redis client TLS certificate expires in 5.0 days")
+        );
+        assert_eq!(
+            expiry_warning(what, 0.0).as_deref(),
+            Some("the Redis client TLS certificate expires in 0.0 days")
+        );
+        assert_eq!(
+            expiry_warning(what, -2.04).as_deref(),
+            Some("the Redis client TLS certificate expired 2.0 days ago")
+        );
+    }
+
+    #[test]
+    fn the_redis_client_certificate_is_among_the_warnings() {
+        let now = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        let soon = Certificates::new(Vec::new(), Some(now + 3 * 86_400 + 3_600));
+        assert_eq!(
+            soon.expiry_warnings(),
+            vec!["the Redis client TLS certificate expires in 3.0 days".to_owned()]
+        );
+        let later = Certificates::new(Vec::new(), Some(now + 30 * 86_400));
+        assert!(later.expiry_warnings().is_empty());
+        assert!(Certificates::default().expiry_warnings().is_empty());
     }
 }

@@ -18,9 +18,9 @@ use super::reply::{
 };
 use super::schema;
 use crate::fields;
-use crate::limiter::{Op, MAX_UNITS};
+use crate::limiter::{calendar, Op, MAX_UNITS};
 use crate::policy::overrides::MatchKind;
-use crate::policy::{input::parse_cost, LimitKey, PolicyName, Rate, ValidationError};
+use crate::policy::{input::parse_cost, Limit, LimitKey, PolicyName, Rate, ValidationError};
 use crate::service::cache::Applied;
 use crate::service::ticket::MAX_TICKET_BYTES;
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, Ticket};
@@ -115,7 +115,8 @@ pub struct ResetRequest {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(example = json!({
     "allowed": true, "policy": "api-per-user", "key": "user-42", "limit": 20, "remaining": 19,
-    "reset_after_ms": 100, "retry_after_ms": 0, "degraded": false, "decided_by": "redis"
+    "reset_after_ms": 100, "resets_at": "2026-12-04T14:35:37.1Z", "retry_after_ms": 0,
+    "degraded": false, "decided_by": "redis"
 }))]
 pub struct AcquireResponse {
     /// Whether the units were granted.
@@ -137,6 +138,11 @@ pub struct AcquireResponse {
     /// Milliseconds until the subject is back to its full quota, if nothing else arrives.
     #[schema(example = 100)]
     pub reset_after_ms: u64,
+    /// The instant `reset_after_ms` points at, in RFC 3339: for a calendar limit with the UTC
+    /// offset of its time zone (`2026-12-05T00:00:00+01:00`, the next midnight in Berlin), else
+    /// in UTC. The decision's time (Redis's clock) plus the exact reset.
+    #[schema(example = "2026-12-04T14:35:37.1Z")]
+    pub resets_at: String,
     /// 0 when allowed; otherwise milliseconds until the same request would be allowed, if
     /// nothing else arrives.
     #[schema(example = 0)]
@@ -271,7 +277,7 @@ fn ticket_text<S: serde::Serializer>(ticket: &Option<Ticket>, s: S) -> Result<S:
 
 /// One limit of a policy of several, after an acquire.
 #[derive(Debug, Serialize, ToSchema)]
-#[schema(example = json!({"name": "daily", "limit": 10000, "remaining": 9990, "reset_after_ms": 3600000, "retry_after_ms": 0}))]
+#[schema(example = json!({"name": "daily", "limit": 10000, "remaining": 9990, "reset_after_ms": 3600000, "resets_at": "2026-12-05T00:00:00+01:00", "retry_after_ms": 0}))]
 pub struct LimitState {
     /// The limit's name.
     #[schema(example = "daily")]
@@ -285,6 +291,10 @@ pub struct LimitState {
     /// Milliseconds until it is back to its full quota, if nothing else arrives.
     #[schema(example = 3600000)]
     pub reset_after_ms: u64,
+    /// The instant `reset_after_ms` points at, in RFC 3339 (a calendar limit's with the UTC
+    /// offset of its time zone).
+    #[schema(example = "2026-12-05T00:00:00+01:00")]
+    pub resets_at: String,
     /// 0 when it admitted the cost; otherwise milliseconds until it would.
     #[schema(example = 0)]
     pub retry_after_ms: u64,
@@ -607,6 +617,19 @@ fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
     Ok(cost)
 }
 
+/// A limit's `resets_at`: the decision's time `at_us` plus its reset, in the limit's time zone
+/// when it is a calendar limit.
+fn resets_at(limit: &Limit, at_us: u64, reset_after_us: u64) -> String {
+    calendar::rfc3339(
+        signed(at_us.saturating_add(reset_after_us)),
+        limit.calendar_of(),
+    )
+}
+
+fn signed(us: u64) -> i64 {
+    i64::try_from(us).unwrap_or(i64::MAX)
+}
+
 fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
     // On the request's span (`api::span`), when traces are exported.
     crate::trace::record_decision(&tracing::Span::current(), &a, &key, cost);
@@ -656,6 +679,7 @@ fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
                 limit: l.params.quota(),
                 remaining: ld.remaining,
                 reset_after_ms: ld.reset_after_us.div_ceil(1_000),
+                resets_at: resets_at(l, verdict.at_us, ld.reset_after_us),
                 retry_after_ms: ld.retry_after_us.div_ceil(1_000),
                 units: moves.then_some(*units),
             })
@@ -680,6 +704,12 @@ fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
             limit,
             remaining: d.remaining,
             reset_after_ms: d.reset_after_us.div_ceil(1_000),
+            resets_at: match rate_limits.get(binding) {
+                Some(l) => resets_at(l, verdict.at_us, d.reset_after_us),
+                None => {
+                    calendar::rfc3339(signed(verdict.at_us.saturating_add(d.reset_after_us)), None)
+                }
+            },
             retry_after_ms: d.retry_after_us.div_ceil(1_000),
             degraded: a.degraded,
             decided_by: a.decided_by,

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use super::auth;
 use super::errors::{ApiError, Problem};
 use crate::service::RateLimiter;
-use crate::tls::ListenerCerts;
+use crate::tls::Certificates;
 
 /// The release this binary is (`version` in Cargo.toml), as `--version` and `/healthz` show it.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -108,7 +108,7 @@ pub async fn healthz(limiter: web::Data<RateLimiter>) -> HttpResponse {
 #[get("/readyz")]
 pub async fn readyz(
     limiter: web::Data<RateLimiter>,
-    certs: Option<web::Data<ListenerCerts>>,
+    certs: Option<web::Data<Certificates>>,
 ) -> Result<HttpResponse, ApiError> {
     let degraded = limiter.readiness().await?;
     // A certificate near its expiry is a warning, not unreadiness: every instance of a

@@ -105,6 +105,12 @@ pub struct ResolveCandidate {
     /// policy).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub passed_over: Option<String>,
+    /// What of its `limits` the policy no longer has, passed over while the rest applies: a
+    /// limit (`daily`), a field (`daily.window_ms`), or a time zone for a limit that is no
+    /// longer a calendar limit (`daily.time_zone`). Absent when nothing is stale.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(example = json!(["daily.time_zone"]))]
+    pub stale: Vec<String>,
 }
 
 fn location(name: &PolicyName, id: &OverrideId) -> String {
@@ -158,8 +164,10 @@ pub async fn list(
 /// Create an override.
 ///
 /// Gives the subjects its `match` selects other limits than the policy's: a `tier` of the
-/// policy, `limits` of their own (replacing only the fields named, raising or lowering),
-/// `unlimited` (allowed without the store) or `block` (denied without the store). In force on
+/// policy, `limits` of their own (replacing only the fields named, raising or lowering, and for
+/// a calendar limit its `time_zone`, so that the subject's days start at its own midnight; its
+/// count carries until the end of the period it was counted in, then the periods are the new
+/// zone's), `unlimited` (allowed without the store) or `block` (denied without the store). In force on
 /// this instance at once and on every instance sharing the store within
 /// `redis.policy_refresh_ms` (at once on those that use the denial cache); counters are kept.
 /// Refused with 409 when another override of the policy has the same match, or past the caps
@@ -369,6 +377,14 @@ fn answer(r: &Resolution, key: &LimitKey) -> ResolveAnswer {
                 for (f, v) in l.fields() {
                     m.insert(f.into(), Value::from(v));
                 }
+                // A calendar limit's periods, in the zone the subject is decided in (an
+                // override's `time_zone`, or the limit's own).
+                if let Some(c) = l.calendar_of() {
+                    m.insert(
+                        crate::policy::calendar::FIELD.into(),
+                        serde_json::to_value(c.to_input()).unwrap_or_default(),
+                    );
+                }
                 Value::Object(m)
             })
             .collect()
@@ -393,6 +409,7 @@ fn answer(r: &Resolution, key: &LimitKey) -> ResolveAnswer {
                 },
                 applies: c.passed_over.is_none(),
                 passed_over: c.passed_over.clone(),
+                stale: c.applied.passed_over.clone(),
             })
             .collect(),
     }

@@ -29,6 +29,7 @@ use super::leases::LeasePath;
 use super::policies::PolicyPath;
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
 use crate::limiter::Field;
+use crate::policy::calendar::{self, CalendarUnit, MAX_MONTH_DAY};
 use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
 use crate::policy::request_limits::Unit;
 use crate::policy::tiers::MAX_TIERS;
@@ -98,9 +99,149 @@ enum NameIs {
     Optional,
 }
 
-/// An object holding `algorithm` and its fields, plus `extra`; no other property.
-fn limit_object(algorithm: Algorithm, extra: ObjectBuilder) -> ObjectBuilder {
-    kind_object(algorithm.as_str(), algorithm.fields(), extra)
+/// A form of rate limit: an algorithm, with its periods on the calendar (`calendar` in place of
+/// `window_ms`, `fixed_window` only) or not.
+#[derive(Clone, Copy)]
+struct Form {
+    algorithm: Algorithm,
+    calendar: bool,
+}
+
+impl Form {
+    /// Every algorithm's own form, then the calendar `fixed_window`.
+    fn all() -> impl Iterator<Item = Form> {
+        Algorithm::ALL
+            .into_iter()
+            .map(|algorithm| Form {
+                algorithm,
+                calendar: false,
+            })
+            .chain([Form {
+                algorithm: Algorithm::FixedWindow,
+                calendar: true,
+            }])
+    }
+
+    /// `fixed_window`, or `fixed_window_calendar`: what its schemas are named after.
+    fn name(self) -> String {
+        match self.calendar {
+            false => self.algorithm.as_str().to_owned(),
+            true => format!("{}_{}", self.algorithm.as_str(), calendar::FIELD),
+        }
+    }
+
+    /// The words for it in a description.
+    fn words(self) -> String {
+        match self.calendar {
+            false => format!("`{}`", self.algorithm.as_str()),
+            true => format!("calendar `{}`", self.algorithm.as_str()),
+        }
+    }
+}
+
+/// An object holding `algorithm` and the fields of `form` (a calendar limit's `limit` and
+/// `calendar`), plus `extra`; no other property.
+fn limit_object(form: Form, extra: ObjectBuilder, components: &mut Components) -> ObjectBuilder {
+    let fields = form.algorithm.fields();
+    if !form.calendar {
+        return kind_object(form.algorithm.as_str(), fields, extra);
+    }
+    let name = calendar_schema(components);
+    kind_object(form.algorithm.as_str(), &fields[..1], extra)
+        .property(calendar::FIELD, reference(&name))
+        .required(calendar::FIELD)
+}
+
+/// `Calendar`, added to `components`: a calendar limit's periods, as
+/// [`crate::policy::calendar::Calendar::parse`] reads them. One object per set of units that
+/// share their anchors (`CalendarDay`, `CalendarWeek`, `CalendarMonths`), so that the schema
+/// refuses an anchor given to a unit that does not use it, as the server does (422).
+fn calendar_schema(components: &mut Components) -> String {
+    let name = "Calendar".to_owned();
+    let days = [
+        "monday",
+        "tuesday",
+        "wednesday",
+        "thursday",
+        "friday",
+        "saturday",
+        "sunday",
+    ];
+    let week_start = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .enum_values(Some(days))
+        .description(Some(
+            "The day a week starts (default `monday`, as ISO 8601)",
+        ));
+    let month_day = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .minimum(Some(1))
+        .maximum(Some(u64::from(MAX_MONTH_DAY)))
+        .description(Some(format!(
+            "The day of the month a period starts (1 to {MAX_MONTH_DAY}, default 1); in a month \
+             shorter than it, its last day. A quarter starts in January, April, July and \
+             October, a year in January"
+        )));
+    let variants: [(&str, &[CalendarUnit], Option<(&str, ObjectBuilder)>); 3] = [
+        ("CalendarDay", &[CalendarUnit::Day], None),
+        (
+            "CalendarWeek",
+            &[CalendarUnit::Week],
+            Some(("week_start", week_start)),
+        ),
+        (
+            "CalendarMonths",
+            &[
+                CalendarUnit::Month,
+                CalendarUnit::Quarter,
+                CalendarUnit::Year,
+            ],
+            Some(("month_day", month_day)),
+        ),
+    ];
+    debug_assert!(CalendarUnit::ALL
+        .iter()
+        .all(|u| variants.iter().any(|(_, units, _)| units.contains(u))));
+    let mut one_of = OneOfBuilder::new().description(Some(
+        "The limit's windows are periods of the calendar in a time zone, in place of \
+         `window_ms`: each starts at the first instant of its first day there (local \
+         midnight; the first instant after a daylight-saving gap that skips it), so a day \
+         is 23 or 25 hours on the days the clocks change. `RateLimit-Policy`'s `w` is the \
+         current period's length. An anchor is given only with the units it starts: \
+         `week_start` with `week`, `month_day` with `month`, `quarter` and `year`.",
+    ));
+    for (variant, units, anchor) in variants {
+        let units: Vec<&str> = units.iter().map(|u| u.as_str()).collect();
+        let mut o = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property(
+                "unit",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(units))
+                    .description(Some("The period")),
+            )
+            .required("unit")
+            .property(
+                "time_zone",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .description(Some(
+                        "An IANA time-zone name (`Europe/Berlin`, `Asia/Kolkata`, `UTC`), in \
+                         any ASCII case; read back as the database spells it",
+                    ))
+                    .examples(["Europe/Berlin"]),
+            )
+            .required("time_zone");
+        if let Some((field, schema)) = anchor {
+            o = o.property(field, schema);
+        }
+        let o = o.additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        add(components, variant.to_owned(), o.build());
+        one_of = one_of.item(reference(variant));
+    }
+    add(components, name.clone(), Schema::OneOf(one_of.build()));
+    name
 }
 
 /// An object holding `algorithm`, which is `kind`, and `fields`, plus `extra`; no other
@@ -130,12 +271,12 @@ fn kind_object(kind: &str, fields: &[Field], extra: ObjectBuilder) -> ObjectBuil
     o.additional_properties(Some(AdditionalProperties::FreeForm(false)))
 }
 
-/// The schema name of one limit of `algorithm` inside `limits`: `FixedWindowLimit` (one of
+/// The schema name of one limit of `form` inside `limits`: `FixedWindowLimit` (one of
 /// several, named) or `FixedWindowSoleLimit` (the only one, whose name may be left out).
-fn limit_schema_name(algorithm: Algorithm, name_is: NameIs) -> String {
+fn limit_schema_name(form: Form, name_is: NameIs) -> String {
     match name_is {
-        NameIs::Required => format!("{}Limit", pascal(algorithm.as_str())),
-        NameIs::Optional => format!("{}SoleLimit", pascal(algorithm.as_str())),
+        NameIs::Required => format!("{}Limit", pascal(&form.name())),
+        NameIs::Optional => format!("{}SoleLimit", pascal(&form.name())),
     }
 }
 
@@ -155,17 +296,18 @@ fn limit(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
             "The only limit of a policy's `limits`, of any algorithm; its name may be left out"
         }
     }));
-    for a in Algorithm::ALL {
+    for form in Form::all() {
         let mut o = ObjectBuilder::new()
             .schema_type(Type::Object)
-            .description(Some(format!("A `{}` limit", a.as_str())))
+            .description(Some(format!("A {} limit", form.words())))
             .property("name", name(description, name_is == NameIs::Optional));
         if name_is == NameIs::Required {
             o = o.required("name");
         }
-        let variant = limit_schema_name(a, name_is);
+        let variant = limit_schema_name(form, name_is);
         one_of = one_of.item(reference(&variant));
-        add(components, variant, limit_object(a, o).build());
+        let object = limit_object(form, o, components).build();
+        add(components, variant, object);
     }
     add(components, union.to_owned(), Schema::OneOf(one_of.build()));
     reference(union)
@@ -349,15 +491,33 @@ fn limit_changes(components: &mut Components) -> RefOr<Schema> {
         .schema_type(SchemaType::new(Type::Object))
         .description(Some(
             "The fields of one limit to change, each within the field's own bounds and of the \
-                 limit's algorithm (`algorithm` itself cannot change)",
+                 limit's algorithm (`algorithm` itself cannot change), and for a calendar limit \
+                 its `time_zone`",
         ))
+        .property(
+            crate::policy::tiers::TIME_ZONE,
+            ObjectBuilder::new()
+                .schema_type(SchemaType::new(Type::String))
+                .description(Some(
+                    "Only for a calendar limit: the IANA time zone its periods are counted in \
+                     instead of its `calendar.time_zone` (unit and anchors kept), so that a \
+                     subject's day starts at its own midnight. Unknown zones and limits without \
+                     a calendar are refused (422). When a subject's zone changes, its count \
+                     carries until the end of the period it was counted in; the periods after \
+                     that are the new zone's.",
+                ))
+                .examples([serde_json::json!("Asia/Tokyo")]),
+        )
         .additional_properties(Some(AdditionalProperties::RefOr(RefOr::T(Schema::Object(
             ObjectBuilder::new()
                 .schema_type(SchemaType::new(Type::Integer))
                 .minimum(Some(1))
                 .build(),
         )))))
-        .examples([serde_json::json!({"limit": 1000})]);
+        .examples([
+            serde_json::json!({"limit": 1000}),
+            serde_json::json!({"time_zone": "Asia/Tokyo"}),
+        ]);
     add(components, "LimitFieldChanges".to_owned(), fields.build());
     let changes = ObjectBuilder::new()
         .schema_type(SchemaType::new(Type::Object))
@@ -478,22 +638,20 @@ fn policy(name_is: NameIs, components: &mut Components) -> RefOr<Schema> {
          `limit` units held at once by leases (`POST /v1/leases`) that expire after `lease_ms` \
          unless renewed.{may_leave_out_name}"
     )));
-    for a in Algorithm::ALL {
+    for form in Form::all() {
         // `request_limits` only in the flat form: a policy of one limit.
-        let request_limits = request_limits(a, components);
-        let o = limit_object(
-            a,
-            rate_policy_object(
-                format!(
-                    "A policy of one `{}` limit, in the flat form.{may_leave_out_name}",
-                    a.as_str()
-                ),
-                name_is,
-                components,
-            )
-            .property("request_limits", request_limits),
-        );
-        let variant = policy_schema_name(a.as_str(), name_is);
+        let request_limits = request_limits(form.algorithm, components);
+        let extra = rate_policy_object(
+            format!(
+                "A policy of one {} limit, in the flat form.{may_leave_out_name}",
+                form.words()
+            ),
+            name_is,
+            components,
+        )
+        .property("request_limits", request_limits);
+        let o = limit_object(form, extra, components);
+        let variant = policy_schema_name(&form.name(), name_is);
         one_of = one_of.item(reference(&variant));
         add(components, variant, o.build());
     }

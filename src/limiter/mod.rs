@@ -29,6 +29,7 @@
 //!   change of parameters" says how; `carry_over.rs` tests it).
 
 pub mod arith;
+pub mod calendar;
 #[cfg(test)]
 mod carry_over;
 pub mod concurrency;
@@ -46,6 +47,9 @@ pub trait Rule: Copy {
     const NAME: &'static str;
     /// The policy fields that set the parameters, in the order [`Rule::from_fields`] takes them.
     const FIELDS: &'static [Field];
+    /// How many parameters its script part takes (`ARGV[a + 1]` to `ARGV[a + ARITY]`, see
+    /// `lua/common.lua`): [`Rule::script_args`] gives exactly these.
+    const ARITY: usize = Self::FIELDS.len();
     /// Which of [`Rule::FIELDS`] is the quota ([`Rule::quota`]): named when a cost exceeds it.
     const QUOTA_FIELD: &'static str;
     /// What is kept per subject.
@@ -120,18 +124,21 @@ pub struct Field {
     pub example: u64,
 }
 
+/// Most parameters of one limit's script part ([`Rule::ARITY`]).
+pub const MAX_ARITY: usize = 5;
+
 /// A few integers without allocating: a script's parameters, or the values of a limit's fields.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ScriptArgs {
-    args: [u64; 4],
+    args: [u64; MAX_ARITY],
     len: usize,
 }
 
 impl ScriptArgs {
-    /// At most four arguments.
+    /// At most [`MAX_ARITY`] arguments.
     pub fn new(args: &[u64]) -> Self {
-        let mut out = [0; 4];
-        let len = args.len().min(4);
+        let mut out = [0; MAX_ARITY];
+        let len = args.len().min(MAX_ARITY);
         out[..len].copy_from_slice(&args[..len]);
         Self { args: out, len }
     }
@@ -143,18 +150,28 @@ impl ScriptArgs {
 
 impl IntoIterator for ScriptArgs {
     type Item = u64;
-    type IntoIter = std::iter::Take<std::array::IntoIter<u64, 4>>;
+    type IntoIter = std::iter::Take<std::array::IntoIter<u64, MAX_ARITY>>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.args.into_iter().take(self.len)
     }
 }
 
-/// `Rule` for a window algorithm's `Params { limit, window_us }` and its module's `decide`,
-/// `report` and `refund`: the
-/// three window algorithms take the same fields. `$max_limit` bounds `limit`.
+/// `Rule` for a window algorithm's `Params { limit, window_us, .. }` and its module's `decide`,
+/// `report` and `refund`: the three window algorithms take the same fields. `$max_limit` bounds
+/// `limit`. With `$arity`, the module's `Params::every(limit, window_us)` builds the parameters
+/// and `Params::args` gives the script its `$arity` arguments (a fixed window's calendar
+/// boundaries); without, the parameters are the two fields.
 macro_rules! window_rule {
     ($name:literal, $max_limit:expr) => {
+        super::window_rule!(@impl $name, $max_limit, 2,
+            |limit, window_us| Params { limit, window_us },
+            |p: &Params| super::ScriptArgs::new(&[p.limit, p.window_us]));
+    };
+    ($name:literal, $max_limit:expr, $arity:literal) => {
+        super::window_rule!(@impl $name, $max_limit, $arity, Params::every, Params::args);
+    };
+    (@impl $name:literal, $max_limit:expr, $arity:literal, $new:expr, $args:expr) => {
         impl super::Rule for Params {
             const NAME: &'static str = $name;
             const FIELDS: &'static [super::Field] = &[
@@ -173,6 +190,7 @@ macro_rules! window_rule {
                     example: 60_000,
                 },
             ];
+            const ARITY: usize = $arity;
             const QUOTA_FIELD: &'static str = "limit";
             type State = State;
 
@@ -182,10 +200,7 @@ macro_rules! window_rule {
 
             fn from_fields(values: &[u64]) -> Self {
                 let [limit, window_ms] = super::fields::<2>(values);
-                Params {
-                    limit,
-                    window_us: window_ms * 1_000,
-                }
+                ($new)(limit, window_ms * 1_000)
             }
 
             fn decide(
@@ -218,7 +233,7 @@ macro_rules! window_rule {
             }
 
             fn script_args(&self) -> super::ScriptArgs {
-                super::ScriptArgs::new(&[self.limit, self.window_us])
+                ($args)(self)
             }
 
             fn quota(&self) -> u64 {
@@ -286,6 +301,13 @@ macro_rules! algorithms {
             pub fn per_period(self, requests: u64, period_ms: u64) -> ScriptArgs {
                 match self {
                     $(Algorithm::$variant => <$module::Params as Rule>::per_period(requests, period_ms)),+
+                }
+            }
+
+            /// How many parameters its script part takes ([`Rule::ARITY`]).
+            pub const fn arity(self) -> usize {
+                match self {
+                    $(Algorithm::$variant => <$module::Params as Rule>::ARITY),+
                 }
             }
 

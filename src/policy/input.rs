@@ -7,6 +7,7 @@
 
 use serde_json::{Map, Number, Value};
 
+use super::calendar::{self, Calendar};
 use super::{
     concurrency, near_limit, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio,
     Policy, PolicyName, Rate, RequestLimits, Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
@@ -137,9 +138,7 @@ pub fn parse_policy(
 
     let limits = match doc.get("limits") {
         None | Some(Value::Null) => match parse_flat(doc)? {
-            Parsed::Rate(algorithm, values) => {
-                Limits::Rate(vec![Limit::new(name.clone(), algorithm, values.as_slice())])
-            }
+            Parsed::Rate(limit) => Limits::Rate(vec![limit.named(name.clone())]),
             Parsed::Concurrency(params) => Limits::Concurrency(params),
         },
         Some(Value::Array(entries)) => Limits::Rate(parse_limits(doc, entries, &name)?),
@@ -294,15 +293,14 @@ enum Limits {
 
 /// The limit of a flat policy: a rate algorithm's, or a concurrency limit.
 enum Parsed {
-    Rate(Algorithm, ScriptArgs),
+    Rate(ParsedLimit),
     Concurrency(concurrency::Params),
 }
 
 /// The flat form's limit: `algorithm` and its fields beside the policy's own fields.
 fn parse_flat(doc: &Map<String, Value>) -> Result<Parsed, ValidationError> {
     if optional_str(doc, "algorithm")? != Some(concurrency::NAME) {
-        let (algorithm, values) = parse_limit(doc, &POLICY_FIELDS)?;
-        return Ok(Parsed::Rate(algorithm, values));
+        return Ok(Parsed::Rate(parse_limit(doc, &POLICY_FIELDS)?));
     }
     refuse_stray_fields(
         doc,
@@ -327,7 +325,7 @@ fn parse_limits(
         if key == "limits" || POLICY_FIELDS.contains(&key.as_str()) {
             continue;
         }
-        if key == "algorithm" || Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) {
+        if key == "algorithm" || is_limit_field(key) {
             return Err(ValidationError::invalid(
                 key,
                 "belongs inside each of `limits`, not beside it",
@@ -347,7 +345,7 @@ fn parse_limits(
         let fields = entry
             .as_object()
             .ok_or_else(|| wrong_type(&at, "an object"))?;
-        let (algorithm, values) = parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
+        let parsed = parse_limit(fields, &["name"]).map_err(|e| e.within(&at))?;
         let name = match (
             optional_str(fields, "name").map_err(|e| e.within(&at))?,
             entries.len(),
@@ -368,7 +366,7 @@ fn parse_limits(
                 format!("`{name}` is the name of limits[{j}] already"),
             ));
         }
-        limits.push(Limit::new(name, algorithm, values.as_slice()));
+        limits.push(parsed.named(name));
     }
     // One limit is the flat form: it carries the policy's name.
     if let [one] = limits.as_mut_slice() {
@@ -381,40 +379,99 @@ fn is_field_of(algorithm: Algorithm, key: &str) -> bool {
     algorithm.fields().iter().any(|f| f.name == key)
 }
 
+/// Whether `key` is a field of any kind of rate limit (`calendar` included).
+pub(super) fn is_limit_field(key: &str) -> bool {
+    key == calendar::FIELD || Algorithm::ALL.iter().any(|a| is_field_of(*a, key))
+}
+
 /// Whether `key` is a field of any kind of limit.
 pub(super) fn is_any_field(key: &str) -> bool {
-    Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) || concurrency::is_field(key)
+    is_limit_field(key) || concurrency::is_field(key)
 }
 
 /// Why a concurrency limit is refused among `limits`.
 const MIXED: &str = "`concurrency` cannot be one of `limits`: a concurrency limit is a policy of \
                      its own (mixing it with rate limits in one policy is not supported yet)";
 
-/// One rate limit's `algorithm` and fields, from an object that may also hold `others` (the
-/// flat form's rate limit, or an entry of `limits`, where a concurrency limit is refused). Each
-/// value is checked against its field's bounds ([`crate::limiter::Field`]).
-fn parse_limit(
-    doc: &Map<String, Value>,
-    others: &[&str],
-) -> Result<(Algorithm, ScriptArgs), ValidationError> {
+/// One rate limit as read, before it is given its name.
+pub(super) struct ParsedLimit {
+    algorithm: Algorithm,
+    values: ScriptArgs,
+    calendar: Option<Calendar>,
+}
+
+impl ParsedLimit {
+    pub(super) fn named(self, name: super::PolicyName) -> Limit {
+        match self.calendar {
+            Some(c) => Limit::calendar(name, self.values.as_slice()[0], c),
+            None => Limit::new(name, self.algorithm, self.values.as_slice()),
+        }
+    }
+}
+
+/// Why `calendar` is offered on `fixed_window` only.
+pub(super) const CALENDAR_ALGORITHMS: &str = "is offered for fixed_window limits only: a \
+    sliding window weighs the previous window by the share of the current one that has passed, \
+    which assumes windows of one length, and a calendar's are not (a month is 28 to 31 days, a \
+    day of a DST change 23 or 25 hours); a bucket or GCRA refills continuously and has no \
+    window to align";
+
+/// One rate limit's `algorithm`, fields and `calendar`, from an object that may also hold
+/// `others` (the flat form's rate limit, or an entry of `limits`, where a concurrency limit is
+/// refused). Each value is checked against its field's bounds ([`crate::limiter::Field`]); a
+/// `calendar` takes the place of `window_ms`, on a `fixed_window` only.
+fn parse_limit(doc: &Map<String, Value>, others: &[&str]) -> Result<ParsedLimit, ValidationError> {
     let algorithm_name =
         optional_str(doc, "algorithm")?.ok_or_else(|| ValidationError::Missing {
             field: "algorithm".into(),
             context: String::new(),
         })?;
     let algorithm = rate_algorithm(algorithm_name)?;
+    let calendar = match doc.get(calendar::FIELD) {
+        None | Some(Value::Null) => None,
+        Some(_) if algorithm != Algorithm::FixedWindow => {
+            return Err(ValidationError::invalid(
+                calendar::FIELD,
+                CALENDAR_ALGORITHMS,
+            ))
+        }
+        Some(v) => Some(Calendar::parse(v)?),
+    };
     refuse_stray_fields(doc, others, algorithm.as_str(), |key| {
-        is_field_of(algorithm, key)
+        is_field_of(algorithm, key) || (calendar.is_some() && key == calendar::FIELD)
     })?;
 
+    let fields = match calendar {
+        Some(_) => {
+            if doc.get("window_ms").is_some_and(|v| !v.is_null()) {
+                return Err(ValidationError::invalid(
+                    "window_ms",
+                    "cannot be given with `calendar`: a calendar limit's period is its unit",
+                ));
+            }
+            &algorithm.fields()[..1]
+        }
+        None => algorithm.fields(),
+    };
     let mut values = [0; 4];
-    for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
-        *slot = required_int(doc, field, algorithm.as_str())?;
+    for (slot, field) in values.iter_mut().zip(fields) {
+        *slot = match required_int(doc, field, algorithm.as_str()) {
+            Err(ValidationError::Missing { field, context })
+                if field == "window_ms" && algorithm == Algorithm::FixedWindow =>
+            {
+                return Err(ValidationError::Missing {
+                    field,
+                    context: format!("{context} (or `calendar`, for calendar periods)"),
+                })
+            }
+            other => other?,
+        };
     }
-    Ok((
+    Ok(ParsedLimit {
         algorithm,
-        ScriptArgs::new(&values[..algorithm.fields().len()]),
-    ))
+        values: ScriptArgs::new(&values[..fields.len()]),
+        calendar,
+    })
 }
 
 /// The rate algorithm named `name` (a concurrency limit is refused: it is a policy of its own).
@@ -590,7 +647,7 @@ mod tests {
         let e = err(json!({"name": "a", "algorithm": "fixed_window", "limit": 5}));
         assert_eq!(
             e.to_string(),
-            "`window_ms` is required for fixed_window policies"
+            "`window_ms` is required for fixed_window policies (or `calendar`, for calendar periods)"
         );
         let e = err(
             json!({"name": "a", "algorithm": "fixed_window", "limit": 5, "window_ms": 1, "capacity": 3}),

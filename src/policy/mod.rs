@@ -9,6 +9,7 @@
 //! (`PolicyDoc`) lives here too, so that the OpenAPI schema and the validation describe the same
 //! fields.
 
+pub mod calendar;
 pub mod concurrency;
 pub mod descriptor;
 pub mod input;
@@ -23,9 +24,12 @@ use serde::ser::SerializeMap;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::limiter::ScriptArgs;
+use std::sync::Arc;
+
+use crate::limiter::{fixed_window, ScriptArgs};
 pub use crate::limiter::{Algorithm, Params, MAX_LIMITS, MAX_PERIOD_MS, MAX_UNITS};
 
+pub use calendar::Calendar;
 pub use descriptor::Descriptor;
 pub use input::{parse_policy, ValidationError};
 pub use name::{LimitKey, PolicyName, MAX_KEY_BYTES, NAME_PATTERN};
@@ -89,10 +93,14 @@ pub struct Limit {
     /// what identifies the limit's state across changes to the policy.
     pub name: PolicyName,
     /// The values of the algorithm's fields ([`Algorithm::fields`]) as the user gave them, in
-    /// that order.
+    /// that order; a calendar limit has only its `limit`.
     values: ScriptArgs,
-    /// Derived from the values once, so that no acquire recomputes them.
+    /// Derived from the values once, so that no acquire recomputes them. A calendar limit's
+    /// boundaries depend on the time: it is decided with [`Limit::params_at`].
     pub params: Params,
+    /// A `fixed_window`'s calendar, when its windows are calendar periods rather than multiples
+    /// of `window_ms` since the epoch.
+    calendar: Option<Arc<Calendar>>,
 }
 
 impl Limit {
@@ -102,6 +110,56 @@ impl Limit {
             name,
             values: ScriptArgs::new(values),
             params: algorithm.params(values),
+            calendar: None,
+        }
+    }
+
+    /// A `fixed_window` of `limit` (already within its bounds) per period of `calendar`.
+    pub fn calendar(name: PolicyName, limit: u64, calendar: Calendar) -> Self {
+        Self::on_calendar(name, limit, Arc::new(calendar))
+    }
+
+    fn on_calendar(name: PolicyName, limit: u64, calendar: Arc<Calendar>) -> Self {
+        Self {
+            name,
+            values: ScriptArgs::new(&[limit]),
+            // Never decided as it is: every plan is built by `service::resolve`, which decides
+            // with `params_at`'s boundaries. Decided with these (all zeros), a count would fall
+            // in a window already ended.
+            params: Params::FixedWindow(fixed_window::Params {
+                limit,
+                window_us: 0,
+                calendar: Some(fixed_window::Bounds {
+                    start_us: 0,
+                    end_us: 0,
+                    next_end_us: 0,
+                }),
+            }),
+            calendar: Some(calendar),
+        }
+    }
+
+    /// The same limit with `values` for its fields (a tier's or an override's, in the order of
+    /// [`Limit::fields`]): a calendar limit keeps its calendar.
+    pub fn with_values(&self, values: &[u64]) -> Self {
+        match &self.calendar {
+            None => Self::new(self.name.clone(), self.algorithm(), values),
+            Some(c) => Self::on_calendar(
+                self.name.clone(),
+                values.first().copied().unwrap_or(0),
+                c.clone(),
+            ),
+        }
+    }
+
+    /// The same calendar limit in another time zone (an override's); any other limit as it is.
+    pub fn with_zone(&self, zone: &calendar::Zone) -> Self {
+        match &self.calendar {
+            Some(c) if c.zone() != zone => Self {
+                calendar: Some(Arc::new(c.in_zone(zone.clone()))),
+                ..self.clone()
+            },
+            _ => self.clone(),
         }
     }
 
@@ -109,7 +167,13 @@ impl Limit {
         self.params.algorithm()
     }
 
-    /// Each field's name and value, in the algorithm's order.
+    /// The limit's calendar, if its windows are calendar periods.
+    pub fn calendar_of(&self) -> Option<&Calendar> {
+        self.calendar.as_deref()
+    }
+
+    /// Each field's name and value, in the algorithm's order (a calendar limit has no
+    /// `window_ms`).
     pub fn fields(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
         self.algorithm()
             .fields()
@@ -118,10 +182,33 @@ impl Limit {
             .zip(self.values.as_slice().iter().copied())
     }
 
-    /// The time window in whole seconds, rounded up, for `RateLimit-Policy`'s `w`: the window,
-    /// or the time to refill from empty.
-    pub fn window_seconds(&self) -> u64 {
-        self.params.window_us().div_ceil(1_000_000)
+    /// The parameters to decide with at `now_us` (the instance's time): a calendar limit's with
+    /// the boundaries of the period that holds it and the end of the next one; any other
+    /// limit's as they are.
+    pub fn params_at(&self, now_us: u64) -> Params {
+        let Some(c) = self.calendar.as_deref() else {
+            return self.params;
+        };
+        let now = i64::try_from(now_us).unwrap_or(i64::MAX);
+        let this = crate::limiter::calendar::period(c, now);
+        let next = crate::limiter::calendar::period(c, this.end_us);
+        let us = |t: i64| u64::try_from(t).unwrap_or(0);
+        Params::FixedWindow(fixed_window::Params {
+            limit: self.params.quota(),
+            window_us: us(this.len_us()),
+            calendar: Some(fixed_window::Bounds {
+                start_us: us(this.start_us),
+                end_us: us(this.end_us),
+                next_end_us: us(next.end_us),
+            }),
+        })
+    }
+
+    /// The time window in whole seconds, rounded up, for `RateLimit-Policy`'s `w` at `now_us`:
+    /// the window, the time to refill from empty, or the length of the calendar period that
+    /// holds `now_us` (23 or 25 hours on the day of a DST change).
+    pub fn window_seconds_at(&self, now_us: u64) -> u64 {
+        self.params_at(now_us).window_us().div_ceil(1_000_000)
     }
 }
 
@@ -478,6 +565,9 @@ impl Serialize for PolicyDoc {
                 for (field, value) in self.0.fields() {
                     map.serialize_entry(field, &value)?;
                 }
+                if let Some(c) = self.0.calendar_of() {
+                    map.serialize_entry(calendar::FIELD, &c.to_input())?;
+                }
                 map.end()
             }
         }
@@ -496,6 +586,9 @@ impl Serialize for PolicyDoc {
                     map.serialize_entry("algorithm", &one.algorithm())?;
                     for (field, value) in one.fields() {
                         map.serialize_entry(field, &value)?;
+                    }
+                    if let Some(c) = one.calendar_of() {
+                        map.serialize_entry(calendar::FIELD, &c.to_input())?;
                     }
                 }
                 limits => {

@@ -13,10 +13,14 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::{Map, Number, Value};
 
-use super::input::{bounded, description, is_any_field, missing, only_rate_fields, rate_algorithm};
+use super::input::{
+    bounded, description, is_any_field, is_limit_field, missing, only_rate_fields, rate_algorithm,
+    CALENDAR_ALGORITHMS,
+};
+use super::tiers::StoredChanges;
 use super::{
-    concurrency, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio, Policy,
-    PolicyName, Rate, RequestLimits, Tiers, ValidationError,
+    concurrency, Algorithm, Calendar, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio,
+    Policy, PolicyName, Rate, RequestLimits, Tiers, ValidationError,
 };
 use crate::limiter::Field;
 
@@ -47,19 +51,26 @@ pub struct StoredDoc {
     /// Kept as JSON: [`NearLimitRatio::parse`] is its one reader, for input too.
     #[serde(default)]
     near_limit_ratio: Option<Value>,
+    /// The flat form's limit's calendar, kept as JSON: [`Calendar::parse`] is its one reader.
+    #[serde(default)]
+    calendar: Option<Value>,
     /// The flat form's algorithm's fields (every other key of the document).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
 }
 
-/// A stored document's `tiers`: tier → limit → field → value.
-type StoredTiers = BTreeMap<String, BTreeMap<String, BTreeMap<String, u64>>>;
+/// A stored document's `tiers`: tier → limit → its changes (field → value, and a calendar
+/// limit's `time_zone`).
+type StoredTiers = BTreeMap<String, StoredChanges>;
 
 /// One entry of a stored document's `limits`.
 #[derive(Debug, Clone, Deserialize)]
 struct StoredLimit {
     name: String,
     algorithm: String,
+    /// Kept as JSON: [`Calendar::parse`] is its one reader.
+    #[serde(default)]
+    calendar: Option<Value>,
     /// The algorithm's fields (every other key of the entry).
     #[serde(flatten)]
     fields: BTreeMap<String, u64>,
@@ -87,6 +98,7 @@ impl TryFrom<StoredDoc> for Policy {
             tiers,
             request_limits,
             near_limit_ratio,
+            calendar,
             fields,
         } = doc;
         let request_limits = request_limits.filter(|r| !r.is_null());
@@ -113,6 +125,9 @@ impl TryFrom<StoredDoc> for Policy {
                 if let Some(key) = fields.keys().next() {
                     return Err(beside_limits(key));
                 }
+                if calendar.as_ref().is_some_and(|c| !c.is_null()) {
+                    return Err(beside_limits(super::calendar::FIELD));
+                }
                 let rate = with_tiers(rate(&name, entries, mode, descriptor)?, tiers)?
                     .with_near_limit_ratio(near_limit_ratio);
                 Kind::Rate(with_request_limits(rate, request_limits.as_ref())?)
@@ -125,10 +140,16 @@ impl TryFrom<StoredDoc> for Policy {
                     request_limits.is_some(),
                     near_limit_ratio.is_some(),
                 )?;
+                if calendar.as_ref().is_some_and(|c| !c.is_null()) {
+                    return Err(ValidationError::NotApplicable {
+                        field: super::calendar::FIELD.into(),
+                        algorithm: concurrency::NAME,
+                    });
+                }
                 Kind::Concurrency(concurrency_params(&fields)?)
             }
             (None, Some(algorithm)) => {
-                let limit = rate_limit(name.clone(), &algorithm, &fields)?;
+                let limit = rate_limit(name.clone(), &algorithm, &fields, calendar.as_ref())?;
                 let rate = Rate::new(vec![limit])?
                     .with_mode(mode)
                     .with_descriptor(descriptor)
@@ -204,7 +225,7 @@ fn with_request_limits(rate: Rate, stored: Option<&Value>) -> Result<Rate, Valid
 }
 
 fn beside_limits(key: &str) -> ValidationError {
-    if key == "algorithm" || Algorithm::ALL.iter().any(|a| is_field_of(*a, key)) {
+    if key == "algorithm" || is_limit_field(key) {
         return ValidationError::invalid(key, "belongs inside each of `limits`, not beside it");
     }
     ValidationError::Unknown { field: key.into() }
@@ -226,7 +247,13 @@ fn rate(
             .map_err(|r| ValidationError::invalid(&format!("{at}.name"), r))?;
         // One limit is the flat form: it carries the policy's name.
         let name = if one { policy.clone() } else { name };
-        let limit = rate_limit(name, &entry.algorithm, &entry.fields).map_err(|e| e.within(&at))?;
+        let limit = rate_limit(
+            name,
+            &entry.algorithm,
+            &entry.fields,
+            entry.calendar.as_ref(),
+        )
+        .map_err(|e| e.within(&at))?;
         limits.push(limit);
     }
     Ok(Rate::new(limits)?
@@ -234,16 +261,34 @@ fn rate(
         .with_descriptor(descriptor))
 }
 
-/// One rate limit named `name`, of `algorithm` and its fields.
+/// One rate limit named `name`, of `algorithm` and its fields, with its `calendar` if it has
+/// one (then in place of `window_ms`, on a `fixed_window` only, as in input).
 fn rate_limit(
     name: PolicyName,
     algorithm: &str,
     fields: &BTreeMap<String, u64>,
+    calendar: Option<&Value>,
 ) -> Result<Limit, ValidationError> {
     let algorithm = rate_algorithm(algorithm)?;
     refuse_stray(fields, algorithm.as_str(), |key| {
         is_field_of(algorithm, key)
     })?;
+    if let Some(c) = calendar.filter(|c| !c.is_null()) {
+        if algorithm != Algorithm::FixedWindow {
+            return Err(ValidationError::invalid(
+                super::calendar::FIELD,
+                CALENDAR_ALGORITHMS,
+            ));
+        }
+        if fields.contains_key("window_ms") {
+            return Err(ValidationError::invalid(
+                "window_ms",
+                "cannot be given with `calendar`: a calendar limit's period is its unit",
+            ));
+        }
+        let limit = value(fields, &algorithm.fields()[0], algorithm.as_str())?;
+        return Ok(Limit::calendar(name, limit, Calendar::parse(c)?));
+    }
     let mut values = [0; 4];
     for (slot, field) in values.iter_mut().zip(algorithm.fields()) {
         *slot = value(fields, field, algorithm.as_str())?;

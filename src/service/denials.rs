@@ -392,5 +392,9 @@ mod tests {
         let m = message("p", "a:b\n");
         assert_eq!(parse_message(m.as_bytes()), Some(("p", "a:b\n")));
         assert_eq!(parse_message(b"\xff"), None);
+        // The start-up check of the Redis user's permissions publishes it: no instance acts.
+        let probe = crate::store::redis::acl::PROBE_MESSAGE.as_bytes();
+        assert_eq!(parse_message(probe), None);
+        assert_eq!(parse_overrides_message(probe), None);
     }
 }

@@ -195,7 +195,7 @@ impl FailModes {
                     },
                     ..*plan
                 };
-                if let Ok(answer) = local.lease_at(&local_plan, now) {
+                if let Ok(answer) = local.lease_at(&local_plan, plan.at_us) {
                     if answer.ok || matches!(call.op, LeaseOp::Take | LeaseOp::Look) {
                         return Ok((answer, DecidedBy::FailLocal));
                     }

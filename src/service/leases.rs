@@ -316,7 +316,7 @@ impl RateLimiter {
             at_us: self.clock.at_us(),
         };
         if let Some(local) = self.fail_modes.local() {
-            let _ = local.lease_at(&plan, self.clock.now_us());
+            let _ = local.lease_at(&plan, plan.at_us);
         }
         let answer = self.store.lease(&plan).await?;
         self.leases

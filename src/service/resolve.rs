@@ -48,6 +48,9 @@ pub struct Resolved {
     /// The limits the request gave, as clamped ([`given_limits`]), when they replace the
     /// policy's.
     pub given: Option<Arc<Limits>>,
+    /// The limits' parameters at the instance's time, when a calendar limit's depend on it
+    /// ([`Limits::params_at`]).
+    at_time: Option<Box<[crate::limiter::Params]>>,
     /// What the denial cache keys the subject's denials by: the newer of the policy's version
     /// and its overrides' newest change; `None` when no denial may be cached (the override that
     /// applies ends by itself, and a denial under it could outlive it).
@@ -105,9 +108,17 @@ impl Resolved {
             policy: &self.policy,
             key,
             ask: self.ask.with_ticket(claim),
-            params: self.limits().params(),
+            params: self.params(),
             at_us,
         }
+    }
+
+    /// The parameters the subject is decided with: [`Resolved::limits`]' at the time it was
+    /// resolved.
+    pub fn params(&self) -> &[crate::limiter::Params] {
+        self.at_time
+            .as_deref()
+            .unwrap_or_else(|| self.limits().params())
     }
 }
 
@@ -237,8 +248,10 @@ impl RateLimiter {
             }
             _ => None,
         };
+        let at_time = limits.params_at(self.clock.now_us());
         Ok(Resolved {
             ask: ask.with_ticket(None).with_cost(cost),
+            at_time,
             policy,
             etag,
             counters,

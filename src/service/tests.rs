@@ -711,3 +711,85 @@ async fn lease_metrics_count_each_event_and_the_leases_in_use() {
         "{text}"
     );
 }
+
+/// The order CI met under load: the undo's release of a take that got no answer reached the
+/// store before the take itself (on another Redis connection), found nothing, and was answered
+/// before the take's deadline. The take then granted a lease to nobody; the release is kept
+/// and sent again once the deadline has passed, and frees the slot then. The embedded store
+/// decides at the system clock here (no time set by hand): the undo queue waits in real time.
+#[tokio::test]
+async fn a_release_that_overtook_its_take_is_sent_again_after_the_take_s_deadline() {
+    use super::undo::Undo;
+    use crate::limiter::concurrency::{LeaseCall, LeaseOp};
+    use crate::store::memory::system_now_us;
+    use crate::store::{LeasePlan, Store};
+
+    const HOUR_US: u64 = 3_600_000_000;
+    let s = service(&limits(10, 100), vec![]);
+    s.refresh().await.expect("loads");
+    create(&s, concurrency("ghost", 1, 3_600_000, FailMode::Closed)).await;
+    let policy = s.cache.get("ghost").expect("cached").policy;
+    // A step that had to come before the take's deadline and did not (a busy machine) starts
+    // again with a later deadline, on another subject.
+    for (attempt, margin_ms) in [200u64, 800, 3_200].into_iter().enumerate() {
+        let key = key(&format!("k{attempt}"));
+        let member = format!("{attempt:032x}:1");
+        let deadline_us = system_now_us() + margin_ms * 1_000;
+        let take = LeaseCall {
+            op: LeaseOp::Take,
+            member: &member,
+            cost: 1,
+            lease_us: HOUR_US,
+            limit: 1,
+            deadline_us: Some(deadline_us),
+        };
+        s.undos.push(Undo::new(
+            policy.clone(),
+            key.clone(),
+            &take,
+            Duration::from_micros(HOUR_US),
+        ));
+        // The release first: nothing to release yet.
+        let waiting = s.drain_undos().await;
+        let answered_by = system_now_us();
+        if waiting == 0 {
+            assert!(
+                answered_by > deadline_us,
+                "a release answered before the take's deadline without finding it was given up"
+            );
+            continue;
+        }
+        // Then the take, within its deadline: a lease nobody was given holds the only slot.
+        let plan = LeasePlan {
+            policy: &policy,
+            key: &key,
+            call: take,
+            at_us: None,
+        };
+        let ghost = s.store.lease(&plan).await.expect("answered");
+        if !ghost.ok {
+            assert!(system_now_us() > deadline_us, "{ghost:?}");
+            continue;
+        }
+        let held = s
+            .take_lease("ghost", key.clone(), 1, None)
+            .await
+            .expect("answered");
+        assert!(!held.granted(), "{held:?}");
+        assert_eq!(held.answer.in_use, 1, "{held:?}");
+        // After the deadline the release is sent again, and finds the lease.
+        let give_up = Instant::now() + Duration::from_millis(margin_ms) + Duration::from_secs(10);
+        while s.drain_undos().await > 0 {
+            assert!(Instant::now() < give_up, "the release was not sent again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let fresh = s.take_lease("ghost", key, 1, None).await.expect("answered");
+        assert!(fresh.granted(), "the slot is free again: {fresh:?}");
+        assert_eq!(
+            fresh.answer.in_use, 1,
+            "only the new lease holds it: {fresh:?}"
+        );
+        return;
+    }
+    panic!("the take never came before its deadline, even 3.2 s ahead");
+}

@@ -123,6 +123,15 @@ impl AnyStore {
         }
     }
 
+    /// Fails, naming what is missing, unless the Redis user may do all the service does (see
+    /// [`RedisStore::require_permissions`]); nothing to check on the embedded store.
+    pub async fn require_permissions(&self) -> Result<(), StoreError> {
+        match self {
+            AnyStore::Memory(_) => Ok(()),
+            AnyStore::Redis(r) => r.require_permissions().await,
+        }
+    }
+
     /// Loads every script into Redis before the first decisions need them (see
     /// [`RedisStore::load_scripts`]); nothing to load on the embedded store.
     pub async fn load_scripts(&self) -> Result<(), StoreError> {

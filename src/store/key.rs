@@ -41,6 +41,9 @@
 //! The tag holds `/`, which neither a policy name nor a key of a state tag (`<policy>:`…) can
 //! start with, so it meets no other tag.
 //!
+//! The start-up check of the Redis user's permissions writes `<prefix>:{probe}:<kind>` for a
+//! moment ([`acl_probe`]).
+//!
 //! Policies: `<prefix>:{policies}:policy:<name>` hashes and the keys that track changes to them
 //! (`meta`, `names`, `deleted`, `seeded`; see [`PolicyKeys`]) share one hash tag, so one script
 //! can change them together, on a cluster too.
@@ -83,6 +86,13 @@ pub fn ticket_record(buf: &mut String, prefix: &str, policy: &str, key: &str, id
 /// `<prefix>:ticket-keys` (see `service::ticket::Keyring`).
 pub fn ticket_keys(prefix: &str) -> String {
     format!("{prefix}:ticket-keys")
+}
+
+/// One of the keys the start-up check of the Redis user's permissions writes for a moment
+/// (`store::redis::acl`): `<prefix>:{probe}:<kind>`. Its tag holds no `:`, `@` or `/` and is not
+/// `policies` or `leased`, so it meets no other tag.
+pub fn acl_probe(prefix: &str, kind: &str) -> String {
+    format!("{prefix}:{{probe}}:{kind}")
 }
 
 /// Writes the key of one subject's leases under a concurrency policy to `buf` (cleared first):

@@ -1,9 +1,12 @@
 //! Test certificates: a private CA of its own per [`TestPki`], and certificates it issues
-//! (servers, clients, expired ones), written as PEM files to a temporary directory removed on
-//! drop. Generic: any test that needs TLS material (Redis over TLS, a TLS listener) uses it.
+//! (servers, clients, short-lived and expired ones), in memory ([`Leaf`]) or written as PEM
+//! files to a temporary directory removed on drop. Generic: any test that needs TLS material
+//! (Redis over TLS, a TLS listener) uses it. Paths are answered as strings, the form settings
+//! and `redis-server` arguments take.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
 
 use rcgen::{
     date_time_ymd, BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer,
@@ -14,7 +17,25 @@ use rcgen::{
 pub struct TestPki {
     dir: PathBuf,
     ca: Issuer<'static, KeyPair>,
-    ca_pem: PathBuf,
+    ca_pem: String,
+    ca_file: String,
+}
+
+/// A certificate and its key, in PEM.
+pub struct Leaf {
+    pub cert: String,
+    pub key: String,
+}
+
+/// How long a certificate [`TestPki`] issues is valid.
+#[derive(Debug, Clone, Copy)]
+pub enum Validity {
+    /// rcgen's default: 1975 to 4096.
+    Long,
+    /// From 2019 to 2020.
+    Expired,
+    /// Until this many days from now.
+    Days(u64),
 }
 
 impl TestPki {
@@ -37,51 +58,86 @@ impl TestPki {
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         let key = KeyPair::generate().expect("CA key");
         let cert = params.self_signed(&key).expect("CA certificate");
-        let ca_pem = dir.join("ca.pem");
-        std::fs::write(&ca_pem, cert.pem()).expect("write ca.pem");
+        let ca_pem = cert.pem();
+        let ca_file = dir.join("ca.pem");
+        std::fs::write(&ca_file, &ca_pem).expect("write ca.pem");
         Self {
+            ca_file: ca_file.to_string_lossy().into_owned(),
             dir,
             ca: Issuer::new(params, key),
             ca_pem,
         }
     }
 
-    /// The CA's certificate (PEM).
-    pub fn ca_pem_path(&self) -> &Path {
+    /// The CA's certificate file (PEM).
+    pub fn ca_file(&self) -> &str {
+        &self.ca_file
+    }
+
+    /// The CA's certificate (PEM), for a client that trusts it.
+    pub fn ca_pem(&self) -> &str {
         &self.ca_pem
     }
 
-    /// A certificate for `sans` (DNS names or IP addresses) signed by the CA, valid now: its
-    /// certificate and key files, `<name>.pem` and `<name>.key`. No extended key usage, so
-    /// that it serves as a server's and a client's (Redis's cluster bus uses it as both).
-    pub fn issue(&self, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
-        self.issue_valid(name, sans, false)
+    /// The path of `name` in the PKI's directory (removed with it).
+    pub fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
     }
 
-    /// Like [`TestPki::issue`], but expired since 2020.
-    pub fn issue_expired(&self, name: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
-        self.issue_valid(name, sans, true)
-    }
-
-    fn issue_valid(&self, name: &str, sans: &[&str], expired: bool) -> (PathBuf, PathBuf) {
+    /// A certificate named `cn` for `sans` (DNS names or IP addresses) signed by the CA, in
+    /// memory. No extended key usage, so that it serves as a server's and a client's (Redis's
+    /// cluster bus uses it as both).
+    pub fn leaf(&self, cn: &str, sans: &[&str], validity: Validity) -> Leaf {
         let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(sans).expect("certificate params");
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, name);
+        dn.push(DnType::CommonName, cn);
         params.distinguished_name = dn;
-        if expired {
-            params.not_before = date_time_ymd(2019, 1, 1);
-            params.not_after = date_time_ymd(2020, 1, 1);
+        match validity {
+            Validity::Long => {}
+            Validity::Expired => {
+                params.not_before = date_time_ymd(2019, 1, 1);
+                params.not_after = date_time_ymd(2020, 1, 1);
+            }
+            Validity::Days(days) => {
+                // rcgen takes `time` dates: 1975-01-01 is 157,766,400 s after the epoch.
+                let now = SystemTime::now()
+                    .duration_since(SystemTime::UNIX_EPOCH)
+                    .expect("clock after 1970")
+                    .as_secs();
+                params.not_before = date_time_ymd(1975, 1, 1);
+                params.not_after = date_time_ymd(1975, 1, 1)
+                    + Duration::from_secs(now - 157_766_400 + days * 86_400);
+            }
         }
         let key = KeyPair::generate().expect("key");
         let cert = params.signed_by(&key, &self.ca).expect("sign");
-        let (cert_path, key_path) = (
-            self.dir.join(format!("{name}.pem")),
-            self.dir.join(format!("{name}.key")),
+        Leaf {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// Writes `leaf` as `<name>.pem` and `<name>.key`, answering their paths.
+    pub fn write(&self, name: &str, leaf: &Leaf) -> (String, String) {
+        let (cert, key) = (
+            self.path(&format!("{name}.pem")),
+            self.path(&format!("{name}.key")),
         );
-        std::fs::write(&cert_path, cert.pem()).expect("write certificate");
-        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
-        (cert_path, key_path)
+        std::fs::write(&cert, &leaf.cert).expect("write certificate");
+        std::fs::write(&key, &leaf.key).expect("write key");
+        (cert, key)
+    }
+
+    /// [`TestPki::leaf`] named `name`, written by [`TestPki::write`]: its certificate and key
+    /// files.
+    pub fn issue_valid(&self, name: &str, sans: &[&str], validity: Validity) -> (String, String) {
+        self.write(name, &self.leaf(name, sans, validity))
+    }
+
+    /// A certificate file and its key, valid now (see [`TestPki::leaf`]).
+    pub fn issue(&self, name: &str, sans: &[&str]) -> (String, String) {
+        self.issue_valid(name, sans, Validity::Long)
     }
 }
 

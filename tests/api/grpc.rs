@@ -1219,3 +1219,49 @@ async fn a_denial_under_a_request_limit_is_not_cached_for_the_next_request() {
         0.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calendar_quota_answers_with_its_unit_and_the_time_to_its_zones_midnight() {
+    for backend in EVERY_BACKEND {
+        a_calendar_quota_over_grpc(backend).await;
+    }
+}
+
+async fn a_calendar_quota_over_grpc(backend: Backend) {
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+    let app = app(backend).await;
+    app.create_policy(json!({
+        "name": "daily-tokyo", "algorithm": "fixed_window", "limit": 2,
+        "calendar": {"unit": "day", "time_zone": "Asia/Tokyo"},
+        "descriptor": {"domain": "edge", "entries": [{"key": "remote_address"}]}
+    }))
+    .await;
+    // 22:00 in Tokyo: two hours to its midnight, whatever the instance's own zone.
+    let at: jiff::Timestamp = "2026-12-04T22:00:00+09:00".parse().expect("an instant");
+    app.limiter
+        .clock()
+        .set(u64::try_from(at.as_microsecond()).expect("after 1970"));
+    let mut client = client(&app).await;
+    for _ in 0..2 {
+        let r = call(&mut client, by_address("10.9.9.9")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32, "{backend:?}: {r:?}");
+    }
+    let r = call(&mut client, by_address("10.9.9.9")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{backend:?}: {r:?}");
+    let status = &r.statuses[0];
+    let limit = status.current_limit.as_ref().expect("a limit");
+    assert_eq!(limit.unit, Unit::Day as i32, "{backend:?}: {r:?}");
+    assert_eq!(limit.requests_per_unit, 2);
+    let reset = status.duration_until_reset.as_ref().expect("a reset");
+    assert_eq!((reset.seconds, reset.nanos), (7_200, 0), "{backend:?}");
+    assert_eq!(
+        header(&r, "ratelimit-policy"),
+        Some("\"daily-tokyo\";q=2;w=86400"),
+        "{backend:?}"
+    );
+    assert_eq!(
+        header(&r, "ratelimit"),
+        Some("\"daily-tokyo\";r=0;t=7200"),
+        "{backend:?}"
+    );
+}

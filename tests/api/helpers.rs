@@ -20,11 +20,20 @@ pub enum Backend {
 
 /// A `redis-server` of our own on a free loopback port, killed on drop. Tests never use any
 /// other Redis.
+///
+/// The service connects as [`TEST_USER`], whose ACL is exactly what `ratelimiter --print-acl`
+/// prints for the prefix `rl` ([`TestRedis::url`]), so that the whole suite proves the
+/// documented ACL is enough; the tests themselves inspect and break Redis as the default user,
+/// which may do anything ([`TestRedis::admin_url`], [`TestRedis::conn`]).
 pub struct TestRedis {
     child: Mutex<Child>,
     pub port: u16,
     args: Vec<String>,
 }
+
+/// The Redis user the service connects as in the tests, and its password.
+pub const TEST_USER: &str = "ratelimiter";
+pub const TEST_PASSWORD: &str = "acl-test-pw";
 
 const INSTALL_HINT: &str = "the tests need `redis-server` 7 or later on PATH: `scripts/test` installs it, or on Debian or Ubuntu run \
      `apt-get install -y redis-server` (it also brings redis-cli)";
@@ -75,13 +84,22 @@ impl TestRedis {
         panic!("redis-server did not restart on port {}", self.port);
     }
 
+    /// The service's URL: as [`TEST_USER`], limited to the documented ACL.
     pub fn url(&self) -> String {
+        format!(
+            "redis://{TEST_USER}:{TEST_PASSWORD}@127.0.0.1:{}",
+            self.port
+        )
+    }
+
+    /// As the default user, who may do anything: for the tests' own inspections.
+    pub fn admin_url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// A plain synchronous connection, for inspecting keys.
+    /// A plain synchronous connection as the default user, for inspecting keys.
     pub fn conn(&self) -> redis::Connection {
-        redis::Client::open(self.url())
+        redis::Client::open(self.admin_url())
             .and_then(|c| c.get_connection())
             .expect("connect to the test redis")
     }
@@ -123,6 +141,8 @@ fn spawn_redis(port: u16, extra: &[String]) -> Option<Child> {
             "yes",
         ])
         .args(["--dir", &std::env::temp_dir().to_string_lossy()])
+        .args(["--user", TEST_USER, "on", &format!(">{TEST_PASSWORD}")])
+        .args(ratelimiter::store::redis::acl::rules("rl").split(' '))
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -267,10 +287,11 @@ impl TestCluster {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let ok = self.nodes.iter().all(|n| {
-                let mut conn = match redis::Client::open(n.url()).and_then(|c| c.get_connection()) {
-                    Ok(c) => c,
-                    Err(_) => return false,
-                };
+                let mut conn =
+                    match redis::Client::open(n.admin_url()).and_then(|c| c.get_connection()) {
+                        Ok(c) => c,
+                        Err(_) => return false,
+                    };
                 let state = redis::cmd("CLUSTER").arg("INFO").query::<String>(&mut conn);
                 let replication = redis::cmd("INFO")
                     .arg("replication")
@@ -290,11 +311,12 @@ impl TestCluster {
         }
     }
 
-    /// `host:port` of every node, comma-separated, as `redis.cluster_nodes` takes them.
+    /// `user:password@host:port` of every node, comma-separated, as `redis.cluster_nodes`
+    /// takes them: as [`TEST_USER`], limited to the documented ACL.
     pub fn seeds(&self) -> String {
         self.nodes
             .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
+            .map(|n| format!("{TEST_USER}:{TEST_PASSWORD}@127.0.0.1:{}", n.port))
             .collect::<Vec<_>>()
             .join(",")
     }
@@ -337,6 +359,8 @@ pub struct TestApp {
     pub cluster: Option<Arc<TestCluster>>,
     /// The gRPC port, when the app was started with `RATELIMITER__GRPC__BIND`.
     pub grpc_port: Option<u16>,
+    /// The service itself: tests that drive time set its clock.
+    pub limiter: Arc<ratelimiter::service::RateLimiter>,
 }
 
 /// Starts the app on a free port: on the embedded store, or on a fresh private Redis.
@@ -392,6 +416,7 @@ pub async fn spawn_app_with_file(
     let app = Application::build(settings).await.expect("the app starts");
     let address = format!("http://127.0.0.1:{}", app.port());
     let grpc_port = app.grpc_port();
+    let limiter = app.limiter();
     tokio::spawn(app.run_until_stopped());
     TestApp {
         address,
@@ -399,6 +424,7 @@ pub async fn spawn_app_with_file(
         _redis: redis,
         cluster: None,
         grpc_port,
+        limiter,
     }
 }
 

@@ -1138,8 +1138,13 @@ async fn with_redis_stopped_leases_are_answered_by_their_policys_fail_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_take_that_got_no_answer_leaves_no_slot_held_by_nobody() {
     // A hung Redis: the take is sent, no answer comes within the deadline, and Redis runs it
-    // when it wakes. The service released it meanwhile (queued behind it), so the only slot
-    // is free again, not held for an hour by a lease nobody has.
+    // when it wakes, granting the only slot to a lease nobody was given. The service queued
+    // its release (src/service/undo.rs), which frees the slot once Redis runs it: not held for
+    // the lease's hour. Until then the slot is held, and a take is denied: the release is sent
+    // when the undo queue next drains, often after a take sent at once; and a release that
+    // reached Redis before the take it undoes (on another connection) found nothing, and is
+    // sent again only after the take's deadline (`redis.timeout_ms` + 1 s after it was asked,
+    // `TAKE_DEADLINE_SLACK_US`). Both orders happen on a busy machine.
     let redis = Arc::new(TestRedis::start());
     let app = spawn_app_with(
         Some(redis.clone()),
@@ -1157,22 +1162,34 @@ async fn a_closed_take_that_got_no_answer_leaves_no_slot_held_by_nobody() {
     redis.signal("STOP");
     let r = api.take("ghost", "k", None, None).await;
     redis.signal("CONT");
-    assert_eq!(r.status, 503, "{r}");
+    assert!(r.is_problem(503, "store-unavailable"), "{r}");
 
-    let start = Instant::now();
+    // Each take that got no answer may hold the slot until its own deadline has passed and its
+    // release has run; the bound counts from the latest, and only tells "released" from "held
+    // for the lease's hour" (nothing here is timed for speed).
+    let mut unanswered = Instant::now();
     loop {
         let r = api.take("ghost", "k", None, None).await;
-        if r.status == 201 {
-            assert_eq!(r.n("in_use"), 1, "only this lease holds the slot: {r}");
-            break;
+        match r.status {
+            201 => {
+                assert_eq!(r.n("in_use"), 1, "only this lease holds the slot: {r}");
+                break;
+            }
+            // Denied: the slot is held, and no take was granted, so by a lease nobody was given.
+            200 => {
+                assert_eq!(r.body["allowed"], false, "{r}");
+                assert_eq!(r.body["decided_by"], "redis", "{r}");
+                assert_eq!(r.n("in_use"), 1, "the lease nobody was given: {r}");
+            }
+            // This take got no answer within 250 ms either (a busy machine): undone the same way.
+            _ => {
+                assert!(r.is_problem(503, "store-unavailable"), "{r}");
+                unanswered = Instant::now();
+            }
         }
-        assert_eq!(
-            r.status, 503,
-            "the unanswered take still holds the slot: {r}"
-        );
         assert!(
-            start.elapsed() < Duration::from_secs(8),
-            "Redis decides again within 8 s"
+            unanswered.elapsed() < Duration::from_secs(10),
+            "the slot is still held by a lease nobody was given: {r}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

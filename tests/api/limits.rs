@@ -290,6 +290,7 @@ async fn answers_give_every_limit_in_policy_order_and_the_binding_one_on_top(bac
             "limit",
             "remaining",
             "reset_after_ms",
+            "resets_at",
             "retry_after_ms",
             "degraded",
             "decided_by",
@@ -300,8 +301,21 @@ async fn answers_give_every_limit_in_policy_order_and_the_binding_one_on_top(bac
     );
     let daily_reset = d["limits"][0]["reset_after_ms"].as_u64().expect("ms");
     assert!((1..=DAY_MS).contains(&daily_reset), "{d}");
+    // Each limit's `resets_at` is an instant in UTC (no calendar here); the rest exactly.
+    let mut limits = d["limits"].clone();
+    for l in limits.as_array_mut().expect("an array") {
+        let at = l
+            .as_object_mut()
+            .and_then(|o| o.remove("resets_at"))
+            .expect("every limit has resets_at");
+        let at = at.as_str().expect("a string");
+        assert!(
+            at.ends_with('Z') && at.parse::<jiff::Timestamp>().is_ok(),
+            "{d}"
+        );
+    }
     assert_eq!(
-        d["limits"],
+        limits,
         json!([
             {"name": "daily", "limit": 10_000, "remaining": 9_999, "reset_after_ms": daily_reset, "retry_after_ms": 0},
             {"name": "burst", "limit": 20, "remaining": 19, "reset_after_ms": 100, "retry_after_ms": 0},
@@ -372,6 +386,7 @@ async fn answers_give_every_limit_in_policy_order_and_the_binding_one_on_top(bac
                 "limit",
                 "remaining",
                 "reset_after_ms",
+                "resets_at",
                 "retry_after_ms"
             ])
         );

@@ -1,106 +1,22 @@
-//! TLS on the listeners: HTTPS and gRPC over TLS with certificates made here (rcgen), client
+//! TLS on the listeners: HTTPS and gRPC over TLS with certificates of `certs` (rcgen), client
 //! certificates required by a client CA, certificate files replaced while the service runs
 //! (picked up by the poll and by SIGHUP, an established connection kept), a bad file at start,
 //! the expiry gauge and a silent TLS client against the handshake deadlines.
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
+use crate::certs::{Leaf, TestPki, Validity};
 use crate::helpers::{spawn_app_with, Binary, TestApp};
 
-/// A CA and the PEM of what it signs, in files of a private directory.
-struct Pki {
-    dir: PathBuf,
-    ca_pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
-/// A certificate and its key, in PEM.
-struct Leaf {
-    cert: String,
-    key: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "ratelimiter-tls-{}-{name}-{}",
-            std::process::id(),
-            SystemTime::now()
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, format!("test CA {name}"));
-        let ca = params.self_signed(&key).unwrap();
-        Self {
-            dir,
-            ca_pem: ca.pem(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A certificate for `localhost` named `cn`, valid for `days`.
-    fn leaf(&self, cn: &str, days: u64) -> Leaf {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
-        // rcgen takes `time` dates: 1975-01-01 is 157,766,400 s after the epoch.
-        let now = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        params.not_before = rcgen::date_time_ymd(1975, 1, 1);
-        params.not_after = rcgen::date_time_ymd(1975, 1, 1)
-            + Duration::from_secs(now - 157_766_400 + days * 86_400);
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            cert: cert.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// Writes `leaf` as `<name>.crt` and `<name>.key`, answering their paths.
-    fn write(&self, name: &str, leaf: &Leaf) -> (String, String) {
-        let cert = self.path(&format!("{name}.crt"));
-        let key = self.path(&format!("{name}.key"));
-        std::fs::write(&cert, &leaf.cert).unwrap();
-        std::fs::write(&key, &leaf.key).unwrap();
-        (display(&cert), display(&key))
-    }
-
-    fn write_ca(&self) -> String {
-        let path = self.path("ca.crt");
-        std::fs::write(&path, &self.ca_pem).unwrap();
-        display(&path)
-    }
-}
-
-impl Drop for Pki {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn display(p: &Path) -> String {
-    p.to_str().unwrap().to_owned()
+/// A certificate of `pki` for `localhost` named `cn`, valid for `days`.
+fn localhost(pki: &TestPki, cn: &str, days: u64) -> Leaf {
+    pki.leaf(cn, &["localhost"], Validity::Days(days))
 }
 
 fn port(app: &TestApp) -> u16 {
@@ -169,8 +85,8 @@ async fn healthz(client: &reqwest::Client, port: u16) -> reqwest::Result<reqwest
 
 #[tokio::test]
 async fn https_and_grpc_over_tls_answer_with_the_test_certificate() {
-    let pki = Pki::new("answer");
-    let (cert, key) = pki.write("server", &pki.leaf("first", 365));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "first", 365));
     let app = spawn_app_with(
         None,
         &[
@@ -182,7 +98,7 @@ async fn https_and_grpc_over_tls_answer_with_the_test_certificate() {
         ],
     )
     .await;
-    let http = https_client(&pki.ca_pem, None);
+    let http = https_client(pki.ca_pem(), None);
     assert_eq!(healthz(&http, port(&app)).await.unwrap(), 200);
     // Plain HTTP on the HTTPS port gets no answer.
     assert!(
@@ -190,22 +106,22 @@ async fn https_and_grpc_over_tls_answer_with_the_test_certificate() {
             .await
             .map_or(true, |r| r.status() != 200)
     );
-    let mut grpc = grpc_client(app.grpc_port.unwrap(), &pki.ca_pem, None)
+    let mut grpc = grpc_client(app.grpc_port.unwrap(), pki.ca_pem(), None)
         .await
         .expect("gRPC over TLS connects");
     assert!(answers(&mut grpc).await, "ShouldRateLimit over TLS answers");
     // A client trusting another CA is refused the handshake.
-    let other = Pki::new("other");
-    assert!(healthz(&https_client(&other.ca_pem, None), port(&app))
+    let other = TestPki::new();
+    assert!(healthz(&https_client(other.ca_pem(), None), port(&app))
         .await
         .is_err());
 }
 
 #[tokio::test]
 async fn with_a_client_ca_a_client_without_a_certificate_is_refused_on_both_listeners() {
-    let pki = Pki::new("mtls");
-    let (cert, key) = pki.write("server", &pki.leaf("server", 365));
-    let ca = pki.write_ca();
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "server", 365));
+    let ca = pki.ca_file().to_owned();
     let app = spawn_app_with(
         None,
         &[
@@ -219,20 +135,20 @@ async fn with_a_client_ca_a_client_without_a_certificate_is_refused_on_both_list
         ],
     )
     .await;
-    let client_leaf = pki.leaf("envoy", 365);
+    let client_leaf = localhost(&pki, "envoy", 365);
     // Signed by another CA: refused as well.
-    let stranger = Pki::new("stranger").leaf("stranger", 365);
+    let stranger = localhost(&TestPki::new(), "stranger", 365);
 
-    assert!(healthz(&https_client(&pki.ca_pem, None), port(&app))
+    assert!(healthz(&https_client(pki.ca_pem(), None), port(&app))
         .await
         .is_err());
     assert!(
-        healthz(&https_client(&pki.ca_pem, Some(&stranger)), port(&app))
+        healthz(&https_client(pki.ca_pem(), Some(&stranger)), port(&app))
             .await
             .is_err()
     );
     assert_eq!(
-        healthz(&https_client(&pki.ca_pem, Some(&client_leaf)), port(&app))
+        healthz(&https_client(pki.ca_pem(), Some(&client_leaf)), port(&app))
             .await
             .unwrap(),
         200
@@ -240,12 +156,12 @@ async fn with_a_client_ca_a_client_without_a_certificate_is_refused_on_both_list
 
     let grpc_port = app.grpc_port.unwrap();
     // In TLS 1.3 the refusal may come after the client's handshake is done: at the first call.
-    let refused = match grpc_client(grpc_port, &pki.ca_pem, None).await {
+    let refused = match grpc_client(grpc_port, pki.ca_pem(), None).await {
         Err(_) => true,
         Ok(mut c) => !answers(&mut c).await,
     };
     assert!(refused, "a gRPC client without a certificate is refused");
-    let refused = match grpc_client(grpc_port, &pki.ca_pem, Some(&stranger)).await {
+    let refused = match grpc_client(grpc_port, pki.ca_pem(), Some(&stranger)).await {
         Err(_) => true,
         Ok(mut c) => !answers(&mut c).await,
     };
@@ -253,7 +169,7 @@ async fn with_a_client_ca_a_client_without_a_certificate_is_refused_on_both_list
         refused,
         "a gRPC client with a stranger's certificate is refused"
     );
-    let mut ok = grpc_client(grpc_port, &pki.ca_pem, Some(&client_leaf))
+    let mut ok = grpc_client(grpc_port, pki.ca_pem(), Some(&client_leaf))
         .await
         .expect("a client with a certificate connects");
     assert!(answers(&mut ok).await);
@@ -263,8 +179,8 @@ async fn with_a_client_ca_a_client_without_a_certificate_is_refused_on_both_list
 /// connection trusting only that CA is served, checking that connections opened before the
 /// change (trusting only the first CA) keep answering.
 async fn replaced_files_are_picked_up(by_signal: bool) {
-    let first = Pki::new("first");
-    let (cert, key) = first.write("server", &first.leaf("first", 365));
+    let first = TestPki::new();
+    let (cert, key) = first.write("server", &localhost(&first, "first", 365));
     let app = spawn_app_with(
         None,
         &[
@@ -277,21 +193,21 @@ async fn replaced_files_are_picked_up(by_signal: bool) {
         ],
     )
     .await;
-    let old_http = https_client(&first.ca_pem, None);
+    let old_http = https_client(first.ca_pem(), None);
     assert_eq!(healthz(&old_http, port(&app)).await.unwrap(), 200);
-    let mut old_grpc = grpc_client(app.grpc_port.unwrap(), &first.ca_pem, None)
+    let mut old_grpc = grpc_client(app.grpc_port.unwrap(), first.ca_pem(), None)
         .await
         .unwrap();
     assert!(answers(&mut old_grpc).await);
 
-    let second = Pki::new("second");
+    let second = TestPki::new();
     let before = std::fs::metadata(&cert).unwrap();
-    let mut new = second.leaf("secnd", 365);
+    let mut new = localhost(&second, "secnd", 365);
     if by_signal {
         // The same sizes and modification times as before, so that only SIGHUP can tell.
         let key_len = std::fs::metadata(&key).unwrap().len() as usize;
         while new.cert.len() != before.len() as usize || new.key.len() != key_len {
-            new = second.leaf("secnd", 365);
+            new = localhost(&second, "secnd", 365);
         }
     }
     let modified = before.modified().unwrap();
@@ -310,7 +226,7 @@ async fn replaced_files_are_picked_up(by_signal: bool) {
         // The poll sees nothing: after three of its rounds the old certificate is still served.
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(
-            healthz(&https_client(&first.ca_pem, None), port(&app))
+            healthz(&https_client(first.ca_pem(), None), port(&app))
                 .await
                 .unwrap(),
             200,
@@ -321,8 +237,8 @@ async fn replaced_files_are_picked_up(by_signal: bool) {
     }
     let start = Instant::now();
     loop {
-        let http = healthz(&https_client(&second.ca_pem, None), port(&app)).await;
-        let grpc = match grpc_client(app.grpc_port.unwrap(), &second.ca_pem, None).await {
+        let http = healthz(&https_client(second.ca_pem(), None), port(&app)).await;
+        let grpc = match grpc_client(app.grpc_port.unwrap(), second.ca_pem(), None).await {
             Ok(mut c) => answers(&mut c).await,
             Err(_) => false,
         };
@@ -336,7 +252,7 @@ async fn replaced_files_are_picked_up(by_signal: bool) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // New connections trusting the first CA alone are refused now...
-    assert!(healthz(&https_client(&first.ca_pem, None), port(&app))
+    assert!(healthz(&https_client(first.ca_pem(), None), port(&app))
         .await
         .is_err());
     // ...so the old clients answering proves their connections were kept.
@@ -356,14 +272,12 @@ async fn replaced_certificate_files_are_picked_up_on_sighup_and_connections_are_
 
 #[tokio::test]
 async fn a_bad_file_at_start_fails_naming_the_setting() {
-    let pki = Pki::new("bad");
-    let (cert, key) = pki.write("server", &pki.leaf("server", 365));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "server", 365));
     let garbage = pki.path("garbage.pem");
     std::fs::write(&garbage, "not a pem file").unwrap();
-    let garbage = display(&garbage);
     let other_key = pki.path("other.key");
-    std::fs::write(&other_key, pki.leaf("other", 1).key).unwrap();
-    let other_key = display(&other_key);
+    std::fs::write(&other_key, localhost(&pki, "other", 1).key).unwrap();
     for (env, named) in [
         (
             vec![
@@ -424,8 +338,8 @@ async fn a_bad_file_at_start_fails_naming_the_setting() {
 
 #[tokio::test]
 async fn the_expiry_gauge_shows_the_days_left() {
-    let pki = Pki::new("expiry");
-    let (cert, key) = pki.write("server", &pki.leaf("soon", 20));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "soon", 20));
     let binary = Binary::start(
         "",
         &[
@@ -443,7 +357,7 @@ async fn the_expiry_gauge_shows_the_days_left() {
         .unwrap();
     let line = text
         .lines()
-        .find(|l| l.starts_with("ratelimiter_tls_certificate_expiry_days{listener=\"grpc\"}"))
+        .find(|l| l.starts_with("ratelimiter_tls_certificate_expiry_days{certificate=\"grpc\"}"))
         .unwrap_or_else(|| panic!("no expiry gauge in {text}"));
     let days: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     assert!((19.9..=20.0).contains(&days), "{line}");
@@ -459,8 +373,8 @@ async fn the_expiry_gauge_shows_the_days_left() {
 
 #[tokio::test]
 async fn readyz_warns_of_a_certificate_near_its_expiry_and_stays_ready() {
-    let pki = Pki::new("readyz");
-    let (cert, key) = pki.write("server", &pki.leaf("soon", 5));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "soon", 5));
     let app = spawn_app_with(
         None,
         &[
@@ -483,8 +397,8 @@ async fn readyz_warns_of_a_certificate_near_its_expiry_and_stays_ready() {
 
 #[tokio::test]
 async fn silent_tls_clients_do_not_keep_out_a_client_that_speaks() {
-    let pki = Pki::new("silent");
-    let (cert, key) = pki.write("server", &pki.leaf("server", 365));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "server", 365));
     let app = spawn_app_with(
         None,
         &[
@@ -513,12 +427,12 @@ async fn silent_tls_clients_do_not_keep_out_a_client_that_speaks() {
     }
     let start = Instant::now();
     assert_eq!(
-        healthz(&https_client(&pki.ca_pem, None), port(&app))
+        healthz(&https_client(pki.ca_pem(), None), port(&app))
             .await
             .unwrap(),
         200
     );
-    let mut grpc = grpc_client(app.grpc_port.unwrap(), &pki.ca_pem, None)
+    let mut grpc = grpc_client(app.grpc_port.unwrap(), pki.ca_pem(), None)
         .await
         .expect("a gRPC client that speaks connects");
     assert!(answers(&mut grpc).await);
@@ -534,8 +448,8 @@ async fn silent_tls_clients_do_not_keep_out_a_client_that_speaks() {
 
 #[tokio::test]
 async fn a_reload_that_fails_keeps_the_certificate_in_use_and_is_counted() {
-    let pki = Pki::new("failed-reload");
-    let (cert, key) = pki.write("server", &pki.leaf("kept", 30));
+    let pki = TestPki::new();
+    let (cert, key) = pki.write("server", &localhost(&pki, "kept", 30));
     let grpc_port = crate::helpers::free_port();
     let bind = format!("127.0.0.1:{grpc_port}");
     let binary = Binary::start(
@@ -575,7 +489,7 @@ async fn a_reload_that_fails_keeps_the_certificate_in_use_and_is_counted() {
         binary.log_text()
     );
     // The certificate loaded at start is still served to new connections.
-    let mut client = grpc_client(grpc_port, &pki.ca_pem, None)
+    let mut client = grpc_client(grpc_port, pki.ca_pem(), None)
         .await
         .expect("the kept certificate is served");
     assert!(answers(&mut client).await);

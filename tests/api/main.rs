@@ -5,10 +5,14 @@
 
 mod certs;
 mod helpers;
+mod zoned;
 
+mod acl;
 mod acquire;
 mod batch;
 mod bounds;
+mod calendar;
+mod calendar_overrides;
 mod carry_over;
 mod claims;
 mod cluster;

@@ -10,8 +10,10 @@ use serde_json::{json, Value};
 use ratelimiter::config::Settings;
 use ratelimiter::startup::Application;
 
-use crate::certs::TestPki;
-use crate::helpers::{free_port, spawn_app_with, TestApp, TestCluster, TestRedis};
+use crate::certs::{TestPki, Validity};
+use crate::helpers::{
+    free_port, spawn_app_with, Binary, TestApp, TestCluster, TestRedis, TEST_PASSWORD, TEST_USER,
+};
 
 /// A Redis with a TLS port (its plain port stays for the harness), its PKI, and the TLS port.
 struct TlsRedis {
@@ -23,27 +25,15 @@ struct TlsRedis {
 impl TlsRedis {
     /// `auth_clients`: whether Redis asks for a client certificate (mutual TLS).
     fn start(auth_clients: bool) -> Self {
+        Self::start_with(auth_clients, Validity::Long)
+    }
+
+    /// [`TlsRedis::start`], the server's certificate valid as `validity`.
+    fn start_with(auth_clients: bool, validity: Validity) -> Self {
         let pki = TestPki::new();
-        let (cert, key) = pki.issue("redis", &["127.0.0.1", "localhost"]);
         let tls_port = free_port();
-        let port = tls_port.to_string();
-        let (cert, key, ca) = (
-            cert.to_string_lossy().into_owned(),
-            key.to_string_lossy().into_owned(),
-            pki.ca_pem_path().to_string_lossy().into_owned(),
-        );
-        let redis = TestRedis::start_with(&[
-            "--tls-port",
-            &port,
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-            "--tls-ca-cert-file",
-            &ca,
-            "--tls-auth-clients",
-            if auth_clients { "yes" } else { "no" },
-        ]);
+        let args = tls_args(&pki, &tls_port.to_string(), validity, auth_clients);
+        let redis = TestRedis::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
         Self {
             redis: Arc::new(redis),
             pki,
@@ -52,48 +42,137 @@ impl TlsRedis {
     }
 
     fn url(&self) -> String {
-        format!("rediss://127.0.0.1:{}", self.tls_port)
-    }
-
-    fn ca(&self) -> String {
-        self.pki.ca_pem_path().to_string_lossy().into_owned()
+        format!(
+            "rediss://{TEST_USER}:{TEST_PASSWORD}@127.0.0.1:{}",
+            self.tls_port
+        )
     }
 
     /// The settings of an instance on it over TLS (with a client certificate when `client`).
     fn settings(&self, client: bool) -> Vec<(String, String)> {
-        let mut s = vec![
-            ("RATELIMITER__REDIS__URL".to_owned(), self.url()),
-            ("RATELIMITER__REDIS__TLS_CA_FILE".to_owned(), self.ca()),
-            (
-                "RATELIMITER__LIMITS__DENIAL_CACHE_MS".to_owned(),
-                "60000".to_owned(),
-            ),
-        ];
-        if client {
-            let (cert, key) = self.pki.issue("client", &["client.test"]);
-            s.push((
-                "RATELIMITER__REDIS__TLS_CERT_FILE".to_owned(),
-                cert.to_string_lossy().into_owned(),
-            ));
-            s.push((
-                "RATELIMITER__REDIS__TLS_KEY_FILE".to_owned(),
-                key.to_string_lossy().into_owned(),
-            ));
-        }
-        s
+        tls_settings(("RATELIMITER__REDIS__URL", self.url()), &self.pki, client)
     }
 
     async fn instance(&self, client: bool) -> TestApp {
-        let settings = self.settings(client);
-        let extra: Vec<(&str, &str)> = settings
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect();
-        // No redis.url from the harness: the settings carry the rediss:// one.
-        let mut app = spawn_app_with(None, &extra).await;
+        let mut app = spawn_on(&self.settings(client)).await;
         app._redis = Some(self.redis.clone());
         app
     }
+}
+
+/// A Redis Cluster of three masters (each with a replica) that speaks TLS to its clients and on
+/// its bus (`tls-cluster yes`, so `CLUSTER SLOTS` answers the TLS ports), and its PKI. The
+/// nodes' plain ports stay for the harness.
+struct TlsCluster {
+    cluster: Arc<TestCluster>,
+    pki: TestPki,
+}
+
+impl TlsCluster {
+    /// `auth_clients`: whether the nodes ask for a client certificate (mutual TLS); the nodes
+    /// show theirs to each other on the bus.
+    fn start(auth_clients: bool) -> Self {
+        let pki = TestPki::new();
+        let mut args = tls_args(&pki, "{tls-port}", Validity::Long, auth_clients);
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from));
+        let cluster = TestCluster::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(cluster.tls_ports.len(), 6, "every node has a TLS port");
+        Self {
+            cluster: Arc::new(cluster),
+            pki,
+        }
+    }
+
+    /// Every node as a `rediss://` seed.
+    fn seeds(&self) -> String {
+        let seeds: Vec<String> = self
+            .cluster
+            .tls_ports
+            .iter()
+            .map(|p| format!("rediss://{TEST_USER}:{TEST_PASSWORD}@127.0.0.1:{p}"))
+            .collect();
+        seeds.join(",")
+    }
+
+    /// The settings of an instance on it over TLS (with a client certificate when `client`).
+    fn settings(&self, client: bool) -> Vec<(String, String)> {
+        tls_settings(
+            ("RATELIMITER__REDIS__CLUSTER_NODES", self.seeds()),
+            &self.pki,
+            client,
+        )
+    }
+
+    async fn instance(&self, client: bool) -> TestApp {
+        let mut app = spawn_on(&self.settings(client)).await;
+        app.cluster = Some(self.cluster.clone());
+        app
+    }
+}
+
+/// The settings of an instance on the store `address` names over TLS, trusting `pki`'s CA (with
+/// its client certificate when `client`).
+fn tls_settings(address: (&str, String), pki: &TestPki, client: bool) -> Vec<(String, String)> {
+    let mut s = vec![
+        (address.0.to_owned(), address.1),
+        (
+            "RATELIMITER__REDIS__TLS_CA_FILE".to_owned(),
+            pki.ca_file().to_owned(),
+        ),
+        (
+            "RATELIMITER__LIMITS__DENIAL_CACHE_MS".to_owned(),
+            "60000".to_owned(),
+        ),
+    ];
+    if client {
+        s.extend(client_certificate(pki));
+    }
+    s
+}
+
+/// An instance with exactly `settings`: no store from the harness, since they name the
+/// `rediss://` one.
+async fn spawn_on(settings: &[(String, String)]) -> TestApp {
+    let extra: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    spawn_app_with(None, &extra).await
+}
+
+/// `redis-server`'s arguments for TLS on `port` (a port, or a cluster's `{tls-port}`) with a
+/// server certificate of `pki` valid as `validity`, asking for client certificates when
+/// `auth_clients`.
+fn tls_args(pki: &TestPki, port: &str, validity: Validity, auth_clients: bool) -> Vec<String> {
+    let (cert, key) = pki.issue_valid("redis", &["127.0.0.1", "localhost"], validity);
+    let auth = if auth_clients { "yes" } else { "no" };
+    [
+        "--tls-port",
+        port,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+        "--tls-ca-cert-file",
+        pki.ca_file(),
+        "--tls-auth-clients",
+        auth,
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+/// `redis.tls_cert_file` and `redis.tls_key_file` of a client certificate issued by `pki`.
+fn client_certificate(pki: &TestPki) -> [(String, String); 2] {
+    client_certificate_files(pki.issue("client", &["client.test"]))
+}
+
+/// `redis.tls_cert_file` and `redis.tls_key_file` of the certificate and key `(cert, key)`.
+fn client_certificate_files((cert, key): (String, String)) -> [(String, String); 2] {
+    [
+        ("RATELIMITER__REDIS__TLS_CERT_FILE".to_owned(), cert),
+        ("RATELIMITER__REDIS__TLS_KEY_FILE".to_owned(), key),
+    ]
 }
 
 /// One acquire: the answer and who decided it (`decided-by`).
@@ -290,44 +369,16 @@ async fn decisions_batches_pubsub_policy_sync_and_leases_work_over_tls() {
 
 #[tokio::test]
 async fn everything_works_on_a_redis_cluster_over_tls() {
-    let pki = TestPki::new();
-    let (cert, key) = pki.issue("node", &["127.0.0.1", "localhost"]);
-    let (cert, key, ca) = (
-        cert.to_string_lossy().into_owned(),
-        key.to_string_lossy().into_owned(),
-        pki.ca_pem_path().to_string_lossy().into_owned(),
-    );
-    let cluster = Arc::new(TestCluster::start_with(&[
-        "--tls-port",
-        "{tls-port}",
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-        "--tls-cluster",
-        "yes",
-        "--tls-replication",
-        "yes",
-    ]));
-    let seeds: Vec<String> = cluster
-        .tls_ports
-        .iter()
-        .map(|p| format!("rediss://127.0.0.1:{p}"))
-        .collect();
-    let seeds = seeds.join(",");
-    let settings = [
-        ("RATELIMITER__REDIS__CLUSTER_NODES", seeds.as_str()),
-        ("RATELIMITER__REDIS__TLS_CA_FILE", ca.as_str()),
-        ("RATELIMITER__LIMITS__DENIAL_CACHE_MS", "60000"),
-    ];
-    let a = spawn_app_with(None, &settings).await;
-    let b = spawn_app_with(None, &settings).await;
+    let cluster = TlsCluster::start(false);
+    let (a, b) = (cluster.instance(false).await, cluster.instance(false).await);
     everything_works(&a, &b).await;
-    drop(cluster);
+}
+
+#[tokio::test]
+async fn mutual_tls_works_on_a_redis_cluster_with_a_client_certificate() {
+    let cluster = TlsCluster::start(true);
+    let (a, b) = (cluster.instance(true).await, cluster.instance(true).await);
+    everything_works(&a, &b).await;
 }
 
 #[tokio::test]
@@ -336,7 +387,13 @@ async fn mutual_tls_works_with_a_client_certificate() {
     everything_works_over_tls(&redis, true).await;
 }
 
-/// The start-up error of an instance with `settings` (the whole chain).
+/// `redis.timeout_ms` of the instances [`start_up_error`] starts: a failure that takes this long
+/// is a timeout, not the handshake's own answer.
+const START_UP_TIMEOUT: Duration = Duration::from_millis(2000);
+
+/// The start-up error of an instance with `settings` (the whole chain), which must come
+/// promptly: sooner than [`START_UP_TIMEOUT`], so that it is the handshake's answer and not a
+/// deadline.
 async fn start_up_error(settings: Vec<(String, String)>) -> String {
     let mut env = vec![
         (
@@ -345,7 +402,7 @@ async fn start_up_error(settings: Vec<(String, String)>) -> String {
         ),
         (
             "RATELIMITER__REDIS__TIMEOUT_MS".to_owned(),
-            "2000".to_owned(),
+            START_UP_TIMEOUT.as_millis().to_string(),
         ),
     ];
     env.extend(settings);
@@ -353,10 +410,18 @@ async fn start_up_error(settings: Vec<(String, String)>) -> String {
         Ok(s) => s,
         Err(e) => return e.to_string(),
     };
-    match Application::build(settings).await {
+    let started = Instant::now();
+    let e = match Application::build(settings).await {
         Ok(_) => panic!("the instance started"),
         Err(e) => format!("{e:#}"),
-    }
+    };
+    let took = started.elapsed();
+    assert!(
+        took < START_UP_TIMEOUT,
+        "start-up took {took:?} to fail, as long as a timeout: {e}"
+    );
+    assert!(!e.contains("timed out"), "{e}");
+    e
 }
 
 fn set(settings: &mut [(String, String)], key: &str, value: String) {
@@ -375,7 +440,7 @@ async fn a_wrong_ca_fails_start_up_naming_redis_tls_ca_file() {
     set(
         &mut settings,
         "RATELIMITER__REDIS__TLS_CA_FILE",
-        other.ca_pem_path().to_string_lossy().into_owned(),
+        other.ca_file().to_owned(),
     );
     let e = start_up_error(settings).await;
     assert!(e.contains("TLS handshake with Redis at 127.0.0.1:"), "{e}");
@@ -383,7 +448,6 @@ async fn a_wrong_ca_fails_start_up_naming_redis_tls_ca_file() {
         e.contains("UnknownIssuer") && e.contains("redis.tls_ca_file"),
         "{e}"
     );
-    assert!(!e.contains("timed out"), "{e}");
 }
 
 #[tokio::test]
@@ -408,36 +472,60 @@ async fn a_missing_client_certificate_fails_start_up_naming_redis_tls_cert_file(
 }
 
 #[tokio::test]
-async fn an_expired_server_certificate_fails_start_up_as_such() {
-    let pki = TestPki::new();
-    let (cert, key) = pki.issue_expired("old", &["127.0.0.1"]);
-    let tls_port = free_port();
-    let port = tls_port.to_string();
-    let (cert, key, ca) = (
-        cert.to_string_lossy().into_owned(),
-        key.to_string_lossy().into_owned(),
-        pki.ca_pem_path().to_string_lossy().into_owned(),
+async fn a_wrong_ca_fails_cluster_start_up_naming_redis_tls_ca_file() {
+    let cluster = TlsCluster::start(false);
+    let other = TestPki::new();
+    let mut settings = cluster.settings(false);
+    set(
+        &mut settings,
+        "RATELIMITER__REDIS__TLS_CA_FILE",
+        other.ca_file().to_owned(),
     );
-    let _redis = TestRedis::start_with(&[
-        "--tls-port",
-        &port,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-        "--tls-ca-cert-file",
-        &ca,
-        "--tls-auth-clients",
-        "no",
-    ]);
-    let e = start_up_error(vec![
-        (
-            "RATELIMITER__REDIS__URL".to_owned(),
-            format!("rediss://127.0.0.1:{tls_port}"),
-        ),
-        ("RATELIMITER__REDIS__TLS_CA_FILE".to_owned(), ca),
-    ])
-    .await;
+    let e = start_up_error(settings).await;
+    assert!(
+        e.contains("cannot reach the Redis Cluster at rediss://ratelimiter:***@127.0.0.1:"),
+        "{e}"
+    );
+    assert!(e.contains("TLS handshake with Redis at 127.0.0.1:"), "{e}");
+    assert!(
+        e.contains("UnknownIssuer") && e.contains("redis.tls_ca_file"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_server_name_fails_cluster_start_up_naming_redis_tls_server_name() {
+    let cluster = TlsCluster::start(false);
+    let mut settings = cluster.settings(false);
+    settings.push((
+        "RATELIMITER__REDIS__TLS_SERVER_NAME".to_owned(),
+        "redis.example.com".to_owned(),
+    ));
+    let e = start_up_error(settings).await;
+    assert!(
+        e.contains("cannot reach the Redis Cluster at rediss://ratelimiter:***@127.0.0.1:"),
+        "{e}"
+    );
+    assert!(e.contains("TLS handshake with Redis at 127.0.0.1:"), "{e}");
+    assert!(e.contains("redis.tls_server_name"), "{e}");
+}
+
+#[tokio::test]
+async fn a_missing_client_certificate_fails_cluster_start_up_naming_redis_tls_cert_file() {
+    let cluster = TlsCluster::start(true);
+    let e = start_up_error(cluster.settings(false)).await;
+    assert!(
+        e.contains("cannot reach the Redis Cluster at rediss://ratelimiter:***@127.0.0.1:"),
+        "{e}"
+    );
+    assert!(e.contains("TLS handshake with Redis at 127.0.0.1:"), "{e}");
+    assert!(e.contains("redis.tls_cert_file"), "{e}");
+}
+
+#[tokio::test]
+async fn an_expired_server_certificate_fails_start_up_as_such() {
+    let redis = TlsRedis::start_with(false, Validity::Expired);
+    let e = start_up_error(redis.settings(false)).await;
     assert!(
         e.contains("TLS handshake") && e.contains("certificate expired"),
         "{e}"
@@ -464,22 +552,13 @@ async fn bad_tls_files_are_config_errors_naming_the_setting() {
             "redis.tls_ca_file",
         ),
         (
-            vec![(
-                "RATELIMITER__REDIS__TLS_CERT_FILE",
-                cert.to_string_lossy().into_owned(),
-            )],
+            vec![("RATELIMITER__REDIS__TLS_CERT_FILE", cert.clone())],
             "redis.tls_key_file",
         ),
         (
             vec![
-                (
-                    "RATELIMITER__REDIS__TLS_CERT_FILE",
-                    cert.to_string_lossy().into_owned(),
-                ),
-                (
-                    "RATELIMITER__REDIS__TLS_KEY_FILE",
-                    cert.to_string_lossy().into_owned(),
-                ),
+                ("RATELIMITER__REDIS__TLS_CERT_FILE", cert.clone()),
+                ("RATELIMITER__REDIS__TLS_KEY_FILE", cert.clone()),
             ],
             "redis.tls_key_file",
         ),
@@ -493,4 +572,86 @@ async fn bad_tls_files_are_config_errors_naming_the_setting() {
         let e = Settings::load_from(None, env).expect_err("invalid TLS settings");
         assert!(e.to_string().contains(setting), "{setting}: {e}");
     }
+}
+
+/// The settings of an instance on `redis` over mutual TLS, its client certificate expiring
+/// `days` from now.
+fn with_client_certificate_for_days(redis: &TlsRedis, days: u64) -> Vec<(String, String)> {
+    let mut settings = redis.settings(false);
+    settings.extend(client_certificate_files(redis.pki.issue_valid(
+        "short",
+        &["client.test"],
+        Validity::Days(days),
+    )));
+    settings
+}
+
+#[tokio::test]
+async fn the_expiry_gauge_shows_the_days_left_of_the_redis_client_certificate() {
+    let redis = TlsRedis::start(true);
+    let settings = with_client_certificate_for_days(&redis, 20);
+    let env: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    // A process of its own: the gauge is the process's, and other tests here show Redis
+    // certificates of their own.
+    let binary = Binary::start("", &env).await;
+    let text = reqwest::get(format!("{}/metrics", binary.address))
+        .await
+        .expect("/metrics")
+        .text()
+        .await
+        .expect("text");
+    let gauge: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("ratelimiter_tls_certificate_expiry_days{"))
+        .collect();
+    assert_eq!(gauge.len(), 1, "only the Redis client certificate: {text}");
+    let line = gauge[0];
+    assert!(
+        line.starts_with("ratelimiter_tls_certificate_expiry_days{certificate=\"redis\"} "),
+        "{line}"
+    );
+    let days: f64 = line
+        .rsplit(' ')
+        .next()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or_else(|| panic!("a number of days: {line}"));
+    assert!((19.9..=20.0).contains(&days), "{line}");
+    // 20 days left: /readyz says nothing of it.
+    let ready: Value = reqwest::get(format!("{}/readyz", binary.address))
+        .await
+        .expect("/readyz")
+        .json()
+        .await
+        .expect("JSON");
+    assert!(ready.get("degraded").is_none(), "{ready}");
+}
+
+#[tokio::test]
+async fn readyz_warns_of_a_redis_client_certificate_near_its_expiry_and_stays_ready() {
+    let redis = TlsRedis::start(true);
+    let settings = with_client_certificate_for_days(&redis, 5);
+    let extra: Vec<(&str, &str)> = settings
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let app = spawn_app_with(None, &extra).await;
+    let response = app.get("/readyz").await;
+    assert_eq!(response.status(), 200);
+    let ready: Value = response.json().await.expect("JSON");
+    let degraded = ready["degraded"].as_str().unwrap_or_default();
+    assert!(
+        degraded.contains("the Redis client TLS certificate expires in 5.0 days")
+            || degraded.contains("the Redis client TLS certificate expires in 4.9 days"),
+        "{ready}"
+    );
+    // Still deciding over mutual TLS with it.
+    app.create_policy(
+        json!({"name": "soon", "algorithm": "fixed_window", "limit": 5, "window_ms": 60000}),
+    )
+    .await;
+    let (answer, by) = acquire(&app, "soon", "k").await;
+    assert_eq!((&answer["allowed"], by.as_str()), (&json!(true), "redis"));
 }

@@ -9,7 +9,8 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::{
-    decide_all, decide_joint, decide_op, sliding_window_log, Decision, Op, State, Verdict,
+    decide_all, decide_joint, decide_op, fixed_window, sliding_window_log, Decision, Op, State,
+    Verdict,
 };
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
@@ -118,15 +119,20 @@ impl Subject<'_> {
     /// One acquire at `now` (`None`: the script's own clock).
     fn at(&mut self, now: Option<u64>, cost: u64) -> Result<Decision, String> {
         let params = self.policy.params()[0];
+        self.at_with(params, now, cost)
+    }
+
+    /// One acquire at `now` decided with `params` (a calendar limit's, whose boundaries change
+    /// with the time) rather than the policy's own.
+    fn at_with(&mut self, params: Params, now: Option<u64>, cost: u64) -> Result<Decision, String> {
         match self.imp {
             Impl::Ours => self
                 .lab
                 .rt
-                .block_on(
-                    self.lab
-                        .store
-                        .decide(&Plan::acquire(&self.policy, &self.key, cost).at(now)),
-                )
+                .block_on(self.lab.store.decide(&Plan {
+                    params: std::slice::from_ref(&params),
+                    ..Plan::acquire(&self.policy, &self.key, cost).at(now)
+                }))
                 .map(|v| v.decision())
                 .map_err(|e| e.to_string()),
             Impl::Classic => {
@@ -561,36 +567,247 @@ impl Model {
     }
 }
 
+// --- Calendar limits: boundaries drawn around each decision's time -----------------------------
+
+const HOUR_US: u64 = 3_600_000_000;
+const DAY_US: u64 = 24 * HOUR_US;
+
+/// A calendar as the property tests draw one: periods that tile time, `lengths_us` over and
+/// over from `origin_us` (uneven, as days across DST changes, months and years are), and per
+/// step the store's clock against the instance's, in thousandths of the period at the store's
+/// time (`skews[step % len]`; positive: the store is ahead). Each decision gets the bounds the
+/// instance computes at its own time, as `Limit::params_at` does: the period that holds it and
+/// the end of the next one.
+#[derive(Debug, Clone)]
+struct Cal {
+    limit: u64,
+    origin_us: u64,
+    lengths_us: Vec<u64>,
+    skews: Vec<i64>,
+}
+
+impl Cal {
+    /// The period that holds `t`, `(start, end)`, and the end of the next.
+    fn around(&self, t: u64) -> (u64, u64, u64) {
+        let n = self.lengths_us.len();
+        let cycle: i128 = self.lengths_us.iter().map(|&l| i128::from(l)).sum();
+        let rel = i128::from(t) - i128::from(self.origin_us);
+        let mut start = i128::from(self.origin_us) + rel.div_euclid(cycle) * cycle;
+        let mut i = 0;
+        while start + i128::from(self.lengths_us[i % n]) <= i128::from(t) {
+            start += i128::from(self.lengths_us[i % n]);
+            i += 1;
+        }
+        let end = start + i128::from(self.lengths_us[i % n]);
+        let next_end = end + i128::from(self.lengths_us[(i + 1) % n]);
+        let us = |x: i128| u64::try_from(x).expect("a time after the epoch");
+        (us(start), us(end), us(next_end))
+    }
+
+    /// The parameters the instance decides step `step` with, the store's time being `now`.
+    fn params(&self, step: usize, now: u64) -> Params {
+        let (start, end, _) = self.around(now);
+        let permille = self.skews[step % self.skews.len()];
+        let skew = i128::from(end - start) * i128::from(permille) / 1_000;
+        let instance = u64::try_from((i128::from(now) - skew).max(0)).expect("in range");
+        let (start, end, next_end) = self.around(instance);
+        Params::FixedWindow(fixed_window::Params {
+            limit: self.limit,
+            window_us: end - start,
+            calendar: Some(fixed_window::Bounds {
+                start_us: start,
+                end_us: end,
+                next_end_us: next_end,
+            }),
+        })
+    }
+
+    /// A fixed window of the same limit, for the policy that names the limit's state key (the
+    /// key of a calendar limit is a fixed window's).
+    fn spec(&self) -> Spec {
+        (Algorithm::FixedWindow, vec![self.limit, 1_000])
+    }
+}
+
+/// Calendars of uneven periods: days of 23, 24 and 25 hours, months of 28 to 31 days, quarters
+/// and years, and periods of a few ms (or µs) so that the steps cross boundaries often.
+fn calendars() -> impl Strategy<Value = Cal> {
+    let units = prop_oneof![1u64..=12, Just(1_000_000_000u64), 1u64..=1_000_000_000];
+    let select =
+        |v: Vec<u64>, most: usize| proptest::collection::vec(prop::sample::select(v), 1..=most);
+    let lengths = prop_oneof![
+        2 => select(vec![23 * HOUR_US, 24 * HOUR_US, 24 * HOUR_US, 25 * HOUR_US], 6),
+        1 => select((28..=31).map(|d| d * DAY_US).collect(), 6),
+        1 => select([90, 91, 92, 365, 366].map(|d| d * DAY_US).to_vec(), 3),
+        3 => proptest::collection::vec(1_000u64..=20_000, 1..=6),
+        2 => proptest::collection::vec(1u64..=3_000, 1..=6),
+    ];
+    let skew = prop_oneof![
+        4 => Just(0i64),
+        3 => -50i64..=50,
+        2 => -1_200i64..=1_200,
+        1 => -3_000i64..=3_000,
+    ];
+    (
+        units,
+        0..=2 * DAY_US,
+        lengths,
+        proptest::collection::vec(skew, 1..=8),
+    )
+        .prop_map(|(limit, phase, lengths_us, skews)| Cal {
+            limit,
+            origin_us: T0 - phase,
+            lengths_us,
+            skews,
+        })
+}
+
+/// One limit of a property test: as [`limits`] draws it, or a calendar limit.
+#[derive(Debug, Clone)]
+enum Drawn {
+    Fields(Spec),
+    Calendar(Cal),
+}
+
+impl Drawn {
+    /// The limit as a policy holds it (a calendar limit as a fixed window: see [`Cal::spec`]).
+    fn spec(&self) -> Spec {
+        match self {
+            Drawn::Fields(spec) => spec.clone(),
+            Drawn::Calendar(c) => c.spec(),
+        }
+    }
+
+    /// The parameters of step `step` at `now`: `own`, the policy's, or the calendar's bounds.
+    fn params(&self, own: Params, step: usize, now: u64) -> Params {
+        match self {
+            Drawn::Fields(_) => own,
+            Drawn::Calendar(c) => c.params(step, now),
+        }
+    }
+}
+
+/// A limit of any algorithm ([`limits`]) or a calendar limit.
+fn drawn_limits() -> impl Strategy<Value = Drawn> {
+    prop_oneof![
+        2 => limits().prop_map(Drawn::Fields),
+        1 => calendars().prop_map(Drawn::Calendar),
+    ]
+}
+
+/// What the calendar limits of a property test went through, counted so that the test fails
+/// when its cases stop covering it: decisions at a store time before the instance's period, in
+/// it, past its end and past the next period's end; counts of an ended period left behind
+/// (a boundary crossed with something counted); denials; states decided under the other kind
+/// of window (epoch or calendar) while still counting; and calendar states still counting
+/// under bounds that put the store's time in another period (another zone or unit, or a store
+/// clock more than a period behind).
+#[derive(Debug, Default, Clone, Copy)]
+struct Crossings {
+    before: u64,
+    within: u64,
+    after: u64,
+    beyond: u64,
+    crossed: u64,
+    denied: u64,
+    other_kind: u64,
+    moved: u64,
+}
+
+impl Crossings {
+    /// Notes a decision with `p` at `now` on `state` (before the decision). Any limit but a
+    /// calendar one is left out, except for a calendar state decided as an epoch window.
+    fn note(&mut self, p: &Params, state: Option<&State>, now: u64) {
+        let Params::FixedWindow(fw) = p else { return };
+        let live = match state {
+            Some(State::FixedWindow(s)) if s.count > 0 => Some(s),
+            _ => None,
+        };
+        let Some(b) = fw.calendar else {
+            if live.is_some_and(|s| s.window_us == 0 && now < s.window) {
+                self.other_kind += 1;
+            }
+            return;
+        };
+        if now < b.start_us {
+            self.before += 1;
+        } else if now < b.end_us {
+            self.within += 1;
+        } else if now < b.next_end_us {
+            self.after += 1;
+        } else {
+            self.beyond += 1;
+        }
+        match live {
+            Some(s) if s.window_us == 0 && s.window <= now => self.crossed += 1,
+            Some(s) if s.window_us == 0 && s.window != b.end_at(now) => self.moved += 1,
+            Some(s) if s.window_us > 0 && s.window >= now / s.window_us => self.other_kind += 1,
+            _ => {}
+        }
+    }
+
+    /// Notes the decision of a calendar limit.
+    fn decided(&mut self, p: &Params, d: &Decision) {
+        if matches!(p, Params::FixedWindow(fw) if fw.calendar.is_some()) && !d.allowed {
+            self.denied += 1;
+        }
+    }
+
+    /// Fails unless every branch was taken at least `least` times (a quarter of that for the
+    /// rarest, a store a whole period ahead), and a boundary crossed with a count as often.
+    fn covered(&self, least: u64, what: &str) {
+        eprintln!("{what}: calendar cases {self:?}");
+        assert!(
+            self.before >= least
+                && self.within >= least
+                && self.after >= least
+                && self.beyond >= least / 4
+                && self.crossed >= least
+                && self.denied >= least,
+            "{what}: calendar cases too few: {self:?}"
+        );
+    }
+}
+
 #[test]
 fn every_script_decides_exactly_as_its_rust_function() {
     let lab = std::cell::RefCell::new(Lab::new());
+    let crossings = std::cell::Cell::new(Crossings::default());
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases: 384,
         ..Config::default()
     });
-    let result = runner.run(&(limits(), steps()), |(limit, steps)| {
+    let result = runner.run(&(drawn_limits(), steps()), |(limit, steps)| {
         let mut model = Model(None);
         let mut lab = lab.borrow_mut();
-        let mut s = lab.subject(Impl::OursPersisted, limit.clone());
-        let params = s.policy.params()[0];
-        let quota = params.quota();
+        let mut s = lab.subject(Impl::OursPersisted, limit.spec());
+        let own = s.policy.params()[0];
+        let quota = own.quota();
+        let mut tally = crossings.get();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
+            let params = limit.params(own, i, now);
             // Mostly small costs, sometimes the whole quota.
             let cost = match step.cost_pick % 8 {
                 0 => quota,
                 _ => 1 + step.cost_pick % quota.min(5),
             };
+            tally.note(&params, model.0.as_ref(), now);
             let expected = model.decide(&params, cost, now);
-            let got = s.at(Some(now), cost).map_err(TestCaseError::fail)?;
+            tally.decided(&params, &expected);
+            crossings.set(tally);
+            let got = s
+                .at_with(params, Some(now), cost)
+                .map_err(TestCaseError::fail)?;
             prop_assert_eq!(
                 got,
                 expected,
-                "step {} at {} cost {} of {:?}",
+                "step {} at {} cost {} under {:?} of {:?}",
                 i,
                 now,
                 cost,
+                params,
                 limit
             );
         }
@@ -599,6 +816,7 @@ fn every_script_decides_exactly_as_its_rust_function() {
     if let Err(e) = result {
         panic!("{e}");
     }
+    crossings.get().covered(100, "one limit");
 }
 
 // --- Composed scripts: several limits decided as `decide_all` decides them ----------------------
@@ -694,42 +912,58 @@ fn composed_scripts_decide_exactly_as_decide_all() {
     let lab = std::cell::RefCell::new(Lab::new());
     // Denials by some limits while others admit: the case that composing is about.
     let partial_denials = std::cell::Cell::new(0u64);
+    let crossings = std::cell::Cell::new(Crossings::default());
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases: 384,
         ..Config::default()
     });
-    let policies = proptest::collection::vec(limits(), 2..=4);
-    let result = runner.run(&(policies, steps()), |(specs, steps)| {
+    let policies = proptest::collection::vec(drawn_limits(), 2..=4);
+    let result = runner.run(&(policies, steps()), |(drawn, steps)| {
         let mut lab = lab.borrow_mut();
+        let specs: Vec<Spec> = drawn.iter().map(Drawn::spec).collect();
         let (policy, keys) = composite(&mut lab, &specs);
-        let params = policy.params();
-        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let own = policy.params();
+        let algorithms: Vec<Algorithm> = own.iter().map(Params::algorithm).collect();
         let sha = load(&mut lab.conn, &scripts::compose(&algorithms, Op::Acquire));
-        let quota = params.iter().map(Params::quota).min().unwrap_or(1);
-        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
-        let mut ttls = vec![None; params.len()];
+        let quota = own.iter().map(Params::quota).min().unwrap_or(1);
+        let mut states: Vec<Option<State>> = own.iter().map(|_| None).collect();
+        let mut ttls = vec![None; own.len()];
+        let mut tally = crossings.get();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
+            let params: Vec<Params> = drawn
+                .iter()
+                .zip(own)
+                .map(|(d, p)| d.params(*p, i, now))
+                .collect();
             // Mostly small costs, sometimes the smallest quota.
             let cost = match step.cost_pick % 8 {
                 0 => quota,
                 _ => 1 + step.cost_pick % quota.min(5),
             };
-            let expected = decide_all(params, &mut states, &mut ttls, cost, now);
+            for (p, state) in params.iter().zip(&states) {
+                tally.note(p, state.as_ref(), now);
+            }
+            let expected = decide_all(&params, &mut states, &mut ttls, cost, now);
             if !expected.allowed && expected.limits().iter().any(|d| d.allowed) {
                 partial_denials.set(partial_denials.get() + 1);
             }
-            let got = composed_persisted(&mut lab.conn, &sha, &keys, params, cost, now)
+            for (p, d) in params.iter().zip(expected.limits()) {
+                tally.decided(p, d);
+            }
+            crossings.set(tally);
+            let got = composed_persisted(&mut lab.conn, &sha, &keys, &params, cost, now)
                 .map_err(TestCaseError::fail)?;
             prop_assert_eq!(
                 got,
                 as_reply(&expected),
-                "step {} at {} cost {} of {:?}",
+                "step {} at {} cost {} under {:?} of {:?}",
                 i,
                 now,
                 cost,
-                specs
+                params,
+                drawn
             );
         }
         Ok(())
@@ -742,6 +976,7 @@ fn composed_scripts_decide_exactly_as_decide_all() {
         "only {} denials where some limit admitted",
         partial_denials.get()
     );
+    crossings.get().covered(100, "composed");
 }
 
 // --- A change of parameters: the same state decided under others, on Redis as in Rust ----------
@@ -779,10 +1014,22 @@ fn fields_of(a: Algorithm) -> BoxedStrategy<Vec<u64>> {
     }
 }
 
-/// One to three limits, each of one algorithm with three sets of its fields to change between.
-fn changing_limits() -> impl Strategy<Value = Vec<(Algorithm, Vec<Vec<u64>>)>> {
-    let one = prop::sample::select(Algorithm::ALL.to_vec())
-        .prop_flat_map(|a| (Just(a), proptest::collection::vec(fields_of(a), 3)));
+/// One to three limits, each of one algorithm with three sets of its fields to change between;
+/// a fixed window's sets may be calendars (an epoch window changed into a calendar one and
+/// back, or a calendar of another zone or unit: other boundaries). Fixed windows are drawn
+/// twice as often as each other algorithm, for their calendars.
+fn changing_limits() -> impl Strategy<Value = Vec<(Algorithm, Vec<Drawn>)>> {
+    let mut algorithms = Algorithm::ALL.to_vec();
+    algorithms.push(Algorithm::FixedWindow);
+    let one = prop::sample::select(algorithms).prop_flat_map(|a| {
+        let fields = fields_of(a).prop_map(move |f| Drawn::Fields((a, f)));
+        let set = if a == Algorithm::FixedWindow {
+            prop_oneof![1 => fields, 1 => calendars().prop_map(Drawn::Calendar)].boxed()
+        } else {
+            fields.boxed()
+        };
+        (Just(a), proptest::collection::vec(set, 3))
+    });
     proptest::collection::vec(one, 1..=3)
 }
 
@@ -898,26 +1145,26 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
     let shas = std::cell::RefCell::new(std::collections::HashMap::new());
     // Steps decided under other fields than the step before, and states dropped at expiry.
     let seen = std::cell::Cell::new((0u64, 0u64));
+    let crossings = std::cell::Cell::new(Crossings::default());
     let mut runner = TestRunner::new(Config {
-        cases: 384,
+        cases: 512,
         ..Config::default()
     });
     let result = runner.run(&(changing_limits(), change_steps()), |(limits, steps)| {
         let mut lab = lab.borrow_mut();
         let mut shas = shas.borrow_mut();
-        let specs: Vec<Spec> = limits
-            .iter()
-            .map(|(a, sets)| (*a, sets[0].clone()))
-            .collect();
+        let specs: Vec<Spec> = limits.iter().map(|(_, sets)| sets[0].spec()).collect();
         let (_, keys) = composite(&mut lab, &specs);
+        // Each set's own parameters (a calendar's are drawn per step).
         let sets: Vec<Vec<Params>> = (0..3)
             .map(|set| {
                 limits
                     .iter()
-                    .map(|(a, fields)| a.params(&fields[set]))
+                    .map(|(a, drawn)| a.params(&drawn[set].spec().1))
                     .collect()
             })
             .collect();
+        let mut tally = crossings.get();
         let monotone = steps.iter().all(|s| s.dt_us >= 0);
         let mut states: Vec<Option<State>> = keys.iter().map(|_| None).collect();
         let mut expires: Vec<Option<u64>> = keys.iter().map(|_| None).collect();
@@ -926,7 +1173,12 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
-            let params = &sets[step.set];
+            let params: Vec<Params> = limits
+                .iter()
+                .zip(&sets[step.set])
+                .map(|((_, drawn), own)| drawn[step.set].params(*own, i, now))
+                .collect();
+            let params = &params;
             if step.set != last_set {
                 seen.set((seen.get().0 + 1, seen.get().1));
             }
@@ -952,7 +1204,16 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
                 _ => Vec::new(),
             };
             let mut ttls = vec![None; params.len()];
+            for (p, state) in params.iter().zip(&states) {
+                tally.note(p, state.as_ref(), now);
+            }
             let expected = decide_op(params, &mut states, &mut ttls, op, cost, now, &marks);
+            if matches!(op, Op::Acquire | Op::Peek) {
+                for (p, d) in params.iter().zip(expected.limits()) {
+                    tally.decided(p, d);
+                }
+            }
+            crossings.set(tally);
             for (at, ttl) in expires.iter_mut().zip(&ttls) {
                 if let Some(ttl) = ttl {
                     *at = Some(now + ttl);
@@ -992,6 +1253,13 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
     assert!(
         changes > 1_000 && expiries > 100,
         "{changes} changes of parameters and {expiries} states dropped at expiry"
+    );
+    let tally = crossings.get();
+    tally.covered(100, "changing parameters");
+    assert!(
+        tally.other_kind >= 100 && tally.moved >= 100,
+        "too few counts carried between epoch and calendar windows or across other bounds: \
+         {tally:?}"
     );
 }
 
@@ -1236,28 +1504,36 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
     let lab = std::cell::RefCell::new(Lab::new());
     // Denials by some subjects while others admit: what all or nothing is about.
     let partial_denials = std::cell::Cell::new(0u64);
+    let crossings = std::cell::Cell::new(Crossings::default());
     let mut runner = TestRunner::new(Config {
-        cases: 192,
+        cases: 288,
         ..Config::default()
     });
-    let subjects = proptest::collection::vec(limits(), 2..=4);
-    let result = runner.run(&(subjects, steps()), |(specs, steps)| {
+    let subjects = proptest::collection::vec(drawn_limits(), 2..=4);
+    let result = runner.run(&(subjects, steps()), |(drawn, steps)| {
         let mut lab = lab.borrow_mut();
+        let specs: Vec<Spec> = drawn.iter().map(Drawn::spec).collect();
         // Each limit a subject of its own (its own policy), with its own cost.
-        let mut params = Vec::new();
+        let mut own = Vec::new();
         let mut keys = Vec::new();
         for spec in &specs {
             let (policy, k) = composite(&mut lab, std::slice::from_ref(spec));
-            params.extend_from_slice(policy.params());
+            own.extend_from_slice(policy.params());
             keys.extend(k);
         }
-        let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+        let algorithms: Vec<Algorithm> = own.iter().map(Params::algorithm).collect();
         let sha = load(&mut lab.conn, &scripts::compose_joint(&algorithms));
-        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
-        let mut ttls = vec![None; params.len()];
+        let mut states: Vec<Option<State>> = own.iter().map(|_| None).collect();
+        let mut ttls = vec![None; own.len()];
+        let mut tally = crossings.get();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
+            let params: Vec<Params> = drawn
+                .iter()
+                .zip(&own)
+                .map(|(d, p)| d.params(*p, i, now))
+                .collect();
             // Each subject's cost: mostly small, sometimes its whole quota.
             let costs: Vec<u64> = params
                 .iter()
@@ -1270,10 +1546,17 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
                     }
                 })
                 .collect();
+            for (p, state) in params.iter().zip(&states) {
+                tally.note(p, state.as_ref(), now);
+            }
             let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
             if !allowed && decisions.iter().any(|d| d.allowed) {
                 partial_denials.set(partial_denials.get() + 1);
             }
+            for (p, d) in params.iter().zip(&decisions) {
+                tally.decided(p, d);
+            }
+            crossings.set(tally);
             let mut expected = Verdict::at(now);
             for d in decisions {
                 expected.push(d);
@@ -1284,11 +1567,12 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
             prop_assert_eq!(
                 got,
                 as_reply(&expected),
-                "step {} at {} costs {:?} of {:?}",
+                "step {} at {} costs {:?} under {:?} of {:?}",
                 i,
                 now,
                 costs,
-                specs
+                params,
+                drawn
             );
         }
         Ok(())
@@ -1301,6 +1585,7 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
         "only {} denials where some subject admitted",
         partial_denials.get()
     );
+    crossings.get().covered(100, "joint");
 }
 
 /// The embedded store's joint acquires decide as `decide_joint` does, and so as the joint
@@ -1308,15 +1593,20 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
 /// against the model threading every state without ever expiring one (the embedded store drops
 /// states by their expiry, which must change no answer). Forward times only: a clock stepping
 /// back would find a dropped state missing that the model still has.
+///
+/// Calendar limits among them, with bounds drawn per step as [`Cal`] draws them: each plan
+/// carries the step's parameters, as the service resolves them.
 #[test]
 fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
+    let crossings = std::cell::Cell::new(Crossings::default());
     let mut runner = TestRunner::new(Config {
-        cases: 256,
+        cases: 384,
         ..Config::default()
     });
-    let subjects = proptest::collection::vec(proptest::collection::vec(limits(), 1..=2), 2..=3);
-    let result = runner.run(&(subjects, steps()), |(specs, steps)| {
-        let policies: Vec<Policy> = specs
+    let subjects =
+        proptest::collection::vec(proptest::collection::vec(drawn_limits(), 1..=2), 2..=3);
+    let result = runner.run(&(subjects, steps()), |(drawn, steps)| {
+        let policies: Vec<Policy> = drawn
             .iter()
             .enumerate()
             .map(|(i, limits)| {
@@ -1324,40 +1614,69 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
                 let limits = limits
                     .iter()
                     .enumerate()
-                    .map(|(j, (a, values))| {
+                    .map(|(j, d)| {
+                        let (a, values) = d.spec();
                         let limit = PolicyName::parse(&format!("l{j}")).expect("valid name");
-                        Limit::new(limit, *a, values)
+                        Limit::new(limit, a, &values)
                     })
                     .collect();
                 Policy::new(name, limits, None, FailMode::Closed).expect("valid limits")
             })
             .collect();
-        let params: Vec<Params> = policies.iter().flat_map(|p| p.params().to_vec()).collect();
+        let own: Vec<Params> = policies.iter().flat_map(|p| p.params().to_vec()).collect();
+        let flat: Vec<&Drawn> = drawn.iter().flatten().collect();
         let key = LimitKey::parse("subject".into()).expect("valid key");
         let memory = MemoryStore::new("rl", 1_000_000);
-        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
-        let mut ttls = vec![None; params.len()];
+        let mut states: Vec<Option<State>> = own.iter().map(|_| None).collect();
+        let mut ttls = vec![None; own.len()];
+        let mut tally = crossings.get();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add(step.dt_us.unsigned_abs());
+            let params: Vec<Params> = flat
+                .iter()
+                .zip(&own)
+                .map(|(d, p)| d.params(*p, i, now))
+                .collect();
+            // Each policy's share of the step's parameters.
+            let mut rest = &params[..];
+            let shares: Vec<&[Params]> = policies
+                .iter()
+                .map(|p| {
+                    let (mine, others) = rest.split_at(p.params().len());
+                    rest = others;
+                    mine
+                })
+                .collect();
             let parts: Vec<Plan<'_>> = policies
                 .iter()
+                .zip(&shares)
                 .enumerate()
-                .map(|(j, policy)| {
+                .map(|(j, (policy, share))| {
                     let quota = policy.rate().map_or(1, |r| r.tightest().params.quota());
                     let pick = step.cost_pick.rotate_left(8 * j as u32);
                     let cost = match pick % 8 {
                         0 => quota,
                         _ => 1 + pick % quota.min(5),
                     };
-                    Plan::acquire(policy, &key, cost).at(now)
+                    Plan {
+                        params: share,
+                        ..Plan::acquire(policy, &key, cost).at(now)
+                    }
                 })
                 .collect();
             let costs: Vec<u64> = parts
                 .iter()
                 .flat_map(|p| p.params.iter().map(|_| p.cost()))
                 .collect();
+            for (p, state) in params.iter().zip(&states) {
+                tally.note(p, state.as_ref(), now);
+            }
             let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
+            for (p, d) in params.iter().zip(&decisions) {
+                tally.decided(p, d);
+            }
+            crossings.set(tally);
             let mut expected = Vec::new();
             let mut decisions = decisions.into_iter();
             for part in &parts {
@@ -1371,13 +1690,22 @@ fn joint_acquires_of_the_embedded_store_decide_as_decide_joint() {
             let got = memory
                 .acquire_joint_at(&parts, now)
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-            prop_assert_eq!(got, expected, "step {} at {} of {:?}", i, now, specs);
+            prop_assert_eq!(
+                got,
+                expected,
+                "step {} at {} under {:?} of {:?}",
+                i,
+                now,
+                params,
+                drawn
+            );
         }
         Ok(())
     });
     if let Err(e) = result {
         panic!("{e}");
     }
+    crossings.get().covered(100, "embedded joint");
 }
 
 /// A key's content and expiry, whatever its type: a string's bytes, a log's members with their

@@ -118,8 +118,10 @@ stop_service
 
 REDIS_PORT=$(free_port)
 [ "$REDIS_PORT" != 6379 ] || REDIS_PORT=$(free_port)
+# The service connects as a user with exactly the ACL the binary prints (docs/redis.md#acl).
+read -ra ACL <<<"$("$BIN" --print-acl)"
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
-  --dir "$WORK" >"$WORK/redis.log" 2>&1 &
+  --dir "$WORK" --user ratelimiter on '>grpc-suite-pw' "${ACL[@]}" >"$WORK/redis.log" 2>&1 &
 REDIS_PID=$!
 for _ in $(seq 50); do
   [ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] && break
@@ -128,8 +130,8 @@ for _ in $(seq 50); do
 done
 [ "$(redis-cli -p "$REDIS_PORT" ping 2>/dev/null)" = PONG ] ||
   { cat "$WORK/redis.log" >&2; die "redis-server on port $REDIS_PORT is not answering after 5 s"; }
-echo "private redis-server on 127.0.0.1:$REDIS_PORT"
-start_service "redis://127.0.0.1:$REDIS_PORT"
+echo "private redis-server on 127.0.0.1:$REDIS_PORT, the service as its ACL-limited user"
+start_service "redis://ratelimiter:grpc-suite-pw@127.0.0.1:$REDIS_PORT"
 run_suite redis
 
 # SIGTERM stops both servers: the process exits 0 within the shutdown timeout, and the gRPC

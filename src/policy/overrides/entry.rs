@@ -3,14 +3,13 @@
 //! ([`Override::from_stored`], kept as written: the policy may have changed since, and what no
 //! longer fits it is passed over when the override is applied, see [`Changes::apply`]).
 
-use std::collections::BTreeMap;
-
 use serde::ser::SerializeMap;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::Match;
 use crate::policy::input::ValidationError;
+use crate::policy::tiers::StoredChanges;
 use crate::policy::{Changes, Kind, Policy, PolicyName};
 
 /// Longest `reason`, in bytes.
@@ -179,7 +178,9 @@ impl Override {
             #[serde(rename = "match")]
             matches: Value,
             tier: Option<String>,
-            limits: Option<BTreeMap<String, BTreeMap<String, u64>>>,
+            /// Limit → field → value, and a calendar limit's `time_zone` beside its fields
+            /// (absent from what earlier versions wrote).
+            limits: Option<StoredChanges>,
             unlimited: Option<bool>,
             block: Option<bool>,
             expires_at_us: Option<u64>,
@@ -263,6 +264,13 @@ pub fn rfc3339(us: u64) -> String {
 /// `unlimited: true` or `block: true`; `expires_at` (RFC 3339, after now and at most
 /// [`MAX_EXPIRY_US`] ahead) and `reason` (at most [`MAX_REASON_BYTES`]). `id` and `created_at`,
 /// as an override reads back, are accepted (the id only when it is `path_id`) and ignored.
+///
+/// `limits` may give a calendar limit the subject's own time zone, beside or instead of its
+/// fields: `{"daily": {"time_zone": "Asia/Tokyo"}}` (an unknown zone, or one for a limit that is
+/// not a calendar limit, is a 422 naming `limits.daily.time_zone`). The rule for the subject's
+/// count when its zone changes (the override is written, replaced or deleted): it carries until
+/// the end of the period it was counted in, in the zone it was counted in, and the periods after
+/// that are the new zone's (see [`crate::policy::tiers`]).
 pub fn parse_override(
     value: &Value,
     policy: &Policy,
@@ -530,6 +538,45 @@ mod tests {
             let named = e.field().map(|f| f.starts_with(field)).unwrap_or(false);
             assert!(named, "{v}: {e} names {:?}, not {field}", e.field());
         }
+    }
+
+    #[test]
+    fn a_time_zone_reads_back_and_is_stored_beside_the_fields() {
+        let policy = parse_policy(
+            &json!({"name": "daily", "algorithm": "fixed_window", "limit": 5,
+                    "calendar": {"unit": "day", "time_zone": "Europe/Berlin"}}),
+            None,
+        )
+        .expect("valid");
+        let v = json!({"match": {"key": "acme"}, "limits": {"daily": {"limit": 9, "time_zone": "Asia/Tokyo"}}});
+        let o = parse_override(&v, &policy, None, NOW)
+            .expect("valid")
+            .into_override(OverrideId::random(), NOW);
+        let stored = o.to_stored();
+        let doc: Value = serde_json::from_str(&stored).expect("JSON");
+        assert_eq!(
+            doc["limits"],
+            json!({"daily": {"limit": 9, "time_zone": "Asia/Tokyo"}})
+        );
+        assert_eq!(Override::from_stored(&stored).expect("reads back"), o);
+        let shown = serde_json::to_value(o.to_doc()).expect("serializes");
+        assert_eq!(shown["limits"], v["limits"]);
+        // A document as earlier versions stored it, integers only, still reads.
+        let old = r#"{"id":"0123456789abcdef","match":{"key":"acme"},"limits":{"daily":{"limit":9}},"created_at_us":1796083200000000}"#;
+        let o = Override::from_stored(old).expect("reads back");
+        assert_eq!(
+            serde_json::to_value(o.to_doc()).expect("serializes")["limits"],
+            json!({"daily": {"limit": 9}})
+        );
+        // A zone beside a limit without a calendar is refused naming it.
+        let e = parse_override(
+            &json!({"match": {"key": "a"}, "limits": {"daily": {"time_zone": "Asia/Tokyo"}}}),
+            &api(),
+            None,
+            NOW,
+        )
+        .expect_err("refused");
+        assert_eq!(e.field(), Some("limits.daily.time_zone"));
     }
 
     #[test]

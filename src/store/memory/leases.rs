@@ -4,18 +4,24 @@
 
 use std::sync::atomic::Ordering;
 
-use super::{lock, Kept, MemoryStore, Slot};
+use super::{lock, system_now_us, Kept, MemoryStore, Slot};
 use crate::limiter::concurrency::{self, LeaseAnswer, LeaseOp};
 use crate::policy::Policy;
 use crate::store::{key, LeasePlan, StoreError};
 
 impl MemoryStore {
-    /// Decides one lease call at an explicit time under one shard's lock, with the policy's
-    /// ledger, as [`concurrency::decide`] does (the service's `local` fail mode calls it with
-    /// its own clock). The subject's leases are one entry, which expires with its last lease;
+    /// Decides one lease call under one shard's lock, with the policy's ledger, as
+    /// [`concurrency::decide`] does, at `now` (a time set by hand), or, when `None`, at the
+    /// system clock read under the subject's lock: so calls on one subject see times in the
+    /// order they hold it, and a denial never measures its wait from an instant before the take
+    /// that filled the slot (which would answer a `retry_after` longer than any lease). The subject's leases are one entry, which expires with its last lease;
     /// only a take creates one, and fails with [`StoreError::Full`] as
     /// [`MemoryStore::acquire_at`] does.
-    pub fn lease_at(&self, plan: &LeasePlan<'_>, now: u64) -> Result<LeaseAnswer, StoreError> {
+    pub fn lease_at(
+        &self,
+        plan: &LeasePlan<'_>,
+        now: Option<u64>,
+    ) -> Result<LeaseAnswer, StoreError> {
         let LeasePlan {
             policy,
             key,
@@ -36,6 +42,7 @@ impl MemoryStore {
         let ledger_name = (policy.to_owned(), incarnation);
         let shard_lock = self.shard(policy, key.as_str());
         let mut shard = lock(shard_lock);
+        let now = now.unwrap_or_else(system_now_us);
         // An entry whose expiry has passed holds only expired leases: absent, as the Redis key
         // would be.
         if call.op == LeaseOp::Look {
@@ -137,7 +144,7 @@ mod tests {
                 call,
                 at_us: None,
             };
-            self.lease_at(&plan, now)
+            self.lease_at(&plan, Some(now))
         }
     }
     use crate::policy::{FailMode, PolicyName};

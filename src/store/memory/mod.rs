@@ -394,7 +394,7 @@ impl Store for MemoryStore {
     }
 
     async fn lease(&self, plan: &LeasePlan<'_>) -> Result<LeaseAnswer, StoreError> {
-        self.lease_at(plan, plan.at_us.unwrap_or_else(system_now_us))
+        self.lease_at(plan, plan.at_us)
     }
 
     async fn sweep_leases(

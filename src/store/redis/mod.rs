@@ -4,8 +4,10 @@
 //! convention of `lua/common.lua` that the direct and the batched call read (`argv.rs`), the
 //! policy codec (`codec.rs`), redis-rs errors (`error.rs`), leases (`leases.rs`), the servers'
 //! version, scripts, masters and breakers (`server.rs`), what the instances share (`peer.rs`), the
-//! top offenders' summaries folded by every instance (`top.rs`).
+//! top offenders' summaries folded by every instance (`top.rs`), the least privilege it needs
+//! on Redis (`acl.rs`).
 
+pub mod acl;
 pub mod batch;
 pub mod breaker;
 pub mod calls;

@@ -161,7 +161,7 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
     }
     // Each part's parameters start after the cost, the time and the parameters before it; a
     // refund's marks follow all of them, one per limit.
-    let params: usize = algorithms.iter().map(|a| a.fields().len()).sum();
+    let params: usize = algorithms.iter().map(|a| a.arity()).sum();
     if spent {
         push_spent_head(s, algorithms.len(), 2 + params + algorithms.len());
     }
@@ -190,7 +190,7 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
             _ => s.push_str(p.level),
         }
         s.push_str("\nif not admits then\n  allowed = false\nend\n");
-        offset += a.fields().len();
+        offset += a.arity();
     }
     for (i, p) in parts.iter().enumerate().rev() {
         s.push_str("local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0\n");

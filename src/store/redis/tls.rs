@@ -47,6 +47,9 @@ pub struct Tls {
     connector: TlsConnector,
     /// `redis.tls_server_name`: verified instead of the address's host.
     server_name: Option<ServerName<'static>>,
+    /// The notAfter of the client certificate (`redis.tls_cert_file`), in seconds since the
+    /// epoch, when there is one.
+    client_not_after: Option<i64>,
 }
 
 impl std::fmt::Debug for Tls {
@@ -108,6 +111,7 @@ impl Tls {
             .with_safe_default_protocol_versions()
             .map_err(|e| bad("redis.tls_ca_file", e.to_string()))?
             .with_root_certificates(roots);
+        let mut client_not_after = None;
         let config = match (&options.cert_file, &options.key_file) {
             (None, None) => builder.with_no_client_auth(),
             (Some(_), None) => {
@@ -124,6 +128,15 @@ impl Tls {
             }
             (Some(cert), Some(key)) => {
                 let chain = read_certs(cert, "redis.tls_cert_file")?;
+                let not_after = x509_parser::parse_x509_certificate(&chain[0])
+                    .map(|(_, c)| c.validity().not_after.timestamp())
+                    .map_err(|e| {
+                        bad(
+                            "redis.tls_cert_file",
+                            format!("{}: not an X.509 certificate: {e}", cert.display()),
+                        )
+                    })?;
+                client_not_after = Some(not_after);
                 let pem = std::fs::read(key).map_err(|e| {
                     bad(
                         "redis.tls_key_file",
@@ -151,7 +164,15 @@ impl Tls {
         Ok(Tls {
             connector: TlsConnector::from(Arc::new(config)),
             server_name,
+            client_not_after,
         })
+    }
+
+    /// The notAfter of the client certificate shown to Redis (`redis.tls_cert_file`), in
+    /// seconds since the epoch; `None` without one. Read once, at start-up: the file is not
+    /// reloaded.
+    pub fn client_certificate_not_after(&self) -> Option<i64> {
+        self.client_not_after
     }
 
     /// The TLS handshake over `socket`, connected to `host:port`. A failure says why, and which
@@ -238,4 +259,51 @@ pub fn explain(e: io::Error, host: &str, port: u16) -> io::Error {
         e.kind(),
         format!("TLS handshake with Redis at {host}:{port} failed: {tls}{hint}"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A self-signed certificate expiring at `not_after` (seconds since the epoch) and its key,
+    /// written to a directory of the test's own.
+    fn self_signed(name: &str, not_after: i64) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!(
+            "ratelimiter-redis-tls-{name}-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let mut params =
+            rcgen::CertificateParams::new(vec!["client.test".to_owned()]).expect("params");
+        params.not_after = rcgen::date_time_ymd(1975, 1, 1)
+            + std::time::Duration::from_secs((not_after - 157_766_400) as u64);
+        let key = rcgen::KeyPair::generate().expect("key");
+        let cert = params.self_signed(&key).expect("certificate");
+        let (cert_path, key_path) = (dir.join("client.pem"), dir.join("client.key"));
+        std::fs::write(&cert_path, cert.pem()).expect("write");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write");
+        (dir, cert_path, key_path)
+    }
+
+    #[test]
+    fn the_client_certificate_expiry_is_read_from_its_file() {
+        // 2030-01-01T00:00:00Z.
+        let not_after = 1_893_456_000;
+        let (dir, cert, key) = self_signed("expiry", not_after);
+        let options = TlsOptions {
+            ca_file: Some(cert.clone()),
+            cert_file: Some(cert.clone()),
+            key_file: Some(key),
+            server_name: None,
+        };
+        let tls = Tls::new(&options).expect("usable TLS settings");
+        assert_eq!(tls.client_certificate_not_after(), Some(not_after));
+        let without = Tls::new(&TlsOptions {
+            ca_file: Some(cert),
+            ..TlsOptions::default()
+        })
+        .expect("usable TLS settings");
+        assert_eq!(without.client_certificate_not_after(), None);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
