@@ -152,6 +152,13 @@ fn limit_object(form: Form, extra: ObjectBuilder, components: &mut Components) -
         .required(calendar::FIELD)
 }
 
+/// One object of `Calendar`: its schema's name, its units, and the anchor they take.
+type CalendarVariant<'a> = (
+    &'a str,
+    &'a [CalendarUnit],
+    Option<(&'a str, ObjectBuilder)>,
+);
+
 /// `Calendar`, added to `components`: a calendar limit's periods, as
 /// [`crate::policy::calendar::Calendar::parse`] reads them. One object per set of units that
 /// share their anchors (`CalendarDay`, `CalendarWeek`, `CalendarMonths`), so that the schema
@@ -182,7 +189,7 @@ fn calendar_schema(components: &mut Components) -> String {
              shorter than it, its last day. A quarter starts in January, April, July and \
              October, a year in January"
         )));
-    let variants: [(&str, &[CalendarUnit], Option<(&str, ObjectBuilder)>); 3] = [
+    let variants: [CalendarVariant; 3] = [
         ("CalendarDay", &[CalendarUnit::Day], None),
         (
             "CalendarWeek",
