@@ -617,17 +617,11 @@ fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
     Ok(cost)
 }
 
-/// A limit's `resets_at`: the decision's time `at_us` plus its reset, in the limit's time zone
-/// when it is a calendar limit.
-fn resets_at(limit: &Limit, at_us: u64, reset_after_us: u64) -> String {
-    calendar::rfc3339(
-        signed(at_us.saturating_add(reset_after_us)),
-        limit.calendar_of(),
-    )
-}
-
-fn signed(us: u64) -> i64 {
-    i64::try_from(us).unwrap_or(i64::MAX)
+/// A `resets_at`: the decision's time `at_us` plus the reset, in the time zone of `limit` when
+/// it is a calendar limit, else in UTC.
+fn resets_at(limit: Option<&Limit>, at_us: u64, reset_after_us: u64) -> String {
+    let at = i64::try_from(at_us.saturating_add(reset_after_us)).unwrap_or(i64::MAX);
+    calendar::rfc3339(at, limit.and_then(Limit::calendar_of))
 }
 
 fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
@@ -679,7 +673,7 @@ fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
                 limit: l.params.quota(),
                 remaining: ld.remaining,
                 reset_after_ms: ld.reset_after_us.div_ceil(1_000),
-                resets_at: resets_at(l, verdict.at_us, ld.reset_after_us),
+                resets_at: resets_at(Some(l), verdict.at_us, ld.reset_after_us),
                 retry_after_ms: ld.retry_after_us.div_ceil(1_000),
                 units: moves.then_some(*units),
             })
@@ -704,12 +698,7 @@ fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
             limit,
             remaining: d.remaining,
             reset_after_ms: d.reset_after_us.div_ceil(1_000),
-            resets_at: match rate_limits.get(binding) {
-                Some(l) => resets_at(l, verdict.at_us, d.reset_after_us),
-                None => {
-                    calendar::rfc3339(signed(verdict.at_us.saturating_add(d.reset_after_us)), None)
-                }
-            },
+            resets_at: resets_at(rate_limits.get(binding), verdict.at_us, d.reset_after_us),
             retry_after_ms: d.retry_after_us.div_ceil(1_000),
             degraded: a.degraded,
             decided_by: a.decided_by,

@@ -23,15 +23,7 @@ crate::on_every_store!(
 );
 
 async fn acquire(app: &TestApp, policy: &str, key: &str) -> (Value, reqwest::header::HeaderMap) {
-    let r = app
-        .post(
-            "/v1/acquire",
-            &json!({"policy": policy, "key": key, "cost": 1}),
-        )
-        .await;
-    assert_eq!(r.status(), 200, "acquire {policy}/{key}");
-    let headers = r.headers().clone();
-    (r.json().await.expect("JSON decision"), headers)
+    app.acquire_with_headers(policy, key).await
 }
 
 fn header(headers: &reqwest::header::HeaderMap, name: &str) -> String {

@@ -38,17 +38,6 @@ async fn acquire(app: &TestApp, policy: &str, key: &str) -> Value {
     app.acquire(policy, key, 1).await
 }
 
-/// Creates an override of `policy`, asserting 201; answers its document.
-async fn create(app: &TestApp, policy: &str, body: Value) -> Value {
-    let r = app
-        .post(&format!("/v1/policies/{policy}/overrides"), &body)
-        .await;
-    let status = r.status();
-    let doc: Value = r.json().await.expect("JSON");
-    assert_eq!(status, 201, "{body}: {doc}");
-    doc
-}
-
 async fn json_of(app: &TestApp, path: &str) -> Value {
     let r = app.get(path).await;
     assert_eq!(r.status(), 200, "GET {path}");
@@ -89,25 +78,20 @@ async fn an_override_moves_one_subject_to_its_own_midnight_and_leaves_the_others
     let (berlin, tokyo) = (zone("Europe/Berlin"), zone("Asia/Tokyo"));
     let written =
         json!({"match": {"key": "acme"}, "limits": {"daily": {"time_zone": "asia/tokyo"}}});
-    let doc = create(&app, "daily", written).await;
+    let doc = app.create_override("daily", written).await;
     // Read back in the database's spelling, from the store.
     assert_eq!(doc["limits"], json!({"daily": {"time_zone": "Asia/Tokyo"}}));
     let id = doc["id"].as_str().expect("an id").to_owned();
     let read = json_of(&app, &format!("/v1/policies/daily/overrides/{id}")).await;
     assert_eq!(read["limits"], doc["limits"], "{read}");
     // With a limit beside it, for another subject; and the tier, for a third.
-    create(
-        &app,
+    app.create_override(
         "daily",
         json!({"match": {"key": "initech"}, "limits": {"daily": {"limit": 3, "time_zone": "Asia/Tokyo"}}}),
     )
     .await;
-    create(
-        &app,
-        "daily",
-        json!({"match": {"key": "kyoto"}, "tier": "jp"}),
-    )
-    .await;
+    app.create_override("daily", json!({"match": {"key": "kyoto"}, "tier": "jp"}))
+        .await;
 
     // 12:00 in Berlin is 20:00 in Tokyo: Tokyo's day ends first, at 15:00 UTC.
     let noon = us("2026-12-04T12:00:00+01:00");
@@ -163,8 +147,7 @@ async fn a_count_carries_over_a_zone_change_until_the_period_it_was_counted_in_e
         assert_eq!(v["remaining"], 4 - i, "{v}");
         assert_eq!(v["resets_at"], "2026-12-05T00:00:00+01:00", "Berlin's: {v}");
     }
-    create(
-        &app,
+    app.create_override(
         "carry",
         json!({"match": {"key": "acme"}, "limits": {"carry": {"time_zone": "Asia/Tokyo"}}}),
     )
@@ -204,12 +187,12 @@ async fn deleting_the_override_puts_the_subject_back_on_the_policys_zone(backend
     let app = spawn_app(backend).await;
     daily(&app, "back").await;
     let (berlin, tokyo) = (zone("Europe/Berlin"), zone("Asia/Tokyo"));
-    let doc = create(
-        &app,
-        "back",
-        json!({"match": {"key": "acme"}, "limits": {"back": {"time_zone": "Asia/Tokyo"}}}),
-    )
-    .await;
+    let doc = app
+        .create_override(
+            "back",
+            json!({"match": {"key": "acme"}, "limits": {"back": {"time_zone": "Asia/Tokyo"}}}),
+        )
+        .await;
     let id = doc["id"].as_str().expect("an id").to_owned();
     // 18:00 in Berlin, 02:00 in Tokyo: acme's Tokyo day ends at 15:00 UTC tomorrow.
     let evening = us("2026-12-04T18:00:00+01:00");
@@ -261,12 +244,12 @@ async fn bad_time_zones_are_refused_naming_the_field_and_store_nothing(backend: 
         ]
     }))
     .await;
-    let good = create(
-        &app,
-        "strict",
-        json!({"match": {"key": "kept"}, "limits": {"strict": {"time_zone": "Asia/Tokyo"}}}),
-    )
-    .await;
+    let good = app
+        .create_override(
+            "strict",
+            json!({"match": {"key": "kept"}, "limits": {"strict": {"time_zone": "Asia/Tokyo"}}}),
+        )
+        .await;
     let kept = format!(
         "/v1/policies/strict/overrides/{}",
         good["id"].as_str().unwrap_or("")
@@ -375,8 +358,7 @@ async fn a_time_zone_for_a_limit_no_longer_on_the_calendar_is_passed_over_and_sh
         "calendar": {"unit": "day", "time_zone": "Europe/Berlin"}
     }))
     .await;
-    let doc = create(
-        &app,
+    let doc = app.create_override(
         "shifty",
         json!({"match": {"key": "acme"}, "limits": {"shifty": {"limit": 7, "time_zone": "Asia/Tokyo"}}}),
     )

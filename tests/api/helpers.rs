@@ -491,6 +491,46 @@ impl TestApp {
         r.json().await.expect("JSON decision")
     }
 
+    /// One acquire of 1 unit; returns the JSON answer and the headers (status 200 asserted).
+    pub async fn acquire_with_headers(
+        &self,
+        policy: &str,
+        key: &str,
+    ) -> (Value, reqwest::header::HeaderMap) {
+        let r = self
+            .post(
+                "/v1/acquire",
+                &json!({"policy": policy, "key": key, "cost": 1}),
+            )
+            .await;
+        assert_eq!(r.status(), 200, "acquire {policy}/{key}");
+        let headers = r.headers().clone();
+        (r.json().await.expect("JSON decision"), headers)
+    }
+
+    /// Creates an override of `policy`, asserting 201 and a `Location` naming its id; answers
+    /// its document.
+    pub async fn create_override(&self, policy: &str, body: Value) -> Value {
+        let r = self
+            .post(&format!("/v1/policies/{policy}/overrides"), &body)
+            .await;
+        let status = r.status();
+        let location = r
+            .headers()
+            .get("location")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let doc: Value = r.json().await.expect("JSON");
+        assert_eq!(status, 201, "{body}: {doc}");
+        let id = doc["id"].as_str().unwrap_or("");
+        assert_eq!(
+            location,
+            Some(format!("/v1/policies/{policy}/overrides/{id}")),
+            "{doc}"
+        );
+        doc
+    }
+
     /// Every policy, as listed by the API.
     pub async fn policies(&self) -> Value {
         self.get("/v1/policies")

@@ -36,30 +36,9 @@ async fn flat(app: &TestApp, policy: &str) {
     .await;
 }
 
-/// Creates an override of `policy`, asserting 201; answers its document.
+/// Creates an override of `policy` (see [`TestApp::create_override`]).
 async fn create(app: &TestApp, policy: &str, body: Value) -> Value {
-    let r = app
-        .post(&format!("/v1/policies/{policy}/overrides"), &body)
-        .await;
-    let status = r.status();
-    let location = r
-        .headers()
-        .get("location")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    let doc: Value = r.json().await.expect("JSON");
-    assert_eq!(status, 201, "{body}: {doc}");
-    assert_eq!(
-        location.as_deref(),
-        Some(
-            format!(
-                "/v1/policies/{policy}/overrides/{}",
-                doc["id"].as_str().unwrap_or("")
-            )
-            .as_str()
-        )
-    );
-    doc
+    app.create_override(policy, body).await
 }
 
 /// `n` acquires of 1; answers how many were allowed, and the last answer.

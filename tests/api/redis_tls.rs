@@ -177,20 +177,13 @@ fn client_certificate_files((cert, key): (String, String)) -> [(String, String);
 
 /// One acquire: the answer and who decided it (`decided-by`).
 async fn acquire(app: &TestApp, policy: &str, key: &str) -> (Value, String) {
-    let r = app
-        .post(
-            "/v1/acquire",
-            &json!({"policy": policy, "key": key, "cost": 1}),
-        )
-        .await;
-    assert_eq!(r.status(), 200, "acquire {policy}/{key}");
-    let by = r
-        .headers()
+    let (answer, headers) = app.acquire_with_headers(policy, key).await;
+    let by = headers
         .get("decided-by")
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_owned();
-    (r.json().await.expect("JSON"), by)
+    (answer, by)
 }
 
 /// Waits (10 s at most) until `app` knows the policy `name`.
