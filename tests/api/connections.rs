@@ -49,10 +49,12 @@ async fn start_up_error(url: &str, mode: &str, timeout_ms: &str) -> (String, Dur
 /// A pool that made calls queue for a connection degrades a share of every burst; a loaded
 /// machine can degrade a few calls of one burst by slowness alone. So each burst, on a subject
 /// of its own, must be exact in what Redis decided (never more than the limit admitted, and
-/// every unit accounted for), and one of [`BURSTS`] must be clean.
+/// every unit accounted for), and one of [`BURSTS`] must be clean: the suite runs this beside
+/// its other heavy tests on two cores, where three bursts in a row were once all slowed past
+/// 100 ms, while a pool that queues degrades every burst however many are tried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pool_mode_decides_a_thousand_concurrent_acquires_exactly() {
-    const BURSTS: usize = 3;
+    const BURSTS: usize = 10;
     let redis = Arc::new(TestRedis::start());
     let app = spawn_app_with(
         Some(redis),
@@ -111,8 +113,10 @@ async fn pool_mode_decides_a_thousand_concurrent_acquires_exactly() {
             return;
         }
         seen.push(degraded);
+        // A neighbour's burst of work passes in a moment; a queueing pool does not.
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    panic!("every burst had decisions degraded (of 1000 each): {seen:?}");
+    panic!("every burst of {BURSTS} had decisions degraded (of 1000 each): {seen:?}");
 }
 
 /// Nothing listens on the port: start-up fails at once (not after the 2 s deadline) and says
