@@ -35,6 +35,7 @@ mod carry_over;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
+pub mod reservation;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
