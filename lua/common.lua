@@ -11,11 +11,13 @@
 --              where `a` is 2 plus the number of parameters of the limits before it; its file
 --              names them
 -- ARGV[m + i]  refund only, after every parameter: the i-th limit's mark from a ticket (see
---              src/limiter/mod.rs, Rule::refund), or empty for a refund without a ticket; the
---              part reads it as `mark` (a number, or nil)
+--              src/limiter/mod.rs, Mark and Rule::refund), or empty for a refund without a
+--              ticket; the part reads it as `mark` (a number, or nil). ARGV[m + n + i] is the
+--              i-th limit's refund count the ticket kept (`mark_refunded`), and ARGV[m + 2n + 1]
+--              the take's time (`mark_taken`), both empty without a ticket
 -- KEYS[n + 1]  refund only, with a ticket (n limits): the ticket's record of the units refunded
---              with it, on the subject's hash tag; then ARGV[m + n + 1] is the ticket's units
---              and ARGV[m + n + 2] the end of its life (µs). The refund gives back at most the
+--              with it, on the subject's hash tag; then ARGV[m + 2n + 2] is the ticket's units
+--              and ARGV[m + 2n + 3] the end of its life (µs). The refund gives back at most the
 --              units the record does not hold yet, and adds what it gave (the composition in
 --              src/store/redis/scripts.rs, around the parts: they only see a lower `cost`)
 -- Joint        a joint acquire (the Envoy descriptors of one request: src/service/joint.rs)
@@ -23,9 +25,12 @@
 --              is 0, and each limit's cost comes just before its parameters (the part reads it
 --              as `cost`; `a` still points just before the parameters)
 -- Reply        {allowed (0|1), then for each limit in policy order: units, remaining,
---              reset_after_us, retry_after_us; then now}. `units` is whether the limit admits
---              (0|1) for an acquire or a peek, the units recorded for a report, the units given
---              back for a refund. `now` is the decision's time in µs.
+--              reset_after_us, retry_after_us; then now; then, for an acquire or a report, each
+--              limit's refund count}. `units` is whether the limit admits (0|1) for an acquire
+--              or a peek, the units recorded for a report, the units given back for a refund.
+--              `now` is the decision's time in µs. A refund count (`out_refunded`, set by a
+--              take or a report of a token bucket or GCRA, 0 otherwise) is what the ticket
+--              keeps: the units refunds have given back since the subject was last at rest.
 -- Flags        `#!lua`: refused whole, with OOM, while Redis is over maxmemory; a peek's script
 --              is `#!lua flags=no-writes` and is called with EVALSHA_RO
 --

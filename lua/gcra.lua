@@ -3,8 +3,10 @@
 -- One limit's part of a decision script: see common.lua.
 --
 -- key          the limit's state key: a string packing (anchor_us, units, interval_num,
---              interval_den) as doubles, the TAT being anchor_us + units * interval_num /
---              interval_den µs; a missing key is a subject at rest
+--              interval_den, since_us, refunded) as doubles, the TAT being anchor_us + units *
+--              interval_num / interval_den µs, since_us and refunded its life
+--              (src/limiter/mod.rs, Life); a missing key is a subject at rest. A key of the
+--              layout before, 32 bytes without the life, is read as a life beginning now
 -- ARGV[a + 1]  burst (the capacity)
 -- ARGV[a + 2]  interval_num } the emission interval period_us / rate in lowest terms, in µs
 -- ARGV[a + 3]  interval_den } (interval_den <= rate < 2^31, so products stay exact through muldiv)
@@ -22,8 +24,11 @@
 -- Refund: gives back at most busy intervals (all of them put the TAT before t: at rest, never
 -- above full), and with a ticket's mark (the TAT after its take) at most the
 -- ceil((mark - t) * den / num) of that take not yet drained by t, mark - t capped at
--- MAX_WAIT_US; a held mark (a take whose TAT was past MAX_WAIT_US) as the refund section
--- reads it. Written with KEEPTTL: the TAT only moves earlier, before the old expiry.
+-- MAX_WAIT_US, less the units refunds have given back since the take (each moves the takes
+-- after it up), nothing for a take before the life began; a held mark (a take whose TAT was
+-- past MAX_WAIT_US) as the refund section reads it. Written with KEEPTTL: the TAT only moves
+-- earlier, before the old expiry. Its life begins whenever the subject is found at rest, and
+-- again at a refund that would bring its count to 2^52.
 --
 -- A change of parameters (burst, rate or period): the units in use (busy) carry over. The TAT
 -- drains at the interval stored with it until a take or a report rewrites it at the interval
@@ -44,11 +49,18 @@ local den = tonumber(ARGV[a + 3])
 local t, skew = now, 0
 local snum, sden = num, den
 local anchor, units, busy, elapsed, part = now, 0, 0, 0, 0
+local since, refunded
 local raw = redis.call('GET', key)
 if raw then
-  local at, u, n, d = struct.unpack('<dddd', raw)
+  local at, u, n, d, sn, rf
+  if #raw == 48 then
+    at, u, n, d, sn, rf = struct.unpack('<dddddd', raw)
+  else
+    at, u, n, d = struct.unpack('<dddd', raw)
+  end
   if n >= 1 and d >= 1 then
     snum, sden = n, d
+    since, refunded = sn, rf
     if at > now then
       t, skew, anchor = at, at - now, at
     end
@@ -57,6 +69,9 @@ if raw then
       anchor, units, busy, elapsed, part = at, u, u - e, e, p
     end
   end
+end
+if busy == 0 or not since then
+  since, refunded = t, 0
 end
 
 -- A drain is the time for a level of `level - part / num` intervals to drain to zero, from the
@@ -82,8 +97,8 @@ if elapsed >= den then
   periods = muldiv(elapsed, 1, den)
 end
 redis.call('PSETEX', key, math.ceil(out_reset / 1000),
-  struct.pack('<dddd', anchor + periods * num, units - periods * den + cost, num, den))
-out_remaining = burst - after
+  struct.pack('<dddddd', anchor + periods * num, units - periods * den + cost, num, den, since, refunded))
+out_remaining, out_refunded = burst - after, refunded
 --- keep
 out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
 if busy > 0 then
@@ -111,42 +126,57 @@ if out_units > 0 then
     periods = muldiv(elapsed, 1, sden)
   end
   redis.call('PSETEX', key, math.ceil(out_reset / 1000),
-    struct.pack('<dddd', anchor + periods * snum, units - periods * sden + out_units, snum, sden))
+    struct.pack('<dddddd', anchor + periods * snum, units - periods * sden + out_units, snum, sden, since, refunded))
 end
-out_remaining = math.max(burst - busy, 0)
+out_remaining, out_refunded = math.max(burst - busy, 0), refunded
 if busy >= burst then
   q, r = muldiv(snum, busy + 1 - burst, sden)
   out_retry = math.min(skew + (r > part and q + 1 or q - muldiv(part - r, 1, sden)), MAX_WAIT_US)
 end
 --- refund
 -- At most the level (none for a missing key: at rest), and with a mark only the units of its
--- take not drained yet.
+-- take not drained yet, less the refunds since it (src/limiter/mod.rs, undrained).
 out_units = math.min(cost, busy)
+-- A count rounded up from part of an interval (`partial`), given back whole, takes the part of
+-- the next interval drained so far with it (the level anchored at t), so that it is not given
+-- twice.
 if mark then
-  local undrained = 0
-  if mark >= 4503599627370496 then
+  local undrained, partial = 0, false
+  local shift = refunded - mark_refunded
+  if mark_taken < since or shift < 0 then
+    -- Taken before this life began, or counted in another: it holds nothing.
+    undrained = 0
+  elseif mark >= 4503599627370496 then
     -- A held mark, 2^52 + the take's time (src/limiter/mod.rs, undrained): the take's units
     -- count past MAX_WAIT_US. The larger of two lower bounds of what it holds: its own units
-    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US; nothing
-    -- after that.
+    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US (moved
+    -- up by the refunds since); nothing after that.
     local elapsed = math.max(t - (mark - 4503599627370496), 0)
     if elapsed < MAX_WAIT_US then
       local q, r = muldiv(MAX_WAIT_US - elapsed, sden, snum)
-      undrained = q
       if r > 0 then
-        undrained = q + 1
+        q = q + 1
       end
-      undrained = math.max(undrained, cost - muldiv(elapsed, sden, snum))
+      local before, own = math.max(q - shift, 0), math.max(cost - muldiv(elapsed, sden, snum), 0)
+      if before >= own then
+        undrained, partial = before, r > 0
+      else
+        undrained = own
+      end
     end
-  elseif mark > t then
-    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), sden, snum)
+  elseif mark - 1 > t then
+    -- A mark is rounded up to a µs: the exact time is after mark - 1.
+    local q, r = muldiv(math.min(mark - 1 - t, MAX_WAIT_US), sden, snum)
     -- Rounded up: a refund right after its take gives all of it back.
-    undrained = q
     if r > 0 then
-      undrained = q + 1
+      q = q + 1
     end
+    undrained, partial = math.max(q - shift, 0), r > 0
   end
   out_units = math.min(out_units, undrained)
+  if partial and out_units == undrained and out_units > 0 then
+    anchor, units, elapsed, part = t, busy, 0, 0
+  end
 end
 if out_units > 0 then
   busy = busy - out_units
@@ -154,7 +184,11 @@ if out_units > 0 then
   if elapsed >= sden then
     periods = muldiv(elapsed, 1, sden)
   end
-  redis.call('SET', key, struct.pack('<dddd', anchor + periods * snum, units - periods * sden - out_units, snum, sden), 'KEEPTTL')
+  refunded = refunded + out_units
+  if refunded >= 4503599627370496 then
+    since, refunded = t, 0
+  end
+  redis.call('SET', key, struct.pack('<dddddd', anchor + periods * snum, units - periods * sden - out_units, snum, sden, since, refunded), 'KEEPTTL')
 end
 out_remaining, out_reset = math.max(burst - busy, 0), math.min(skew, MAX_WAIT_US)
 if busy > 0 then

@@ -3,11 +3,13 @@
 -- states the rules. One limit's part of a decision script: see common.lua.
 --
 -- key          the limit's state key: a string packing (tokens, fraction, updated_us,
---              refill_tokens, refill_period_us, capacity) as doubles, the rate and capacity being
---              those the level was written under; a missing key is a full bucket. tokens is
+--              refill_tokens, refill_period_us, capacity, since_us, refunded) as doubles, the
+--              rate and capacity being those the level was written under, since_us and refunded
+--              its life (src/limiter/mod.rs, Life); a missing key is a full bucket. tokens is
 --              signed: below zero (down to -capacity) after a report put the subject in debt.
---              A key of the layout before, 40 bytes without capacity (keys written before debt
---              existed hold it too), is read as written under the capacity decided
+--              Keys of the layouts before: 48 bytes without the life, read as a life beginning
+--              now; 40 bytes without capacity either (keys written before debt existed hold it
+--              too), read as written under the capacity decided
 -- ARGV[a + 1]  capacity
 -- ARGV[a + 2]  refill_tokens    } the rate in lowest terms (divided by their greatest common
 -- ARGV[a + 3]  refill_period_us } divisor), so that refill_tokens < 2^31 and products stay exact
@@ -24,8 +26,12 @@
 -- Refund: gives back at most the whole tokens in use (capacity - tokens), and with a ticket's
 -- mark (the time the bucket would be full after its take) at most the
 -- ceil((mark - t) * rate / period) tokens of that take not yet refilled by t, mark - t capped
--- at MAX_WAIT_US. Back at capacity, the fraction is dropped (never above full). Written with
--- KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
+-- at MAX_WAIT_US, less the tokens refunds have given back since the take (each moves the
+-- takes after it up: the life's refund count less the ticket's), and nothing for a take
+-- before the life began. Back at capacity, the fraction is dropped (never above full). Written
+-- with KEEPTTL: the bucket is only fuller, so the old expiry still comes after it is full.
+-- Its life begins whenever the bucket is found full, and again at a refund that would bring
+-- its count to 2^52.
 --
 -- A change of parameters (capacity or rate): the tokens missing from full carry over. The level
 -- refills at the rate it was written with, up to the capacity it was written under, until a
@@ -41,10 +47,13 @@ local period = tonumber(ARGV[a + 3])
 -- (the parameters it was written under), `extra` more tokens under the ones decided.
 local full, srate, speriod = capacity, rate, period
 local tokens, fraction, updated = capacity, 0, now
+local since, refunded
 local raw = redis.call('GET', key)
 if raw then
-  local tk, f, u, r, p, c
-  if #raw == 48 then
+  local tk, f, u, r, p, c, sn, rf
+  if #raw == 64 then
+    tk, f, u, r, p, c, sn, rf = struct.unpack('<dddddddd', raw)
+  elseif #raw == 48 then
     tk, f, u, r, p, c = struct.unpack('<dddddd', raw)
   else
     -- A key of five fields, written before the capacity was kept: read as written under the
@@ -54,6 +63,7 @@ if raw then
   end
   if r >= 1 and p >= 1 then
     full, srate, speriod = c, r, p
+    since, refunded = sn, rf
     if tk >= c then
       tokens, fraction, updated = c, 0, u
     else
@@ -74,6 +84,9 @@ if tokens < full then
   else
     tokens, fraction = tokens + q, r
   end
+end
+if tokens >= full or not since then
+  since, refunded = t, 0
 end
 local extra = capacity - full
 local skew = t - now
@@ -97,8 +110,8 @@ end
 tokens = tokens + extra - cost
 local q, r = muldiv(period, capacity - tokens, rate)
 out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
-redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddd', tokens, fraction, t, rate, period, capacity))
-out_remaining = tokens
+redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
+out_remaining, out_refunded = tokens, refunded
 --- keep
 out_remaining, out_reset = math.max(tokens + extra, 0), math.min(skew, MAX_WAIT_US)
 if tokens < full then
@@ -124,50 +137,71 @@ end
 local q, r = muldiv(speriod, full - tokens, srate)
 out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 if out_units > 0 then
-  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddd', tokens, fraction, t, rate, period, capacity))
+  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
 end
-out_remaining = math.max(tokens + extra, 0)
+out_remaining, out_refunded = math.max(tokens + extra, 0), refunded
 if tokens + extra < 1 then
   q, r = muldiv(speriod, 1 - extra - tokens, srate)
   out_retry = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 end
 --- refund
 -- At most the whole tokens in use (none for a missing key: a full bucket), and with a mark only
--- those of its take that time has not refilled yet (at the level's own rate). Written in the
--- level's own terms, so that it is full again no later than the expiry it keeps.
+-- those of its take that time has not refilled yet (at the level's own rate), less the refunds
+-- since it (src/limiter/mod.rs, undrained). Written in the level's own terms, so that it is
+-- full again no later than the expiry it keeps.
 out_units = math.min(cost, full - tokens)
+-- A count rounded up from part of a token (`partial`), given back whole, takes the part of the
+-- next token refilled so far with it, so that it is not given twice.
+local drop = false
 if mark then
-  local unrefilled = 0
-  if mark >= 4503599627370496 then
+  local unrefilled, partial = 0, false
+  local shift = refunded - mark_refunded
+  if mark_taken < since or shift < 0 then
+    -- Taken before this life began, or counted in another: it holds nothing.
+    unrefilled = 0
+  elseif mark >= 4503599627370496 then
     -- A held mark, 2^52 + the take's time (src/limiter/mod.rs, undrained): the take's units
     -- count past MAX_WAIT_US. The larger of two lower bounds of what it holds: its own units
-    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US; nothing
-    -- after that.
+    -- that the time since it cannot have drained, and those before take + MAX_WAIT_US (moved
+    -- up by the refunds since); nothing after that.
     local elapsed = math.max(t - (mark - 4503599627370496), 0)
     if elapsed < MAX_WAIT_US then
       local q, r = muldiv(MAX_WAIT_US - elapsed, srate, speriod)
-      unrefilled = q
       if r > 0 then
-        unrefilled = q + 1
+        q = q + 1
       end
-      unrefilled = math.max(unrefilled, cost - muldiv(elapsed, srate, speriod))
+      local before, own = math.max(q - shift, 0), math.max(cost - muldiv(elapsed, srate, speriod), 0)
+      if before >= own then
+        unrefilled, partial = before, r > 0
+      else
+        unrefilled = own
+      end
     end
-  elseif mark > t then
-    local q, r = muldiv(math.min(mark - t, MAX_WAIT_US), srate, speriod)
+  elseif mark - 1 > t then
+    -- A mark is rounded up to a µs: the exact time is after mark - 1.
+    local q, r = muldiv(math.min(mark - 1 - t, MAX_WAIT_US), srate, speriod)
     -- Rounded up: a refund right after its take gives all of it back.
-    unrefilled = q
     if r > 0 then
-      unrefilled = q + 1
+      q = q + 1
     end
+    unrefilled, partial = math.max(q - shift, 0), r > 0
   end
   out_units = math.min(out_units, unrefilled)
+  drop = partial and out_units == unrefilled
 end
 if out_units > 0 then
   tokens = tokens + out_units
-  if tokens >= full then
-    tokens, fraction = full, 0
+  if tokens >= full or drop then
+    fraction = 0
   end
-  redis.call('SET', key, struct.pack('<dddddd', tokens, fraction, t, srate, speriod, full), 'KEEPTTL')
+  if tokens >= full then
+    tokens = full
+  end
+  refunded = refunded + out_units
+  if refunded >= 4503599627370496 then
+    since, refunded = t, 0
+  end
+  redis.call('SET', key, struct.pack('<dddddddd', tokens, fraction, t, srate, speriod, full, since, refunded), 'KEEPTTL')
 end
 out_remaining, out_reset = math.max(tokens + extra, 0), math.min(skew, MAX_WAIT_US)
 if tokens < full then

@@ -84,7 +84,7 @@ fn cost(p: &Params, op: Op, pick: u64) -> u64 {
 struct Subject {
     state: Option<State>,
     expires_at: Option<u64>,
-    marks: Vec<u64>,
+    marks: Vec<Mark>,
 }
 
 impl Subject {
@@ -96,12 +96,12 @@ impl Subject {
         op: Op,
         cost: u64,
         now: u64,
-        mark: Option<u64>,
+        mark: Option<Mark>,
     ) -> Result<(Decision, u64), TestCaseError> {
         let before = format!("{:?}", self.state);
         let mut states = [self.state.take()];
         let mut ttls = [None];
-        let marks: Vec<u64> = mark.into_iter().collect();
+        let marks: Vec<Mark> = mark.into_iter().collect();
         let v = decide_op(&[*p], &mut states, &mut ttls, op, cost, now, &marks);
         let [state] = states;
         self.state = state;

@@ -45,7 +45,14 @@
 //! [`MAX_WAIT_US`], which no take's reset exceeds, so that any mark stays exact in Lua; a take
 //! whose TAT lies further, a report of 10^9 at one a month, has a held mark instead, which
 //! [`super::undrained`] reads). A
-//! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it.
+//! refund writes the earlier TAT but keeps the key's expiry, which is then at or after it. A
+//! take's units drain after every earlier one, so a refund of an earlier take moves them up:
+//! the state keeps its [`Life`] (when it was last found at rest, and the units refunds have
+//! given back since), a ticket keeps the count as its take left it, and a refund gives back no
+//! more than the mark says less what every refund since gave back, and nothing for a take from
+//! before the life began ([`super::undrained`]). A count rounded up from part of an interval,
+//! given back whole, re-anchors the level at `t`, dropping the part drained so far, so that it
+//! is not given twice.
 //!
 //! A change of parameters (a burst, rate or period changed by a policy update, an override or
 //! a tier): the units in use (`busy`, the backlog still to drain) carry over, whatever the
@@ -68,7 +75,7 @@
 use thiserror::Error;
 
 use super::arith::{gcd, muldiv};
-use super::{undrained, Decision, Outcome, MAX_WAIT_US};
+use super::{undrained, Decision, Life, Mark, Outcome, MAX_WAIT_US};
 
 /// Bounds of `rate`, units per period.
 pub const MIN_RATE: u64 = 1;
@@ -154,6 +161,10 @@ pub struct State {
     /// another (see the module doc).
     pub interval_num: u64,
     pub interval_den: u64,
+    /// When this TAT's [`Life`] began, and the units refunds have given back since, which
+    /// tickets' marks are read against.
+    pub since_us: u64,
+    pub refunded: u64,
 }
 
 impl super::Rule for Params {
@@ -197,9 +208,13 @@ impl super::Rule for Params {
         state: Option<State>,
         units: u64,
         now_us: u64,
-        mark: Option<u64>,
+        mark: Option<Mark>,
     ) -> (Outcome<State>, u64) {
         refund(state, self, units, now_us, mark)
+    }
+
+    fn refunded(state: &State) -> u64 {
+        state.refunded
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -312,16 +327,20 @@ pub fn refund(
     p: &Params,
     units: u64,
     now_us: u64,
-    mark: Option<u64>,
+    mark: Option<Mark>,
 ) -> (Outcome<State>, u64) {
     // No state is a subject at rest: nothing is in use, so nothing is given and nothing is made.
     let level = Level::at(state, p, now_us);
     let mut give = units.min(level.busy);
+    // Whether the part of an interval drained so far goes with what is given (see `undrained`).
+    let mut drop_part = false;
     if let Some(mark) = mark {
         // Intervals of the take not drained yet, rounded up to a whole one: a refund right after
-        // its take gives all of it back, not one less for the sliver drained since; a held mark
-        // as `undrained` reads it.
-        give = give.min(undrained(mark, level.t, units, level.den, level.num));
+        // its take gives all of it back, not one less for the sliver drained since; moved up by
+        // the refunds since; a held mark as `undrained` reads it.
+        let held = undrained(mark, level.t, units, level.den, level.num, level.life);
+        give = give.min(held.units);
+        drop_part = held.partial && give == held.units;
     }
     if give == 0 {
         let outcome = Outcome {
@@ -332,6 +351,19 @@ pub fn refund(
         return (outcome, 0);
     }
     let after = level.busy - give;
+    let life = level.life.refund(give, level.t);
+    let level = if drop_part {
+        // The level anchored at `t`, with nothing of its next interval drained.
+        Level {
+            anchor: level.t,
+            elapsed: 0,
+            part: 0,
+            life,
+            ..level
+        }
+    } else {
+        Level { life, ..level }
+    };
     let outcome = Outcome {
         decision: level.describe(after, p.burst),
         state: Some(level.state(after)),
@@ -353,17 +385,23 @@ struct Level {
     skew: u64,
     num: u64,
     den: u64,
+    /// Begun afresh when the subject is at rest.
+    life: Life,
 }
 
 impl Level {
     /// The level of `state` at `now_us`, drained at the interval it was written with; a TAT at
     /// or before `t` (or no state) is a subject at rest, anchored at `t`.
     fn at(state: Option<State>, p: &Params, now_us: u64) -> Level {
-        let (num, den, anchor, units) = match state {
+        let (num, den, anchor, units, life) = match state {
             Some(s) if s.interval_num > 0 && s.interval_den > 0 => {
-                (s.interval_num, s.interval_den, s.anchor_us, s.units)
+                let life = Life {
+                    since_us: s.since_us,
+                    refunded: s.refunded,
+                };
+                (s.interval_num, s.interval_den, s.anchor_us, s.units, life)
             }
-            _ => (p.interval_num, p.interval_den, now_us, 0),
+            _ => (p.interval_num, p.interval_den, now_us, 0, Life::at(now_us)),
         };
         let t = now_us.max(anchor);
         let skew = t - now_us;
@@ -383,6 +421,7 @@ impl Level {
             skew,
             num,
             den,
+            life: if busy == 0 { Life::at(t) } else { life },
         }
     }
 
@@ -422,6 +461,8 @@ impl Level {
             units: self.elapsed % self.den + after,
             interval_num: self.num,
             interval_den: self.den,
+            since_us: self.life.since_us,
+            refunded: self.life.refunded,
         }
     }
 
@@ -606,7 +647,8 @@ mod tests {
                 prop_assert_eq!(g.ttl_us, t.ttl_us);
                 prop_assert!(g.decision.remaining <= burst);
                 if g.ttl_us.is_some() {
-                    marks.push(now + g.decision.reset_after_us);
+                    let refunded = g.state.map_or(0, |s| s.refunded);
+                    marks.push(Mark::new(now + g.decision.reset_after_us, now, refunded));
                 }
                 (gs, bs) = (g.state, t.state);
                 if let Some(s) = gs {
@@ -842,6 +884,7 @@ mod tests {
         let second = acquire(first.state, &p, 5, T0 + 4_000_000);
         let mark2 = T0 + 4_000_000 + second.decision.reset_after_us;
         assert_eq!(mark2, T0 + 10_000_000);
+        let (mark1, mark2) = (Mark::new(mark1, T0, 0), Mark::new(mark2, T0 + 4_000_000, 0));
         let now = T0 + 6_000_000;
         let (o, units) = refund(second.state, &p, 5, now, Some(mark1));
         assert_eq!((units, o.state, o.ttl_us), (0, second.state, None));
@@ -885,7 +928,7 @@ mod tests {
             &p,
             MAX_BURST * 2,
             T0 + 2,
-            Some(T0 + 2 + MAX_PERIOD_MS * 1_000),
+            Some(Mark::new(T0 + 2 + MAX_PERIOD_MS * 1_000, T0 + 1, 0)),
         );
         assert_eq!(units, 1, "one interval still to drain of that mark");
         assert_eq!(o.decision.remaining, 0);
@@ -906,7 +949,7 @@ mod tests {
         let (o, units) = report(None, &p, MAX_BURST, T0);
         assert_eq!(units, MAX_BURST);
         let mark = mark_of(&o, T0);
-        assert_eq!(mark, HELD_MARK + T0, "held: past what a reply states");
+        assert_eq!(mark.at, HELD_MARK + T0, "held: past what a reply states");
         // All of it back, once (the 421 was the capped mark's 2^50 / 31 days).
         let (back, given) = refund(o.state, &p, MAX_BURST, T0 + 1, Some(mark));
         assert_eq!(given, MAX_BURST);
@@ -930,6 +973,50 @@ mod tests {
         // Past 2^50 µs after its take, a held mark gives nothing (its ticket has ended).
         let (_, given) = refund(o.state, &p, MAX_BURST, T0 + MAX_WAIT_US, Some(mark));
         assert_eq!(given, 0);
+    }
+
+    #[test]
+    fn refunds_out_of_order_give_back_no_more_than_each_take_still_holds() {
+        // As the bucket's: 1 a second, burst 10; A 5, B 5, A refunded, at rest 5 s later, C 10.
+        let p = params(1, 1_000, 10);
+        let mark_of = |o: &Outcome<State>, at: u64| {
+            Mark::new(
+                at + o.decision.reset_after_us,
+                at,
+                o.state.map_or(0, |s| s.refunded),
+            )
+        };
+        let a = acquire(None, &p, 5, T0);
+        let b = acquire(a.state, &p, 5, T0);
+        let (ma, mb) = (mark_of(&a, T0), mark_of(&b, T0));
+        let (back, given) = refund(b.state, &p, 5, T0, Some(ma));
+        assert_eq!(given, 5);
+        let c = acquire(back.state, &p, 10, T0 + 5_000_000);
+        assert!(c.decision.allowed);
+        let (_, given) = refund(c.state, &p, 5, T0 + 5_000_000, Some(mb));
+        assert_eq!(given, 0, "B's units had drained by then");
+        let (_, given) = refund(back.state, &p, 5, T0 + 2_000_000, Some(mb));
+        assert_eq!(given, 3);
+        // A partly drained take given back drops the part drained: re-anchored at t.
+        let p = params(2, 295, 3);
+        let a = acquire(None, &p, 1, T0);
+        let b = acquire(a.state, &p, 2, T0 + 1);
+        let (back, given) = refund(b.state, &p, 1, T0 + 1, Some(mark_of(&a, T0)));
+        assert_eq!(given, 1);
+        assert_eq!(
+            back.state.map(|s| (s.anchor_us, s.units)),
+            Some((T0 + 1, 2))
+        );
+        assert!(
+            !decide(back.state, &p, 2, T0 + 147_500, false)
+                .decision
+                .allowed
+        );
+        assert!(
+            decide(back.state, &p, 2, T0 + 147_501, false)
+                .decision
+                .allowed
+        );
     }
 
     #[test]

@@ -94,15 +94,22 @@ pub trait Rule: Copy {
     /// outcome's `ttl_us` is `None`). With `mark`, the [`Verdict::marks`] value of the take the
     /// units came from (`now_us + reset_after_us` of its decision), only units that take still
     /// holds are given back: those in the window it counted in, the log entry it made, or the
-    /// part of its cost that time has not yet refilled. Returns the outcome, whose decision
+    /// part of its cost that time has not yet refilled and no refund since has moved up
+    /// ([`undrained`]). Returns the outcome, whose decision
     /// describes the subject afterwards as [`Rule::report`]'s does, and the units given back.
     fn refund(
         &self,
         state: Option<Self::State>,
         units: u64,
         now_us: u64,
-        mark: Option<u64>,
+        mark: Option<Mark>,
     ) -> (Outcome<Self::State>, u64);
+    /// The units refunds have given back to `state` since it began ([`Life`]), which a ticket
+    /// keeps with its mark: kept by the algorithms whose marks every refund moves (token bucket,
+    /// GCRA); 0 for the others.
+    fn refunded(_state: &Self::State) -> u64 {
+        0
+    }
     /// The script's parameters (`ARGV[a + 1]` onwards, see `lua/common.lua`).
     fn script_args(&self) -> ScriptArgs;
     /// The most units one subject can be granted at once.
@@ -228,9 +235,9 @@ macro_rules! window_rule {
                 state: Option<State>,
                 units: u64,
                 now_us: u64,
-                mark: Option<u64>,
+                mark: Option<super::Mark>,
             ) -> (Outcome<State>, u64) {
-                refund(state, self, units, now_us, mark)
+                refund(state, self, units, now_us, mark.map(|m| m.at))
             }
 
             fn script_args(&self) -> super::ScriptArgs {
@@ -354,6 +361,15 @@ macro_rules! algorithms {
             $($variant(<$module::Params as Rule>::State)),+
         }
 
+        impl State {
+            /// The units refunds have given back to it since it began ([`Rule::refunded`]).
+            pub fn refunded(&self) -> u64 {
+                match self {
+                    $(State::$variant(s) => <$module::Params as Rule>::refunded(s)),+
+                }
+            }
+        }
+
         impl Params {
             pub const fn algorithm(&self) -> Algorithm {
                 match self {
@@ -400,7 +416,7 @@ macro_rules! algorithms {
 
             /// Refunds with the algorithm's pure function ([`Rule::refund`]). State of another
             /// algorithm counts as none.
-            pub fn refund(&self, state: Option<State>, units: u64, now_us: u64, mark: Option<u64>) -> (Outcome<State>, u64) {
+            pub fn refund(&self, state: Option<State>, units: u64, now_us: u64, mark: Option<Mark>) -> (Outcome<State>, u64) {
                 match self {
                     $(Params::$variant(p) => {
                         let state = match state {
@@ -522,7 +538,9 @@ pub fn decide_joint(
 /// acquire. A peek decides as an acquire would and keeps every state as it was; a report takes
 /// from every limit ([`Rule::report`]); a refund gives back to every limit ([`Rule::refund`]),
 /// limit `i` within `marks[i]` when `marks` holds one per limit (a ticket's), or as it stands
-/// when `marks` is empty.
+/// when `marks` is empty. An allowed acquire and a report note each limit's refund count
+/// ([`Verdict::marks`]): from the state it wrote, or, for a report that recorded nothing, the
+/// one it left.
 pub fn decide_op(
     params: &[Params],
     states: &mut [Option<State>],
@@ -530,7 +548,7 @@ pub fn decide_op(
     op: Op,
     cost: u64,
     now_us: u64,
-    marks: &[u64],
+    marks: &[Mark],
 ) -> Verdict {
     let mut verdict = Verdict::at(now_us);
     match op {
@@ -567,6 +585,11 @@ pub fn decide_op(
             }
         }
     }
+    if verdict.allowed && matches!(op, Op::Acquire | Op::Report) {
+        for (count, state) in verdict.refunded.iter_mut().zip(states.iter()) {
+            *count = state.as_ref().map_or(0, State::refunded);
+        }
+    }
     verdict
 }
 
@@ -580,9 +603,15 @@ pub struct Verdict {
     pub allowed: bool,
     /// The time of the decision (µs): Redis's clock, or the embedded store's.
     pub at_us: u64,
+    /// The time an allowed acquire or a report took at ([`Mark::taken_us`]): `at_us`, or for a
+    /// booking the later time it was booked for.
+    pub taken_us: u64,
     len: usize,
     limits: [Decision; MAX_LIMITS],
     units: [u64; MAX_LIMITS],
+    /// Per limit, after an allowed acquire or a report: the refund count of the state it left
+    /// ([`Rule::refunded`]), which its ticket keeps ([`Mark::refunded`]).
+    pub refunded: [u64; MAX_LIMITS],
 }
 
 impl Default for Verdict {
@@ -604,9 +633,11 @@ impl Verdict {
         Self {
             allowed: true,
             at_us,
+            taken_us: at_us,
             len: 0,
             limits: [NONE; MAX_LIMITS],
             units: [0; MAX_LIMITS],
+            refunded: [0; MAX_LIMITS],
         }
     }
 
@@ -644,19 +675,24 @@ impl Verdict {
         &self.units[..self.len]
     }
 
-    /// Per limit, the mark of what an allowed acquire or a report took: `at_us +
+    /// Per limit, the mark of what an allowed acquire or a report took ([`Mark`]): `at_us +
     /// reset_after_us`, the time its units stop counting (see [`Rule::refund`]); or, when that
     /// reset is at the longest wait a reply states ([`MAX_WAIT_US`], so the true one may be far
     /// longer: a huge backlog drained once a month), [`HELD_MARK`] `+ at_us`, which
-    /// [`undrained`] reads without that cap.
-    pub fn marks(&self) -> impl Iterator<Item = u64> + '_ {
-        self.limits().iter().map(|d| {
-            if d.reset_after_us >= MAX_WAIT_US {
-                HELD_MARK.saturating_add(self.at_us)
-            } else {
-                self.at_us.saturating_add(d.reset_after_us)
-            }
-        })
+    /// [`undrained`] reads without that cap; with the take's time and the limit's refund count.
+    pub fn marks(&self) -> impl Iterator<Item = Mark> + '_ {
+        self.limits()
+            .iter()
+            .zip(&self.refunded)
+            .map(|(d, &refunded)| Mark {
+                at: if d.reset_after_us >= MAX_WAIT_US {
+                    HELD_MARK.saturating_add(self.at_us)
+                } else {
+                    self.at_us.saturating_add(d.reset_after_us)
+                },
+                taken_us: self.taken_us,
+                refunded,
+            })
     }
 
     /// The index of the limit that decided: on a denial, the denying limit with the longest
@@ -756,33 +792,130 @@ impl<S> Outcome<S> {
     }
 }
 
+/// What a ticket keeps of one limit's take ([`Verdict::marks`]), from which a refund tells what
+/// that take still holds ([`Rule::refund`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Mark {
+    /// The time the take's units stop counting, or a held mark ([`HELD_MARK`]).
+    pub at: u64,
+    /// The take's time, [`Verdict::at_us`].
+    pub taken_us: u64,
+    /// The limit's refund count just after the take ([`Life::refunded`]; 0 for algorithms that
+    /// keep none).
+    pub refunded: u64,
+}
+
+impl Mark {
+    pub const fn new(at: u64, taken_us: u64, refunded: u64) -> Self {
+        Self {
+            at,
+            taken_us,
+            refunded,
+        }
+    }
+}
+
+/// A token bucket's or a GCRA state's record of its own life, which a mark is read against
+/// ([`undrained`]): when it began, and the units refunds have given back since. A life begins
+/// whenever the subject is found at rest (a full bucket, a drained TAT, no state): every take
+/// before then is spent, so no ticket taken before `since_us` holds anything. A count that would
+/// reach [`LIFE_REFUNDS`] begins a new life at that refund, so that it stays exact in Lua.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Life {
+    pub since_us: u64,
+    pub refunded: u64,
+}
+
+/// The most units a [`Life`] counts as refunded (2^52): every number stays exact in Lua.
+pub const LIFE_REFUNDS: u64 = 1 << 52;
+
+impl Life {
+    /// A life beginning at `t`.
+    pub const fn at(t: u64) -> Self {
+        Self {
+            since_us: t,
+            refunded: 0,
+        }
+    }
+
+    /// The life after a refund at `t` gave back `given` units.
+    pub fn refund(self, given: u64, t: u64) -> Self {
+        match self.refunded.checked_add(given) {
+            Some(refunded) if refunded < LIFE_REFUNDS => Self { refunded, ..self },
+            _ => Self::at(t),
+        }
+    }
+}
+
 /// The units of a take still held at `t` by its `mark` ([`Verdict::marks`]), for an algorithm
-/// whose units drain (GCRA) or refill (token bucket) at `per / every` a µs, the take's being
-/// the last to go; a refund gives back at most these (of the `units` it was asked).
-/// - A mark that is a time: `ceil((mark - t) * per / every)`, the units between `t` and the
-///   mark (`mark - t` capped at [`MAX_WAIT_US`], which no genuine mark exceeds, so that every
-///   number stays exact in Lua).
+/// whose units drain (GCRA) or refill (token bucket) at `per / every` a µs, in the order they
+/// were taken, the take's behind every earlier one; a refund gives back at most these (of the
+/// `units` it was asked).
+/// - Nothing when the take came before the state's `life` began (it was spent by then), or its
+///   refund count is past the life's (it counted in another life).
+/// - A refund moves every later take's units up by the units it gave back (a refund of an
+///   earlier take frees its place in the order; counted whatever it refunded, which may only
+///   give less): the `shift`, the life's refunds since the take, comes off.
+/// - A mark that is a time: `ceil((mark - 1 - t) * per / every) - shift`, the units between `t`
+///   and the moved-up mark (`mark - 1`: a mark is the exact time rounded up to a µs, so the
+///   exact one is later than `mark - 1`, and a count rounded up from it is rounded up from part
+///   of a unit the take holds; `mark - 1 - t` capped at [`MAX_WAIT_US`], which no genuine mark
+///   exceeds, so that every number stays exact in Lua).
 /// - A held mark, `HELD_MARK + at` (the take at `at` left units counting past [`MAX_WAIT_US`]):
 ///   two lower bounds of what it still holds, the larger: the units that the time since the
 ///   take cannot have drained of the take's own (`units - floor(elapsed * per / every)`, as its
-///   units were queued behind nothing at best), and those still to go before `at +
-///   MAX_WAIT_US`, which its units stop counting after (`ceil((MAX_WAIT_US - elapsed) * per /
-///   every)`). Never more than the take still holds, and all of it for at least one unit's time
-///   after the take; nothing once `MAX_WAIT_US` has passed since it (a ticket's longest life).
-pub(crate) fn undrained(mark: u64, t: u64, units: u64, per: u64, every: u64) -> u64 {
+///   units were queued behind nothing at best, which no refund changes), and those still to go
+///   before `at + MAX_WAIT_US`, which its moved-up units stop counting after
+///   (`ceil((MAX_WAIT_US - elapsed) * per / every) - shift`). Never more than the take still
+///   holds, and all of it for at least one unit's time after the take; nothing once
+///   `MAX_WAIT_US` has passed since it (a ticket's longest life).
+///
+/// Also says whether the count is rounded up from a part of a unit (the take's oldest unit has
+/// partly refilled or drained): a refund that gives that count back drops the part refilled so
+/// far of the level's next unit ([`Held::partial`]), so that it is not given twice.
+pub(crate) fn undrained(mark: Mark, t: u64, units: u64, per: u64, every: u64, life: Life) -> Held {
+    let none = Held {
+        units: 0,
+        partial: false,
+    };
+    if mark.taken_us < life.since_us || mark.refunded > life.refunded {
+        return none;
+    }
+    let shift = life.refunded - mark.refunded;
     let up = |d: u64| {
         let (q, r) = arith::muldiv(d, per, every);
-        q.saturating_add(u64::from(r > 0))
+        Held {
+            units: q.saturating_add(u64::from(r > 0)).saturating_sub(shift),
+            partial: r > 0,
+        }
     };
-    if mark < HELD_MARK {
-        return up(until(mark, t).min(MAX_WAIT_US));
+    if mark.at < HELD_MARK {
+        return up(until(mark.at.saturating_sub(1), t).min(MAX_WAIT_US));
     }
-    let elapsed = t.saturating_sub(mark - HELD_MARK);
+    let elapsed = t.saturating_sub(mark.at - HELD_MARK);
     if elapsed >= MAX_WAIT_US {
-        return 0;
+        return none;
     }
     let (drained, _) = arith::muldiv(elapsed, per, every);
-    up(MAX_WAIT_US - elapsed).max(units.saturating_sub(drained))
+    let own = units.saturating_sub(drained);
+    let before_end = up(MAX_WAIT_US - elapsed);
+    if before_end.units >= own {
+        before_end
+    } else {
+        Held {
+            units: own,
+            partial: false,
+        }
+    }
+}
+
+/// What [`undrained`] finds a take still holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Held {
+    pub units: u64,
+    /// Rounded up from a part of a unit: giving all of `units` back gives that part twice
+    /// unless the level's part refilled (or drained) so far goes with it.
+    pub partial: bool,
 }
 
 /// `target - now`, or zero when `target` has passed.

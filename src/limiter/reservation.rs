@@ -116,8 +116,10 @@ pub fn reserve(
         };
     }
     let mut verdict = Verdict::at(now_us);
+    verdict.taken_us = act;
     for (i, p) in params.iter().enumerate() {
         let o = p.decide(states[i].take(), cost, act, true);
+        verdict.refunded[i] = o.state.as_ref().map_or(0, State::refunded);
         states[i] = o.state;
         ttls[i] = o.ttl_us.map(|t| t.saturating_add(delay));
         verdict.push(later(o.decision, delay));

@@ -31,6 +31,14 @@
 //! instead, which [`super::undrained`] reads.) A refund rewrites the level but keeps the key's expiry: the bucket is
 //! only fuller, so it is full again before the old expiry.
 //!
+//! A take's tokens are the last to refill after it, so a refund of an earlier take moves them
+//! up: the state keeps its [`Life`] (when the bucket was last found full, and the tokens refunds
+//! have given back since), a ticket keeps the count as its take left it, and a refund gives
+//! back no more than the mark says less what every refund since gave back, and nothing for a
+//! take from before the life began ([`super::undrained`]). A count rounded up from part of a
+//! token, given back whole, takes that part of the level's fraction with it, so that it is not
+//! given twice.
+//!
 //! A change of parameters (a capacity or a rate changed by a policy update, an override or a
 //! tier): the tokens missing from full carry over, whatever the capacity (ADDITIVE: a subject
 //! that spent 5 of 22 has 57 of 62 once raised, and 0 of 4 once lowered, in debt by 1). The
@@ -45,7 +53,7 @@
 //! as written under the capacity decided.
 
 use super::arith::{gcd, muldiv};
-use super::{undrained, Decision, Outcome, MAX_WAIT_US};
+use super::{undrained, Decision, Life, Mark, Outcome, MAX_WAIT_US};
 
 /// Validated parameters; the rate `refill_tokens / refill_period_us` is in lowest terms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +91,10 @@ pub struct State {
     /// `capacity - tokens`, whatever the capacity decided. (Keys written before this field
     /// existed are read as written under the capacity decided.)
     pub capacity: u64,
+    /// When this level's [`Life`] began, and the units refunds have given back since, which
+    /// tickets' marks are read against.
+    pub since_us: u64,
+    pub refunded: u64,
 }
 
 impl super::Rule for Params {
@@ -142,9 +154,13 @@ impl super::Rule for Params {
         state: Option<State>,
         units: u64,
         now_us: u64,
-        mark: Option<u64>,
+        mark: Option<Mark>,
     ) -> (Outcome<State>, u64) {
         refund(state, self, units, now_us, mark)
+    }
+
+    fn refunded(state: &State) -> u64 {
+        state.refunded
     }
 
     fn script_args(&self) -> super::ScriptArgs {
@@ -255,7 +271,7 @@ pub fn refund(
     p: &Params,
     units: u64,
     now_us: u64,
-    mark: Option<u64>,
+    mark: Option<Mark>,
 ) -> (Outcome<State>, u64) {
     // No state is a full bucket: nothing is in use, so nothing is given and nothing is made.
     let (level, t) = Level::at(state, p, now_us);
@@ -263,12 +279,16 @@ pub fn refund(
     // Whole tokens in use: the level is at most full.
     let used = u64::try_from(signed(level.full) - level.tokens).unwrap_or(0);
     let mut give = units.min(used);
+    // Whether the part of a token refilled so far goes with what is given (see `undrained`).
+    let mut drop_part = false;
     if let Some(mark) = mark {
         // What time has not refilled yet of the take's tokens, rounded up to a whole token: a
         // refund right after its take gives all of it back, not one less for the sliver refilled
-        // since (the level is capped at the capacity, so a full bucket gains nothing); a held
-        // mark as `undrained` reads it.
-        give = give.min(undrained(mark, t, units, level.rate, level.period));
+        // since (the level is capped at the capacity, so a full bucket gains nothing); moved up
+        // by the refunds since; a held mark as `undrained` reads it.
+        let held = undrained(mark, t, units, level.rate, level.period, level.life);
+        give = give.min(held.units);
+        drop_part = held.partial && give == held.units;
     }
     if give == 0 {
         let outcome = Outcome {
@@ -279,15 +299,22 @@ pub fn refund(
         return (outcome, 0);
     }
     let tokens = level.tokens + signed(give);
+    let life = level.life.refund(give, t);
     let after = if tokens >= signed(level.full) {
         // Full: the fraction would put the level above the capacity.
         Level {
             tokens: signed(level.full),
             fraction: 0,
+            life,
             ..level
         }
     } else {
-        Level { tokens, ..level }
+        Level {
+            tokens,
+            fraction: if drop_part { 0 } else { level.fraction },
+            life,
+            ..level
+        }
     };
     let outcome = Outcome {
         decision: after.describe(skew),
@@ -316,6 +343,8 @@ struct Level {
     period: u64,
     full: u64,
     extra: i64,
+    /// Begun afresh when the bucket is full.
+    life: Life,
 }
 
 impl Level {
@@ -323,7 +352,7 @@ impl Level {
     /// rate for the time since its update, capped at its own capacity, or a full bucket of
     /// `p` for no state.
     fn at(state: Option<State>, p: &Params, now_us: u64) -> (Level, u64) {
-        let (full, rate, period, mut tokens, mut fraction, updated) = match state {
+        let (full, rate, period, mut tokens, mut fraction, updated, life) = match state {
             Some(s) if s.refill_tokens > 0 && s.refill_period_us > 0 => {
                 let full = signed(s.capacity);
                 let (tokens, fraction) = if s.tokens >= full {
@@ -332,7 +361,19 @@ impl Level {
                     (s.tokens, s.fraction)
                 };
                 let (rate, period) = (s.refill_tokens, s.refill_period_us);
-                (s.capacity, rate, period, tokens, fraction, s.updated_us)
+                let life = Life {
+                    since_us: s.since_us,
+                    refunded: s.refunded,
+                };
+                (
+                    s.capacity,
+                    rate,
+                    period,
+                    tokens,
+                    fraction,
+                    s.updated_us,
+                    life,
+                )
             }
             _ => (
                 p.capacity,
@@ -341,6 +382,7 @@ impl Level {
                 signed(p.capacity),
                 0,
                 now_us,
+                Life::at(now_us),
             ),
         };
         let capacity = signed(full);
@@ -368,6 +410,11 @@ impl Level {
             period,
             full,
             extra: signed(p.capacity) - capacity,
+            life: if tokens >= capacity {
+                Life::at(t)
+            } else {
+                life
+            },
         };
         (level, t)
     }
@@ -384,6 +431,7 @@ impl Level {
             period: p.refill_period_us,
             full: p.capacity,
             extra: 0,
+            life: self.life,
         }
     }
 
@@ -406,6 +454,8 @@ impl Level {
             refill_tokens: self.rate,
             refill_period_us: self.period,
             capacity: self.full,
+            since_us: self.life.since_us,
+            refunded: self.life.refunded,
         }
     }
 
@@ -622,6 +672,7 @@ mod tests {
         let second = acquire(first.state, &p, 5, T0 + 4_000_000);
         let mark2 = T0 + 4_000_000 + second.decision.reset_after_us;
         assert_eq!(mark2, T0 + 10_000_000);
+        let (mark1, mark2) = (Mark::new(mark1, T0, 0), Mark::new(mark2, T0 + 4_000_000, 0));
         let now = T0 + 6_000_000;
         // The first take's 5 have all been refilled by T0 + 5 s, though 4 are in use.
         let (o, units) = refund(second.state, &p, 5, now, Some(mark1));
@@ -726,6 +777,90 @@ mod tests {
         let (f, given) = refund(o.state, &low, 100, T0, None);
         assert_eq!((given, f.decision.remaining), (15, 4));
         assert_eq!(f.ttl_us, None);
+    }
+
+    /// The mark of an allowed take or report: as [`crate::limiter::Verdict::marks`] makes it.
+    fn mark_of(o: &Outcome<State>, at: u64) -> Mark {
+        let refunded = o.state.map_or(0, |s| s.refunded);
+        Mark::new(at + o.decision.reset_after_us, at, refunded)
+    }
+
+    #[test]
+    fn refunds_out_of_order_give_back_no_more_than_each_take_still_holds() {
+        // Capacity 10 at 1 a second: A takes 5, B takes 5, A is refunded, the bucket is full
+        // again 5 s later and C takes all 10; B's ticket must give nothing back now, where its
+        // mark alone (full at 10 s) would say 5.
+        let p = Params::new(10, 1, 1_000_000);
+        let a = acquire(None, &p, 5, T0);
+        let b = acquire(a.state, &p, 5, T0);
+        let (ma, mb) = (mark_of(&a, T0), mark_of(&b, T0));
+        let (back, given) = refund(b.state, &p, 5, T0, Some(ma));
+        assert_eq!(given, 5);
+        let c = acquire(back.state, &p, 10, T0 + 5_000_000);
+        assert!(c.decision.allowed);
+        let (_, given) = refund(c.state, &p, 5, T0 + 5_000_000, Some(mb));
+        assert_eq!(given, 0, "B's units were spent by then");
+        // Before the bucket was full again, B held what A's refund moved up: at 2 s, 3 of 5.
+        let (_, given) = refund(back.state, &p, 5, T0 + 2_000_000, Some(mb));
+        assert_eq!(given, 3);
+        // C's own ticket still gives its units back, all of them.
+        let (_, given) = refund(
+            c.state,
+            &p,
+            10,
+            T0 + 5_000_000,
+            Some(mark_of(&c, T0 + 5_000_000)),
+        );
+        assert_eq!(given, 10);
+    }
+
+    #[test]
+    fn a_ticket_from_before_the_bucket_was_last_full_gives_nothing() {
+        let p = Params::new(10, 1, 1_000_000);
+        let a = acquire(None, &p, 5, T0);
+        // Full again at 5 s, without any refund; a take at 6 s begins a new life.
+        let b = acquire(a.state, &p, 10, T0 + 6_000_000);
+        assert_eq!(b.state.map(|s| s.since_us), Some(T0 + 6_000_000));
+        let (_, given) = refund(b.state, &p, 5, T0 + 6_000_000, Some(mark_of(&a, T0)));
+        assert_eq!(given, 0);
+    }
+
+    #[test]
+    fn a_refund_of_a_partly_refilled_take_drops_the_part_refilled() {
+        // A takes 1 of 3 at 0, B 2 at 1 µs; by then A's token has refilled by 1 µs' worth. A's
+        // refund gives its token back and with it the part refilled, so that B and a take at
+        // the next token's time never count more than the bucket allows.
+        let p = Params::new(3, 2, 295_000);
+        let a = acquire(None, &p, 1, T0);
+        let b = acquire(a.state, &p, 2, T0 + 1);
+        let (back, given) = refund(b.state, &p, 1, T0 + 1, Some(mark_of(&a, T0)));
+        assert_eq!(given, 1);
+        assert_eq!(back.state.map(|s| (s.tokens, s.fraction)), Some((1, 0)));
+        assert_eq!(back.decision.retry_after_us, 0);
+        let early = decide(back.state, &p, 2, T0 + 147_500, false).decision;
+        assert!(
+            !early.allowed,
+            "1 token and 147,499 µs of the next: {early:?}"
+        );
+        assert!(
+            decide(back.state, &p, 2, T0 + 147_501, false)
+                .decision
+                .allowed
+        );
+    }
+
+    #[test]
+    fn a_life_begins_again_before_its_refund_count_leaves_what_lua_holds_exactly() {
+        let p = Params::new(1_000_000_000, 1, 1_000_000);
+        let a = acquire(None, &p, 1_000_000_000, T0);
+        let near = State {
+            refunded: crate::limiter::LIFE_REFUNDS - 10,
+            ..a.state.expect("taken")
+        };
+        let (o, given) = refund(Some(near), &p, 20, T0 + 1, None);
+        assert_eq!(given, 20);
+        let s = o.state.expect("kept");
+        assert_eq!((s.since_us, s.refunded), (T0 + 1, 0));
     }
 
     #[test]

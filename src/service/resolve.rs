@@ -20,7 +20,7 @@ use super::counters::Counted;
 use super::{RateLimiter, ServiceError, Ticket};
 use crate::limiter::concurrency::Params as LeaseParams;
 use crate::limiter::{Decision, Verdict};
-use crate::limiter::{Op, MAX_LIMITS};
+use crate::limiter::{Mark, Op, MAX_LIMITS};
 use crate::policy::request_limits::Requested;
 use crate::policy::{Kind, LimitKey, Limits, Mode, Policy, Rate};
 use crate::store::{Ask, Claim, Etag, Plan};
@@ -39,7 +39,7 @@ pub struct Resolved {
     /// A refund's ticket, verified for this subject.
     pub ticket: Option<Ticket>,
     /// The ticket's marks for the policy's limits, as [`Ticket::marks_for`] gives them.
-    marks: ([u64; MAX_LIMITS], usize),
+    marks: ([Mark; MAX_LIMITS], usize),
     /// The policy is in shadow mode (its own `mode`, or `limits.shadow`), and this is an acquire
     /// or a peek: the answer is allowed whatever the store decides.
     pub shadow: bool,
@@ -233,7 +233,7 @@ impl RateLimiter {
         }
         let shadow = matches!(ask.op(), Op::Acquire | Op::Peek)
             && (self.shadow || rate.mode() == Mode::Shadow);
-        let mut marks = ([0; MAX_LIMITS], 0);
+        let mut marks = ([Mark::default(); MAX_LIMITS], 0);
         let ticket = match ask {
             Ask::Refund {
                 ticket: Some(text), ..

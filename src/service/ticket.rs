@@ -1,11 +1,15 @@
 //! Tickets: what an allowed acquire or a report took, so that a refund can give the units back
 //! where they were taken from, and nowhere else, at most once in all.
 //!
-//! A ticket names the units taken, one mark per limit (the time the take stops counting,
-//! [`Verdict::marks`], from which each algorithm tells whether its window, log entry or
-//! undrained units are still there: [`crate::limiter::Rule::refund`]), a random id, and the key
-//! that signed it. It is opaque to clients:
-//! `2.<key id>.<id: 16 hex>.<units>.<mark>[.<mark>…].<tag: 32 hex>`.
+//! A ticket names the units taken, the take's time, one mark per limit (the time the take stops
+//! counting, and for a token bucket or GCRA the limit's refund count then: [`Mark`], from which
+//! each algorithm tells whether its window, log entry or undrained units are still there:
+//! [`crate::limiter::Rule::refund`]), a random id, and the key that signed it. It is opaque to
+//! clients: `3.<key id>.<id: 16 hex>.<units>.<taken at>.<mark>[-<refund count>][.<mark>…].<tag:
+//! 32 hex>`, a count of 0 left out. A ticket of version 2 (no take time, no counts: issued
+//! before counts were kept) is still read, as taken before any state's life began, so that it
+//! gives back on the windows and logs as it did, and nothing on a token bucket or GCRA, where
+//! it cannot tell what the refunds since its take have moved up.
 //!
 //! - Authenticated: the tag is HMAC-SHA256 (truncated to 128 bits) of everything before it and
 //!   of the subject (policy and key), under a key every instance shares ([`Keyring`]): a ticket
@@ -27,14 +31,17 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::limiter::{Verdict, MAX_LIMITS};
+use crate::limiter::{Mark, Verdict, MAX_LIMITS};
 use crate::policy::{LimitKey, Policy};
 
 /// The version of the format, its first field.
-const VERSION: &str = "2";
+const VERSION: &str = "3";
+/// The version before, still read (see the module doc).
+const VERSION_2: &str = "2";
 
-/// Longest ticket accepted, in bytes: the longest one issued (8 marks) is under 220.
-pub const MAX_TICKET_BYTES: usize = 256;
+/// Longest ticket accepted, in bytes: the longest one issued (8 marks, each with a refund count
+/// below 2^52) is under 400.
+pub const MAX_TICKET_BYTES: usize = 512;
 
 /// Bytes of a signing key.
 pub const KEY_BYTES: usize = 32;
@@ -59,7 +66,9 @@ pub struct Ticket {
     key_id: u32,
     /// The ticket's own id: names its record of what it has given back.
     pub id: u64,
-    marks: [u64; MAX_LIMITS],
+    /// Read from a ticket of version 2, whose body is written as that version's.
+    v2: bool,
+    marks: [Mark; MAX_LIMITS],
     len: usize,
     tag: [u8; TAG_BYTES],
 }
@@ -241,7 +250,7 @@ impl Keyring {
     ) -> Option<Ticket> {
         let (key_id, mac) =
             self.with_ring(|r| r.current.as_ref().map(|s| (s.key.id, s.mac.clone())))?;
-        let mut marks = [0; MAX_LIMITS];
+        let mut marks = [Mark::default(); MAX_LIMITS];
         let mut len = 0;
         for (slot, mark) in marks.iter_mut().zip(verdict.marks()) {
             *slot = mark;
@@ -251,6 +260,7 @@ impl Keyring {
             units,
             key_id,
             id,
+            v2: false,
             marks,
             len,
             tag: [0; TAG_BYTES],
@@ -297,16 +307,25 @@ impl Ticket {
     fn write_body(&self, w: &mut impl fmt::Write) -> fmt::Result {
         let mut n = itoa::Buffer::new();
         let mut id = [0; 16];
-        w.write_str(VERSION)?;
+        w.write_str(if self.v2 { VERSION_2 } else { VERSION })?;
         w.write_char('.')?;
         w.write_str(n.format(self.key_id))?;
         w.write_char('.')?;
         w.write_str(hex(&self.id.to_be_bytes(), &mut id))?;
         w.write_char('.')?;
         w.write_str(n.format(self.units))?;
-        for mark in &self.marks[..self.len] {
+        let marks = &self.marks[..self.len];
+        if !self.v2 {
             w.write_char('.')?;
-            w.write_str(n.format(*mark))?;
+            w.write_str(n.format(marks.first().map_or(0, |m| m.taken_us)))?;
+        }
+        for mark in marks {
+            w.write_char('.')?;
+            w.write_str(n.format(mark.at))?;
+            if mark.refunded > 0 {
+                w.write_char('-')?;
+                w.write_str(n.format(mark.refunded))?;
+            }
         }
         Ok(())
     }
@@ -361,9 +380,11 @@ impl Ticket {
                 .ok_or(MALFORMED)?;
         }
         let mut fields = body.split('.');
-        if fields.next() != Some(VERSION) {
-            return Err(MALFORMED);
-        }
+        let v2 = match fields.next() {
+            Some(VERSION) => false,
+            Some(VERSION_2) => true,
+            _ => return Err(MALFORMED),
+        };
         let key_id = fields
             .next()
             .and_then(|k| k.parse::<u32>().ok())
@@ -378,11 +399,30 @@ impl Ticket {
             .and_then(|u| u.parse::<u64>().ok())
             .filter(|u| *u > 0)
             .ok_or(MALFORMED)?;
-        let mut marks = [0; MAX_LIMITS];
+        // Version 2 kept no take time: its takes count as before any life began.
+        let taken_us = if v2 {
+            0
+        } else {
+            fields
+                .next()
+                .and_then(|t| t.parse::<u64>().ok())
+                .ok_or(MALFORMED)?
+        };
+        let number = |s: &str| s.parse::<u64>().map_err(|_| MALFORMED);
+        let mut marks = [Mark::default(); MAX_LIMITS];
         let mut len = 0;
         for field in fields {
-            let mark = field.parse::<u64>().map_err(|_| MALFORMED)?;
-            *marks.get_mut(len).ok_or(MALFORMED)? = mark;
+            let (at, refunded) = match field.split_once('-') {
+                // A count is written only when it is not 0, so a text has one spelling.
+                Some((at, count)) if !v2 => (number(at)?, number(count).and_then(nonzero)?),
+                Some(_) => return Err(MALFORMED),
+                None => (number(field)?, 0),
+            };
+            *marks.get_mut(len).ok_or(MALFORMED)? = Mark {
+                at,
+                taken_us,
+                refunded,
+            };
             len += 1;
         }
         if len == 0 {
@@ -392,6 +432,7 @@ impl Ticket {
             units,
             key_id,
             id,
+            v2,
             marks,
             len,
             tag,
@@ -401,12 +442,12 @@ impl Ticket {
     /// The marks a refund applies it with: one per limit of `policy`, or, when the policy's
     /// limits have changed in number since the ticket was issued, marks that no take holds, so
     /// that the refund gives nothing back (a changed policy ends every ticket).
-    pub fn marks_for(&self, policy: &Policy) -> ([u64; MAX_LIMITS], usize) {
+    pub fn marks_for(&self, policy: &Policy) -> ([Mark; MAX_LIMITS], usize) {
         let n = policy.params().len().min(MAX_LIMITS);
         if self.len == n {
             (self.marks, n)
         } else {
-            ([0; MAX_LIMITS], n)
+            ([Mark::default(); MAX_LIMITS], n)
         }
     }
 
@@ -415,9 +456,18 @@ impl Ticket {
     pub fn ends_at(&self) -> u64 {
         self.marks[..self.len]
             .iter()
-            .map(|m| crate::limiter::mark_life_end(*m))
+            .map(|m| crate::limiter::mark_life_end(m.at))
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// `n` if it is not 0.
+fn nonzero(n: u64) -> Result<u64, &'static str> {
+    if n == 0 {
+        Err(MALFORMED)
+    } else {
+        Ok(n)
     }
 }
 
@@ -484,7 +534,7 @@ mod tests {
             .expect("loaded");
         let text = t.to_string();
         assert!(
-            text.starts_with("2.7.0000000000000abc.2.1000250."),
+            text.starts_with("3.7.0000000000000abc.2.1000000.1000250."),
             "{text}"
         );
         // The tag is HMAC-SHA256 of the body, the policy and the key, cut to 128 bits.
@@ -509,8 +559,10 @@ mod tests {
             .expect("loaded")
             .to_string();
         for (from, to) in [
-            (".2.1000250.", ".3.1000250."),
-            (".2.1000250.", ".2.1000251."),
+            (".2.1000000.", ".3.1000000."),
+            (".1000000.", ".1000001."),
+            (".1000250.", ".1000251."),
+            (".1000250.", ".1000250-1."),
             ("0001.", "0002."),
         ] {
             let altered = text.replacen(from, to, 1);
@@ -538,7 +590,7 @@ mod tests {
             .issue(&p, &key("k"), 2, &verdict(), 2)
             .expect("loaded")
             .to_string();
-        assert!(new.starts_with("2.8."), "{new}");
+        assert!(new.starts_with("3.8."), "{new}");
         // A second rotation drops key 7.
         r.load(&rotated(Some(&text), [4; KEY_BYTES]))
             .expect("a ring");
@@ -551,11 +603,41 @@ mod tests {
     }
 
     #[test]
+    fn each_limit_keeps_its_refund_count_and_the_take_its_time() {
+        let (r, p) = (ring(), policy("p"));
+        let mut v = verdict();
+        v.refunded[0] = 42;
+        v.taken_us = 1_000_100;
+        let t = r.issue(&p, &key("k"), 2, &v, 1).expect("loaded");
+        let text = t.to_string();
+        assert!(text.contains(".2.1000100.1000250-42."), "{text}");
+        let back = r.verify(&text, &p, &key("k")).expect("verifies");
+        assert_eq!(back.marks_for(&p).0[0], Mark::new(1_000_250, 1_000_100, 42));
+    }
+
+    #[test]
+    fn a_ticket_of_version_2_still_verifies_as_taken_before_any_life() {
+        let (p, k) = (policy("p"), key("k"));
+        let body = "2.7.0000000000000001.2.1000250";
+        let mut mac = <HmacSha256 as Mac>::new_from_slice(&[9; KEY_BYTES]).expect("any length");
+        mac.update(format!("{body}\0p\0k").as_bytes());
+        let full = mac.finalize().into_bytes();
+        let mut tag = [0; 2 * TAG_BYTES];
+        let text = format!("{body}.{}", hex(&full[..TAG_BYTES], &mut tag));
+        let t = ring().verify(&text, &p, &k).expect("verifies");
+        assert_eq!(t.marks_for(&p).0[0], Mark::new(1_000_250, 0, 0));
+        assert_eq!(t.to_string(), text, "written back as it was signed");
+        // A count in a version 2 ticket is not one it could hold.
+        let counted = text.replacen(".1000250.", ".1000250-1.", 1);
+        assert_eq!(ring().verify(&counted, &p, &k), Err(MALFORMED));
+    }
+
+    #[test]
     fn a_policy_with_another_number_of_limits_gets_marks_no_take_holds() {
         let p = policy("p");
         let t = Ticket::parse(&format!("2.1.0000000000000001.2.5.6.{}", "0".repeat(32)))
             .expect("parses");
-        assert_eq!(t.marks_for(&p), ([0; MAX_LIMITS], 1));
+        assert_eq!(t.marks_for(&p), ([Mark::default(); MAX_LIMITS], 1));
     }
 
     #[test]
@@ -573,6 +655,12 @@ mod tests {
             format!("2.1.0000000000000001.1.5.{}", "A".repeat(32)),
             format!("2.x.0000000000000001.1.5.{tag}"),
             format!("2.1.0000000000000001.1.1.2.3.4.5.6.7.8.9.{tag}"),
+            format!("3.1.0000000000000001.1.9.1.2.3.4.5.6.7.8.9.{tag}"),
+            format!("3.1.0000000000000001.1.9.{tag}"),
+            format!("3.1.0000000000000001.1.9.5-0.{tag}"),
+            format!("3.1.0000000000000001.1.9.5-x.{tag}"),
+            format!("3.1.0000000000000001.1.9.5-1-2.{tag}"),
+            format!("4.1.0000000000000001.1.9.5.{tag}"),
             "1".repeat(MAX_TICKET_BYTES + 1),
         ] {
             assert!(Ticket::parse(&bad).is_err(), "{bad:?}");

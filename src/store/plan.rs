@@ -8,7 +8,7 @@
 //! allocates nothing.
 
 use crate::limiter::concurrency::LeaseCall;
-use crate::limiter::{Op, Params};
+use crate::limiter::{Mark, Op, Params};
 use crate::policy::{LimitKey, Policy};
 
 /// One operation on a subject's rate limits, with its own arguments. `T` is what a refund's
@@ -84,7 +84,7 @@ impl<T> Ask<T> {
 /// ticket gives nothing back anyway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim<'a> {
-    pub marks: &'a [u64],
+    pub marks: &'a [Mark],
     pub id: u64,
     pub units: u64,
     pub ends_at_us: u64,
@@ -146,7 +146,7 @@ impl<'a> Plan<'a> {
     }
 
     /// A refund's marks, one per limit; empty without a ticket and for the other operations.
-    pub fn marks(&self) -> &'a [u64] {
+    pub fn marks(&self) -> &'a [Mark] {
         self.claim().map_or(&[][..], |c| c.marks)
     }
 }
@@ -168,7 +168,10 @@ mod tests {
 
     #[test]
     fn each_ask_names_its_operation_and_keeps_its_arguments() {
-        let marks = [7u64];
+        let marks = [Mark {
+            at: 7,
+            ..Mark::default()
+        }];
         let claim = Claim {
             marks: &marks,
             id: 1,

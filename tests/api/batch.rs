@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use futures_util::future::join_all;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{decide_op, Op, State, Verdict};
+use ratelimiter::limiter::{decide_op, Mark, Op, State, Verdict};
 use ratelimiter::policy::{FailMode, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::batch::{answers, command, Job};
 use ratelimiter::store::connection::ConnectionMode;
@@ -162,11 +162,11 @@ fn batches_of_mixed_policies_operations_and_costs_decide_exactly_as_one_after_th
                 repeats.set(repeats.get() + 1);
             }
             let keys: Vec<LimitKey> = picks.iter().map(|p| subject(p.subject)).collect();
-            let marks: Vec<Vec<u64>> = picks
+            let marks: Vec<Vec<Mark>> = picks
                 .iter()
                 .map(|p| {
                     p.mark
-                        .map(|m| now.saturating_add_signed(m))
+                        .map(|m| Mark::new(now.saturating_add_signed(m), now, 0))
                         .into_iter()
                         .collect()
                 })

@@ -10,7 +10,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ratelimiter::limiter::{decide_op, sliding_window_log, Op, State, Verdict};
+use ratelimiter::limiter::{decide_op, sliding_window_log, Mark, Op, State, Verdict};
 use ratelimiter::policy::{Algorithm, FailMode, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::key::state_key;
@@ -289,7 +289,7 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
     ];
     let mut longest = 0;
     for (what, op, cost, mark, at) in cases {
-        let marks: Vec<u64> = mark.into_iter().collect();
+        let marks: Vec<Mark> = mark.map(|at| Mark::new(at, 0, 0)).into_iter().collect();
         let (us, v) = measured(&mut conn, &k, async || {
             store
                 .decide(
@@ -337,7 +337,7 @@ async fn no_operation_on_a_full_log_holds_redis_for_more_than_a_few_milliseconds
             .decide(&Plan::new(&policy, &key, ask(Op::Acquire, big, None)).at(Some(now)))
             .await
             .expect("decided");
-        let marks: Vec<u64> = taken.marks().collect();
+        let marks: Vec<Mark> = taken.marks().collect();
         let _ = longest_since(&mut conn);
         for (op, marks) in [
             (Op::Report, &[][..]),
@@ -383,7 +383,7 @@ async fn past_the_reach_of_one_call_the_log_still_decides_as_its_rust_function()
     let mut states: Vec<Option<State>> = vec![None];
     let mut ttls = vec![None];
     let mut step = 0;
-    let mut run = async |op: Op, cost: u64, marks: &[u64], now: u64| -> Verdict {
+    let mut run = async |op: Op, cost: u64, marks: &[Mark], now: u64| -> Verdict {
         step += 1;
         let expected = decide_op(&params, &mut states, &mut ttls, op, cost, now, marks);
         let got = store
@@ -417,9 +417,9 @@ async fn past_the_reach_of_one_call_the_log_still_decides_as_its_rust_function()
     let now = T0 + n * 1_000;
     let mark = |i: u64| T0 + i * 1_000 + window_us;
     // A ticket gives while at most REACH entries follow its own, and not past that.
-    let v = run(Op::Refund, 1, &[mark(n - 1 - reach)], now).await;
+    let v = run(Op::Refund, 1, &[Mark::new(mark(n - 1 - reach), 0, 0)], now).await;
     assert_eq!(v.units(), [1]);
-    let v = run(Op::Refund, 5, &[mark(n - 2 - reach)], now).await;
+    let v = run(Op::Refund, 5, &[Mark::new(mark(n - 2 - reach), 0, 0)], now).await;
     assert_eq!(v.units(), [0]);
     // 501 entries have left the window: a refund drops REACH of them and logs nothing, so after
     // a step back the others, still stored, count again, on both.
@@ -442,7 +442,7 @@ async fn past_the_reach_of_one_call_the_log_still_decides_as_its_rust_function()
     let v = run(Op::Report, 1_000_000_000, &[], end).await;
     assert_eq!(v.units(), [20_000]);
     let _ = run(Op::Acquire, 1, &[], end).await;
-    let _ = run(Op::Refund, 3, &[end + window_us], end + 5).await;
+    let _ = run(Op::Refund, 3, &[Mark::new(end + window_us, 0, 0)], end + 5).await;
     let _ = run(Op::Acquire, 1, &[], end + 6).await;
 }
 

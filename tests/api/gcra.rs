@@ -21,12 +21,12 @@ const REDIS_RATE: &str = include_str!("classic/redis_rate_gcra.lua");
 /// A plausible current time in µs: large enough that float truncation would show.
 const T0: u64 = 1_764_460_800_123_457;
 
-/// Our script's reply for one limit: allowed, then the limit's admits, remaining,
-/// reset_after_us and retry_after_us, and the decision's time.
-type Reply = (u8, u8, u64, u64, u64, u64);
+/// Our acquire script's reply for one limit: allowed, then the limit's admits, remaining,
+/// reset_after_us and retry_after_us, the decision's time, and the limit's refund count.
+type Reply = (u8, u8, u64, u64, u64, u64, u64);
 
 fn decision(
-    (allowed, _admits, remaining, reset_after_us, retry_after_us, _now): Reply,
+    (allowed, _admits, remaining, reset_after_us, retry_after_us, _now, _refunded): Reply,
 ) -> Decision {
     Decision {
         allowed: allowed == 1,

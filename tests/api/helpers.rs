@@ -653,7 +653,10 @@ pub fn ask<'a>(
 
 /// A ticket's claim on `marks` for `units`, with an id of its own, as the service sends it (no
 /// claim without marks: a ticketless operation).
-pub fn claim(marks: &[u64], units: u64) -> Option<ratelimiter::store::Claim<'_>> {
+pub fn claim(
+    marks: &[ratelimiter::limiter::Mark],
+    units: u64,
+) -> Option<ratelimiter::store::Claim<'_>> {
     static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     (!marks.is_empty()).then(|| ratelimiter::store::Claim {
         marks,
@@ -661,11 +664,53 @@ pub fn claim(marks: &[u64], units: u64) -> Option<ratelimiter::store::Claim<'_>>
         units,
         ends_at_us: marks
             .iter()
-            .copied()
-            .map(ratelimiter::limiter::mark_life_end)
+            .map(|m| ratelimiter::limiter::mark_life_end(m.at))
             .max()
             .unwrap_or(0),
     })
+}
+
+/// A refund's mark arguments for `n` limits as `lua/common.lua` lays them out (per limit its
+/// time, then per limit its refund count, then the take's time; all empty without a ticket).
+pub fn mark_args(n: usize, marks: &[ratelimiter::limiter::Mark]) -> Vec<String> {
+    let given = marks.len() == n;
+    let field = |f: fn(&ratelimiter::limiter::Mark) -> u64| {
+        (0..n).map(move |i| {
+            if given {
+                f(&marks[i]).to_string()
+            } else {
+                String::new()
+            }
+        })
+    };
+    let taken = marks
+        .first()
+        .filter(|_| given)
+        .map_or(String::new(), |m| m.taken_us.to_string());
+    field(|m| m.at)
+        .chain(field(|m| m.refunded))
+        .chain([taken])
+        .collect()
+}
+
+/// A verdict as a decision script replies to `op` (`lua/common.lua`): allowed, then each limit's
+/// units (admits for an acquire or a peek), remaining, reset_after_us and retry_after_us, then
+/// the time, then for an acquire or a report each limit's refund count.
+pub fn script_reply(v: &ratelimiter::limiter::Verdict, op: ratelimiter::limiter::Op) -> Vec<u64> {
+    use ratelimiter::limiter::Op;
+    let mut reply = vec![u64::from(v.allowed)];
+    for (d, units) in v.limits().iter().zip(v.units()) {
+        let first = match op {
+            Op::Acquire | Op::Peek => u64::from(d.allowed),
+            Op::Report | Op::Refund => *units,
+        };
+        reply.extend([first, d.remaining, d.reset_after_us, d.retry_after_us]);
+    }
+    reply.push(v.at_us);
+    if matches!(op, Op::Acquire | Op::Report) {
+        reply.extend(&v.refunded[..v.limits().len()]);
+    }
+    reply
 }
 
 /// The real binary, with its standard error in a file; killed on drop.

@@ -9,8 +9,8 @@
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::{
-    decide_all, decide_joint, decide_op, fixed_window, sliding_window_log, Decision, Op, State,
-    Verdict,
+    decide_all, decide_joint, decide_op, fixed_window, sliding_window_log, Decision, Mark, Op,
+    State, Verdict,
 };
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
@@ -172,14 +172,9 @@ impl Subject<'_> {
                     .cmd("PERSIST")
                     .arg(&self.redis_key)
                     .ignore();
-                let ((allowed, _admits, remaining, reset_after_us, retry_after_us, _now),): ((
-                    u8,
-                    u8,
-                    u64,
-                    u64,
-                    u64,
-                    u64,
-                ),) = pipe.query(&mut self.lab.conn).map_err(|e| e.to_string())?;
+                let ((allowed, _admits, remaining, reset_after_us, retry_after_us, _now, _count),): (
+                    (u8, u8, u64, u64, u64, u64, u64),
+                ) = pipe.query(&mut self.lab.conn).map_err(|e| e.to_string())?;
                 Ok(Decision {
                     allowed: allowed == 1,
                     remaining,
@@ -855,20 +850,9 @@ fn composite(lab: &mut Lab, specs: &[Spec]) -> (Policy, Vec<String>) {
     (policy, keys)
 }
 
-/// A verdict as a decision script replies: allowed, then each limit's admits, remaining,
-/// reset_after_us and retry_after_us.
+/// A verdict as an acquire's script replies (`crate::helpers::script_reply`).
 fn as_reply(v: &Verdict) -> Vec<u64> {
-    let mut reply = vec![u64::from(v.allowed)];
-    for d in v.limits() {
-        reply.extend([
-            u64::from(d.allowed),
-            d.remaining,
-            d.reset_after_us,
-            d.retry_after_us,
-        ]);
-    }
-    reply.push(v.at_us);
-    reply
+    crate::helpers::script_reply(v, Op::Acquire)
 }
 
 /// The loaded script `sha` for `params` at `now`, then every key persisted, in one transaction
@@ -1082,7 +1066,7 @@ fn op_persisted(
     keys: &[String],
     params: &[Params],
     (op, cost, now): (Op, u64, u64),
-    marks: &[u64],
+    marks: &[Mark],
 ) -> Result<Vec<u64>, String> {
     let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
     let sha = shas
@@ -1105,12 +1089,7 @@ fn op_persisted(
         pipe.arg(p.script_args().as_slice());
     }
     if op == Op::Refund {
-        for i in 0..params.len() {
-            match marks.get(i) {
-                Some(m) => pipe.arg(*m),
-                None => pipe.arg(""),
-            };
-        }
+        pipe.arg(crate::helpers::mark_args(params.len(), marks));
     }
     for k in keys {
         pipe.cmd("PERSIST").arg(k).ignore();
@@ -1119,20 +1098,7 @@ fn op_persisted(
     Ok(reply)
 }
 
-/// A verdict as a script replies to `op`: allowed, then each limit's units (admits for an
-/// acquire or a peek), remaining, reset_after_us and retry_after_us, then the time.
-fn as_op_reply(v: &Verdict, op: Op) -> Vec<u64> {
-    let mut reply = vec![u64::from(v.allowed)];
-    for (d, units) in v.limits().iter().zip(v.units()) {
-        let first = match op {
-            Op::Acquire | Op::Peek => u64::from(d.allowed),
-            Op::Report | Op::Refund => *units,
-        };
-        reply.extend([first, d.remaining, d.reset_after_us, d.retry_after_us]);
-    }
-    reply.push(v.at_us);
-    reply
-}
+use crate::helpers::script_reply as as_op_reply;
 
 /// Random sequences of every operation over limits whose parameters change between steps (each
 /// limit keeps its algorithm): the scripts reply exactly as `decide_op`. When the clock never
@@ -1168,7 +1134,7 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
         let monotone = steps.iter().all(|s| s.dt_us >= 0);
         let mut states: Vec<Option<State>> = keys.iter().map(|_| None).collect();
         let mut expires: Vec<Option<u64>> = keys.iter().map(|_| None).collect();
-        let mut tickets: Vec<Vec<u64>> = Vec::new();
+        let mut tickets: Vec<Vec<Mark>> = Vec::new();
         let mut last_set = 0;
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
@@ -1199,8 +1165,12 @@ fn every_script_decides_as_its_rust_function_while_the_parameters_change() {
                 (Op::Report | Op::Refund, 1) => (quota * 3).min(1_000_000_000),
                 _ => 1 + step.pick % quota.min(5),
             };
-            let marks = match tickets.last() {
-                Some(m) if op == Op::Refund && step.marked => m.clone(),
+            // Any earlier take's, in any order, so that refunds of earlier takes move later
+            // ones up.
+            let marks = match op {
+                Op::Refund if step.marked && !tickets.is_empty() => {
+                    tickets[(step.pick >> 20) as usize % tickets.len()].clone()
+                }
                 _ => Vec::new(),
             };
             let mut ttls = vec![None; params.len()];
@@ -1296,6 +1266,8 @@ fn keys_written_before_the_state_said_its_parameters_still_decode() {
                 refill_tokens: 1,
                 refill_period_us: 1_000_000,
                 capacity: p.capacity,
+                since_us: T0 + 1_500_000,
+                refunded: 0,
             },
         ))];
         let now = T0 + 1_500_000;
@@ -1318,7 +1290,7 @@ fn keys_written_before_the_state_said_its_parameters_still_decode() {
             .arg(&keys[0])
             .query(&mut lab.conn)
             .expect("GET");
-        assert_eq!(raw.len(), 48, "rewritten in the new layout");
+        assert_eq!(raw.len(), 64, "rewritten in the new layout");
     }
     for window_ms in [1_000, 500, 5_000] {
         let (policy, keys) = composite(
@@ -1408,7 +1380,7 @@ fn every_script_fails_on_a_key_of_another_type_and_writes_nothing() {
                 .query(&mut lab.conn)
                 .expect("RPUSH");
             let marks = if with_marks {
-                vec![T0 + 1_000_000; 2]
+                vec![Mark::new(T0 + 1_000_000, T0, 0); 2]
             } else {
                 Vec::new()
             };
@@ -1562,6 +1534,11 @@ fn joint_scripts_decide_exactly_as_decide_joint() {
                 expected.push(d);
             }
             expected.allowed = allowed;
+            if allowed {
+                for (count, state) in expected.refunded.iter_mut().zip(&states) {
+                    *count = state.as_ref().map_or(0, State::refunded);
+                }
+            }
             let got = joint_persisted(&mut lab.conn, &sha, &keys, &params, &costs, now)
                 .map_err(TestCaseError::fail)?;
             prop_assert_eq!(
@@ -1964,7 +1941,8 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             .arg(params.limit)
             .arg(params.window_us);
     }
-    let replies: Vec<(u8, u8, u64, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
+    // The log keeps no refund count: its acquire's reply ends with 0.
+    let replies: Vec<(u8, u8, u64, u64, u64, u64, u64)> = pipe.query(conn).expect("the sequence");
 
     let mut state = None;
     let mut longest = 0;
@@ -1986,6 +1964,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
             d.reset_after_us,
             d.retry_after_us,
             now,
+            0,
         );
         assert_eq!(reply, expected, "request {i} at {now} cost {cost}");
     }
@@ -1999,7 +1978,7 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let entries = state.as_ref().map_or(0, |s| s.entries.len());
     assert!(entries > 3_000, "{entries} entries");
     reset_stats(conn);
-    let reply: (u8, u8, u64, u64, u64, u64) = redis::cmd("EVALSHA")
+    let reply: (u8, u8, u64, u64, u64, u64, u64) = redis::cmd("EVALSHA")
         .arg(&sha)
         .arg(1)
         .arg(&key)
@@ -2012,7 +1991,15 @@ fn a_long_log_of_mixed_costs_decides_exactly_and_searches_it_in_a_few_commands()
     let d = sliding_window_log::acquire(state, &params, params.limit, now).decision;
     assert_eq!(
         reply,
-        (0, 0, d.remaining, d.reset_after_us, d.retry_after_us, now),
+        (
+            0,
+            0,
+            d.remaining,
+            d.reset_after_us,
+            d.retry_after_us,
+            now,
+            0
+        ),
         "the last denial"
     );
     let commands = script_commands(conn);

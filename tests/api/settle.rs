@@ -8,7 +8,7 @@
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::{decide_op, Op, State, Verdict};
+use ratelimiter::limiter::{decide_op, Mark, Op, State};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, Params, Policy, PolicyName};
 use ratelimiter::store::key::state_key;
 use ratelimiter::store::scripts;
@@ -103,7 +103,7 @@ impl Lab {
         op: Op,
         cost: u64,
         now: u64,
-        marks: &[u64],
+        marks: &[Mark],
         persist: bool,
     ) -> Result<Vec<u64>, String> {
         let sha = self.sha(params, op);
@@ -123,12 +123,7 @@ impl Lab {
             pipe.arg(p.script_args().as_slice());
         }
         if op == Op::Refund {
-            for i in 0..params.len() {
-                match marks.get(i) {
-                    Some(m) => pipe.arg(*m),
-                    None => pipe.arg(""),
-                };
-            }
+            pipe.arg(crate::helpers::mark_args(params.len(), marks));
         }
         if persist {
             for k in keys {
@@ -161,21 +156,6 @@ impl Lab {
             .expect("PEXPIRETIME");
         (content, expires)
     }
-}
-
-/// A verdict as the scripts reply: allowed, then each limit's units (admits for an acquire or a
-/// peek), remaining, reset_after_us and retry_after_us, then the time.
-fn as_reply(v: &Verdict, op: Op) -> Vec<u64> {
-    let mut reply = vec![u64::from(v.allowed)];
-    for (d, units) in v.limits().iter().zip(v.units()) {
-        let first = match op {
-            Op::Acquire | Op::Peek => u64::from(d.allowed),
-            Op::Report | Op::Refund => *units,
-        };
-        reply.extend([first, d.remaining, d.reset_after_us, d.retry_after_us]);
-    }
-    reply.push(v.at_us);
-    reply
 }
 
 /// One step: move the clock (sometimes back), pick an operation, a cost and, for a refund, which
@@ -244,7 +224,7 @@ fn every_operation_decides_exactly_as_decide_op() {
         let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
         let mut ttls = vec![None; params.len()];
         // The marks of every take so far, as tickets carry them.
-        let mut tickets: Vec<Vec<u64>> = Vec::new();
+        let mut tickets: Vec<Vec<Mark>> = Vec::new();
         let mut now = T0;
         for (i, step) in steps.iter().enumerate() {
             now = now.saturating_add_signed(step.dt_us);
@@ -257,24 +237,27 @@ fn every_operation_decides_exactly_as_decide_op() {
                 (_, 1) => quota,
                 _ => 1 + step.pick % quota.min(5),
             };
-            let marks: Vec<u64> = match (op, step.marks % 4) {
+            let marks: Vec<Mark> = match (op, step.marks % 4) {
                 (Op::Refund, 0 | 1) if !tickets.is_empty() => {
                     tickets[(step.marks / 4) as usize % tickets.len()].clone()
                 }
                 // Marks no take made: near now, either side, and long ago; half of them held
-                // marks (`limiter::HELD_MARK` + a take's time), which Lua must read alike.
+                // marks (`limiter::HELD_MARK` + a take's time), which Lua must read alike; taken
+                // up to 5 s ago, with small refund counts.
                 (Op::Refund, 2) => params
                     .iter()
                     .map(|_| now.saturating_add_signed((step.marks >> 8) as i64 % 10_000_000))
                     .map(|m| {
-                        if step.marks & 16 == 0 {
+                        let at = if step.marks & 16 == 0 {
                             m
                         } else {
                             ratelimiter::limiter::HELD_MARK + m
-                        }
+                        };
+                        let taken = now.saturating_sub((step.marks >> 40) % 5_000_000);
+                        Mark::new(at, taken, (step.marks >> 32) % 4)
                     })
                     .collect(),
-                (Op::Refund, 3) if step.marks & 4 == 0 => vec![0; params.len()],
+                (Op::Refund, 3) if step.marks & 4 == 0 => vec![Mark::default(); params.len()],
                 _ => Vec::new(),
             };
             let expected = decide_op(params, &mut states, &mut ttls, op, cost, now, &marks);
@@ -283,7 +266,7 @@ fn every_operation_decides_exactly_as_decide_op() {
                 .map_err(TestCaseError::fail)?;
             prop_assert_eq!(
                 &got,
-                &as_reply(&expected, op),
+                &crate::helpers::script_reply(&expected, op),
                 "step {} at {}: {:?} cost {} marks {:?} of {:?}",
                 i,
                 now,

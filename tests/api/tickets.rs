@@ -7,7 +7,8 @@
 //! A refund without a ticket is refused by default and changes nothing; a client token cannot
 //! settle or reset once settle tokens are set; a rotation of the ticket keys keeps the tickets
 //! of the previous key and ends those of the one before, on every instance. A ticket of a huge
-//! report on a monthly GCRA gives all of it back (item 13).
+//! report on a monthly GCRA gives all of it back (item 13). Refunds sent in another order than
+//! their takes give back no more than the takes still hold.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +26,7 @@ crate::on_every_store!(
     a_replayed_ticket_gives_nothing_more_on_any_algorithm,
     a_refund_without_a_ticket_is_refused_by_default_and_changes_nothing,
     a_ticket_gives_back_a_huge_report_on_a_monthly_gcra,
+    refunds_out_of_order_give_back_only_what_each_take_still_holds,
 );
 
 const HOUR_MS: u64 = 3_600_000;
@@ -60,18 +62,20 @@ fn ticket_of(d: &Value) -> String {
         .to_owned()
 }
 
-/// Every way to alter a genuine ticket `t` (`2.<key id>.<id>.<units>.<mark>.<tag>`) that a
-/// client could try: each field changed, and the old unsigned format.
+/// Every way to alter a genuine ticket `t` (`3.<key id>.<id>.<units>.<taken at>.<mark>.<tag>`)
+/// that a client could try: each field changed, a refund count added, the version before, and
+/// the old unsigned format.
 fn forgeries(t: &str) -> Vec<String> {
     let fields: Vec<&str> = t.split('.').collect();
-    assert_eq!(fields.len(), 6, "a one-limit ticket: {t}");
+    assert_eq!(fields.len(), 7, "a one-limit ticket: {t}");
     let with = |i: usize, v: String| {
         let mut f: Vec<String> = fields.iter().map(|s| s.to_string()).collect();
         f[i] = v;
         f.join(".")
     };
     let units: u64 = fields[3].parse().expect("units");
-    let mark: u64 = fields[4].parse().expect("mark");
+    let taken: u64 = fields[4].parse().expect("taken at");
+    let mark: u64 = fields[5].parse().expect("mark");
     let flip = |hex: &str| {
         let last = hex.chars().last().expect("hex");
         let other = if last == '0' { '1' } else { '0' };
@@ -79,9 +83,13 @@ fn forgeries(t: &str) -> Vec<String> {
     };
     vec![
         with(3, (units * 100).to_string()),
-        with(4, (mark + 3_600_000_000).to_string()),
+        with(4, (taken + 3_600_000_000).to_string()),
+        with(5, (mark + 3_600_000_000).to_string()),
+        with(5, format!("{mark}-1")),
         with(2, flip(fields[2])),
-        with(5, flip(fields[5])),
+        with(6, flip(fields[6])),
+        with(0, "2".into()),
+        format!("2.{}.{}.{units}.{mark}.{}", fields[1], fields[2], fields[6]),
         with(
             1,
             (fields[1].parse::<u64>().expect("key id") + 1).to_string(),
@@ -397,7 +405,7 @@ async fn a_rotation_keeps_the_previous_keys_tickets_and_ends_the_older_ones_on_e
 
     assert_eq!(rotate(&a).await, 2);
     let two = take(&a).await;
-    assert!(two.starts_with("2.2."), "signed with the new key: {two}");
+    assert!(two.starts_with("3.2."), "signed with the new key: {two}");
     // b may not have read the ring yet: a ticket of the new key makes it read it at once, and
     // the previous key's tickets still verify.
     let (status, d) = refund(&b, "rotated", "k", 2, &two).await;
@@ -416,4 +424,42 @@ async fn a_rotation_keeps_the_previous_keys_tickets_and_ends_the_older_ones_on_e
     }
     let (status, d) = refund(&a, "rotated", "k", 2, &two_more).await;
     assert_eq!((status, &d["refunded"]), (200, &json!(2)), "{d}");
+}
+
+/// A bucket (and a GCRA) of 10 refilled at 10 per 3 s: A takes 5, B takes 5, A is refunded, the
+/// subject is full again 1.5 s later and C takes all 10. B's units were spent by then: its ticket
+/// gives nothing back (its mark alone, full at 3 s, said 5), and nothing admits 10 again.
+async fn refunds_out_of_order_give_back_only_what_each_take_still_holds(backend: Backend) {
+    let app = spawn_app_on(backend, &[]).await;
+    for (algorithm, fields) in [
+        (
+            "token_bucket",
+            json!({"capacity": 10, "refill_tokens": 10, "refill_period_ms": 3_000}),
+        ),
+        ("gcra", json!({"rate": 10, "period_ms": 3_000, "burst": 10})),
+    ] {
+        let p = format!("{}-order-{}", tag(backend), algorithm.replace('_', "-"));
+        let mut policy = json!({"name": p, "algorithm": algorithm});
+        for (k, v) in fields.as_object().expect("fields") {
+            policy[k] = v.clone();
+        }
+        app.create_policy(policy).await;
+        let a = ticket_of(&app.acquire(&p, "k", 5).await);
+        let b = ticket_of(&app.acquire(&p, "k", 5).await);
+        let (status, d) = refund(&app, &p, "k", 5, &a).await;
+        assert_eq!((status, &d["refunded"]), (200, &json!(5)), "{p}: {d}");
+        tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+        let c = app.acquire(&p, "k", 10).await;
+        assert_eq!(c["allowed"], true, "{p}: full again: {c}");
+        let (status, d) = refund(&app, &p, "k", 5, &b).await;
+        assert_eq!(
+            (status, &d["refunded"]),
+            (200, &json!(0)),
+            "{p}: B's units were spent: {d}"
+        );
+        let peek = send(&app, "peek", &json!({"policy": p, "key": "k", "cost": 10}))
+            .await
+            .1;
+        assert_eq!(peek["allowed"], false, "{p}: {peek}");
+    }
 }

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 
 use super::*;
-use crate::limiter::{decide_op, Algorithm, Op};
+use crate::limiter::{decide_op, Algorithm, Mark, Op};
 
 const T0: u64 = 1_764_460_800_123_457;
 const MS: u64 = 1_000;
@@ -249,11 +249,9 @@ proptest! {
     /// Cancelling, before a booking acts or after, later bookings made or not: each limit
     /// gives back what the booking still holds, and the units left granted (each booking's
     /// cost less what its limit gave back) are still what the algorithm allows over every
-    /// interval. Cancels come last booked first: a bucket's or GCRA's mark is the time it would
-    /// be full after its take, which a refund of an earlier take brings forward without the
-    /// mark knowing, so out of order a mark can overstate what its take still holds. That is
-    /// a limit of refunds with tickets as they stand, acquire or booking alike, left to their
-    /// own fix.
+    /// interval. Cancels come in any order, and a ticket may be sent again: a refund of an
+    /// earlier booking moves every later one up, which a bucket's or GCRA's mark alone would
+    /// not know (it would overstate what its take still holds), and its refund count does.
     #[test]
     fn cancelled_bookings_give_back_only_what_every_limit_can_spare(
         limits in prop::collection::vec(limit(), 1..=3),
@@ -264,17 +262,30 @@ proptest! {
         let mut subject = Subject::new(limits.iter().map(Limit::params).collect());
         // Per limit, the units granted at each booked time; and each booking's marks.
         let mut granted: Vec<Vec<(u64, u64)>> = vec![Vec::new(); limits.len()];
-        let mut tickets: Vec<(usize, u64, Vec<u64>)> = Vec::new();
+        let mut tickets: Vec<(usize, u64, Vec<Mark>)> = Vec::new();
         let mut now = T0;
         for ((dt, pick, max_wait), cancel) in calls.into_iter().zip(cancels) {
             now += dt;
             if cancel % 3 == 0 {
-                let Some((at, cost, marks)) = tickets.pop() else { continue };
+                if tickets.is_empty() {
+                    continue;
+                }
+                let pick = (cancel / 3) as usize % tickets.len();
+                let (at, left, marks) = tickets[pick].clone();
+                // Decided at the queue, as every decision of a subject that books is.
+                let base = subject.queue.map_or(now, |q| q.max(now));
                 let mut ttls = vec![None; limits.len()];
-                let v = decide_op(&subject.params, &mut subject.states, &mut ttls, Op::Refund, cost, now, &marks);
+                let v = decide_op(&subject.params, &mut subject.states, &mut ttls, Op::Refund, left, base, &marks);
                 for (i, given) in v.units().iter().enumerate() {
                     prop_assert!(*given <= granted[i][at].1);
                     granted[i][at].1 -= given;
+                }
+                // Kept to be sent again one time in four, for what its record says it has left
+                // (the most any limit gave back comes off, as the stores keep it).
+                if cancel % 4 == 0 {
+                    tickets[pick].1 = left - v.units().iter().max().copied().unwrap_or(0);
+                } else {
+                    tickets.swap_remove(pick);
                 }
                 continue;
             }
@@ -353,7 +364,7 @@ fn several_limits_book_the_latest_time_and_each_counts_it_then() {
     // The bucket, taken at 1 s, was full again by then: 3 left, full 400 ms later.
     assert_eq!((b.remaining, b.reset_after_us), (3, S + 400 * MS));
     // A mark is the absolute time the booked units stop counting.
-    let marks: Vec<u64> = r.verdict.marks().collect();
+    let marks: Vec<u64> = r.verdict.marks().map(|m| m.at).collect();
     assert_eq!(marks, vec![start + S + 400 * MS, start + 2 * S]);
 }
 
@@ -363,7 +374,7 @@ fn a_cancelled_booking_frees_its_slot_for_the_next_reservation() {
     assert!(s.reserve(1, T0, 0).verdict.allowed);
     let booked = s.reserve(1, T0, S);
     assert_eq!(booked.delay_us, 100 * MS);
-    let marks: Vec<u64> = booked.verdict.marks().collect();
+    let marks: Vec<Mark> = booked.verdict.marks().collect();
     // Cancelled before it acts: a refund with its ticket's marks gives the unit back.
     let mut ttls = vec![None];
     let v = decide_op(

@@ -6,23 +6,26 @@
 use redis::Value;
 
 use super::connection::Conn;
-use crate::limiter::{Decision, Op, Params, Verdict, MAX_LIMITS};
+use crate::limiter::{Decision, Mark, Op, Params, Verdict, MAX_LIMITS};
 use crate::store::StoreError;
 
 /// A decision script's reply (see `lua/common.lua`: `{allowed, then per limit: units,
-/// remaining, reset_after_us, retry_after_us; then now}`) as a verdict: for a report or a refund
-/// each limit's units are those it recorded or gave back, and the limit counts as admitting.
-/// Read straight from the reply, without collecting it into a second vector on the acquire path.
+/// remaining, reset_after_us, retry_after_us; then now; then, for an acquire or a report, per
+/// limit its refund count}`) as a verdict: for a report or a refund each limit's units are
+/// those it recorded or gave back, and the limit counts as admitting. Read straight from the
+/// reply, without collecting it into a second vector on the acquire path.
 pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
+    let counted = counts_refunds(op);
+    let len = 2 + 4 * limits + if counted { limits } else { 0 };
     let items = match reply {
-        Value::Array(items) if items.len() == 2 + 4 * limits => items,
+        Value::Array(items) if items.len() == len => items,
         other => {
             return Err(StoreError::corrupt(format!(
                 "a decision script answered {other:?} for {limits} limits"
             )))
         }
     };
-    let mut numbers = [0u64; 2 + 4 * MAX_LIMITS];
+    let mut numbers = [0u64; 2 + 5 * MAX_LIMITS];
     for (n, item) in numbers.iter_mut().zip(items) {
         *n = match item {
             Value::Int(i) => u64::try_from(*i).unwrap_or(0),
@@ -46,7 +49,17 @@ pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, S
     }
     // The script's own verdict; it equals every limit admitting.
     verdict.allowed = numbers[0] == 1;
+    if counted && verdict.allowed {
+        let counts = &numbers[2 + 4 * limits..len];
+        verdict.refunded[..limits].copy_from_slice(counts);
+    }
     Ok(verdict)
+}
+
+/// Whether `op`'s reply ends with each limit's refund count: an acquire's and a report's, whose
+/// tickets keep it ([`Verdict::marks`]).
+pub(super) const fn counts_refunds(op: Op) -> bool {
+    matches!(op, Op::Acquire | Op::Report)
 }
 
 /// A decision script's ARGV as `lua/common.lua` lays it out for these limits; `None` is an empty
@@ -55,14 +68,22 @@ pub(super) fn script_argv<'a>(
     params: &'a [Params],
     op: Op,
     cost: u64,
-    marks: &'a [u64],
+    marks: &'a [Mark],
     now_us: Option<u64>,
 ) -> impl Iterator<Item = Option<u64>> + 'a {
     let n = params.len();
     let params = params.iter().flat_map(|p| p.script_args()).map(Some);
-    // A refund's marks: one per limit, or all empty (no ticket).
+    // A refund's marks: per limit its time, then per limit its refund count, then the take's
+    // time; all empty without a ticket.
+    let marks = (marks.len() == n).then_some(marks);
+    let field = move |f: fn(&Mark) -> u64| (0..n).map(move |i| marks.map(|m| f(&m[i])));
+    let taken = marks.and_then(|m| m.first()).map(|m| m.taken_us);
     let marks = (op == Op::Refund)
-        .then(|| (0..n).map(move |i| marks.get(i).copied().filter(|_| marks.len() == n)))
+        .then(|| {
+            field(|m| m.at)
+                .chain(field(|m| m.refunded))
+                .chain(std::iter::once(taken))
+        })
         .into_iter()
         .flatten();
     [Some(cost), now_us].into_iter().chain(params).chain(marks)

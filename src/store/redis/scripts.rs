@@ -129,11 +129,20 @@ fn push_helpers(s: &mut String, algorithms: &[Algorithm]) {
 /// refund's, which keeps a ticket's record when it is given one ([`push_spent_head`]).
 fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spent: bool) {
     let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
+    let n = algorithms.len();
+    // An acquire's and a report's reply end with each limit's refund count (`out_refunded`).
+    let counted = matches!(op, Op::Acquire | Op::Report);
     s.push_str("\nlocal allowed, reply = true, {1");
     for _ in algorithms {
         s.push_str(", 0, 0, 0, 0");
     }
-    s.push_str(", now}\n");
+    s.push_str(", now");
+    if counted {
+        for _ in algorithms {
+            s.push_str(", 0");
+        }
+    }
+    s.push_str("}\n");
     // Parts that read one string, when there are several: one MGET for all of them.
     let strings: Vec<usize> = (0..parts.len())
         .filter(|&i| parts[i].level.contains(GET_STATE))
@@ -160,10 +169,15 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
         }
     }
     // Each part's parameters start after the cost, the time and the parameters before it; a
-    // refund's marks follow all of them, one per limit.
+    // refund's marks follow all of them: one time per limit, one refund count per limit, and
+    // the take's time.
     let params: usize = algorithms.iter().map(|a| a.arity()).sum();
+    let marks_end = 2 + params + 2 * n + 1;
+    if op == Op::Refund {
+        let _ = writeln!(s, "local mark_taken = tonumber(ARGV[{marks_end}])");
+    }
     if spent {
-        push_spent_head(s, algorithms.len(), 2 + params + algorithms.len());
+        push_spent_head(s, n, marks_end);
     }
     let mut offset = 2;
     for (i, (a, p)) in algorithms.iter().zip(&parts).enumerate() {
@@ -179,7 +193,12 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
             let _ = writeln!(s, "local cost = tonumber(ARGV[a + 1])\na = {offset}");
         }
         if op == Op::Refund {
-            let _ = writeln!(s, "local mark = tonumber(ARGV[{}])", 2 + params + i + 1);
+            let _ = writeln!(
+                s,
+                "local mark, mark_refunded = tonumber(ARGV[{}]), tonumber(ARGV[{}])",
+                2 + params + i + 1,
+                2 + params + n + i + 1
+            );
         }
         match strings.iter().position(|&j| j == i) {
             Some(n) if prefetch => s.push_str(&p.level.replacen(
@@ -193,7 +212,9 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
         offset += a.arity();
     }
     for (i, p) in parts.iter().enumerate().rev() {
-        s.push_str("local out_remaining, out_reset, out_retry, out_units = 0, 0, 0, 0\n");
+        s.push_str(
+            "local out_remaining, out_reset, out_retry, out_units, out_refunded = 0, 0, 0, 0, 0\n",
+        );
         let first = match op {
             Op::Acquire => {
                 s.push_str("if allowed then\n");
@@ -220,27 +241,30 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
             }
         };
         let at = 4 * i + 2;
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "reply[{}], reply[{}], reply[{}], reply[{}] = {first}, out_remaining, out_reset, out_retry\nend -- limit {}\n",
+            "reply[{}], reply[{}], reply[{}], reply[{}] = {first}, out_remaining, out_reset, out_retry",
             at,
             at + 1,
             at + 2,
             at + 3,
-            i + 1
         );
+        if counted {
+            let _ = writeln!(s, "reply[{}] = out_refunded", 4 * n + 3 + i);
+        }
+        let _ = writeln!(s, "end -- limit {}", i + 1);
     }
     // A report or a refund is always allowed; an acquire or a peek when every limit admits.
     if matches!(op, Op::Acquire | Op::Peek) {
         s.push_str("if not allowed then\n  reply[1] = 0\nend\n");
     }
     if spent {
-        push_spent_tail(s, algorithms.len(), 2 + params + algorithms.len());
+        push_spent_tail(s, n, marks_end);
     }
     s.push_str("return reply\n");
 }
 
-/// The start of a refund that keeps a ticket's record, for `n` limits whose last mark is
+/// The start of a refund that keeps a ticket's record, for `n` limits whose mark arguments end at
 /// `ARGV[last]`: when the script is given one more key than limits, that key is the ticket's
 /// record (on the subject's hash tag: `store::key::ticket_record`), and the ticket's units and
 /// the end of its life are `ARGV[last + 1]` and `ARGV[last + 2]`. The refund then gives back at
