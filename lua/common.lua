@@ -85,6 +85,9 @@
 -- would corrupt a 16-digit timestamp (TTLs in ms have at most 13 and pass as numbers).
 
 local MAX_WAIT_US = 1125899906842624 -- 2^50 µs; longer waits are reported as this
+-- µs added to the expiry a take writes: 0, or a booking's delay (lua/reserve.lua), whose take
+-- is decided at the booked time while Redis's expiries run from now
+local take_delay_us = 0
 
 local cost = tonumber(ARGV[1])
 -- The decision time, `now` in µs: Redis's own clock, so that every service instance shares one,

@@ -80,7 +80,7 @@ local ttl = math.max(math.ceil(wait / 1000), 1)
 local admits = count + cost <= limit
 --- take
 count = count + cost
-redis.call('PSETEX', key, ttl, struct.pack('<ddd', window, count, size))
+redis.call('PSETEX', key, take_delay_us > 0 and math.ceil((wait + take_delay_us) / 1000) or ttl, struct.pack('<ddd', window, count, size))
 out_remaining, out_reset = limit - count, wait
 --- keep
 out_remaining = math.max(limit - count, 0)

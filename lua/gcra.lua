@@ -96,7 +96,7 @@ local periods = 0
 if elapsed >= den then
   periods = muldiv(elapsed, 1, den)
 end
-redis.call('PSETEX', key, math.ceil(out_reset / 1000),
+redis.call('PSETEX', key, math.ceil((out_reset + take_delay_us) / 1000),
   struct.pack('<dddddd', anchor + periods * num, units - periods * den + cost, num, den, since, refunded))
 out_remaining, out_refunded = burst - after, refunded
 --- keep

@@ -77,7 +77,7 @@ if w ~= window_us then
 end
 current = current + cost
 out_reset = end_of_next - now
-redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddd', window, previous, current, w))
+redis.call('PSETEX', key, math.ceil((out_reset + take_delay_us) / 1000), struct.pack('<dddd', window, previous, current, w))
 out_remaining = limit - current - weighted
 --- keep
 out_remaining = math.max(limit - current - weighted, 0)

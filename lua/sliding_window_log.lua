@@ -133,7 +133,7 @@ else
   redis.call('ZADD', key, string.format('%d', t), string.format('%016d:%d:%d', total, cost, window_us))
 end
 out_reset = t + window_us - now
-redis.call('PEXPIRE', key, math.ceil(out_reset / 1000))
+redis.call('PEXPIRE', key, math.ceil((out_reset + take_delay_us) / 1000))
 out_remaining = limit - count - cost
 --- keep
 out_remaining = math.max(limit - count, 0)

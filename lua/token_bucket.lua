@@ -110,7 +110,7 @@ end
 tokens = tokens + extra - cost
 local q, r = muldiv(period, capacity - tokens, rate)
 out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, rate)), MAX_WAIT_US)
-redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
+redis.call('PSETEX', key, math.ceil((out_reset + take_delay_us) / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
 out_remaining, out_refunded = tokens, refunded
 --- keep
 out_remaining, out_reset = math.max(tokens + extra, 0), math.min(skew, MAX_WAIT_US)

@@ -1,6 +1,9 @@
 //! Reservations (issue 29): booking a cost over every limit of a policy for the earliest time,
 //! no later than a wait the caller accepts, at which every limit admits it, as pure functions.
-//! Nothing calls this yet: the stores and the API come next, on this model.
+//! `lua/reserve.lua` (composed by `store::redis::scripts::compose_reserve`) decides the same on
+//! Redis, the subject's queue in a key on its hash tag (`store::key::queue_key`), and
+//! `tests/api/reservations.rs` holds it to [`reserve`]. Nothing calls either yet: the stores'
+//! entry points and the API come next, on these.
 //!
 //! A subject that takes reservations has a queue: the latest time anything is booked for
 //! (`queue_us`, none once it has passed). Every decision of such a subject, an acquire that

@@ -82,6 +82,14 @@ pub fn ticket_record(buf: &mut String, prefix: &str, policy: &str, key: &str, id
     let _ = write!(buf, "ticket:{id:016x}");
 }
 
+/// Writes the key of a subject's queue of reservations (issue 29: the latest time anything is
+/// booked for, read by `lua/reserve.lua`) to `buf` (cleared first): `<prefix>:{<policy>:<escaped
+/// key>}:queue`, on its subject's hash tag with its limits' states. (No state key ends so.)
+pub fn queue_key(buf: &mut String, prefix: &str, policy: &str, key: &str) {
+    subject(buf, prefix, policy, key, 5);
+    buf.push_str("queue");
+}
+
 /// The key of the ring of keys that sign tickets, shared by every instance:
 /// `<prefix>:ticket-keys` (see `service::ticket::Keyring`).
 pub fn ticket_keys(prefix: &str) -> String {

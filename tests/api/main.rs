@@ -42,6 +42,7 @@ mod overrides;
 mod policies;
 mod policy_sync;
 mod redis_tls;
+mod reservations;
 mod scripts;
 mod settle;
 mod settling;

@@ -19,16 +19,17 @@ use crate::scripts::{limits, Spec};
 /// A plausible current time in µs: large enough that float truncation would show.
 const T0: u64 = 1_764_460_800_123_457;
 
-/// A private Redis, a connection to it, and the scripts loaded so far.
-struct Lab {
+/// A private Redis, a connection to it, and the scripts loaded so far (shared with
+/// `reservations.rs`).
+pub(crate) struct Lab {
     _redis: TestRedis,
-    conn: redis::Connection,
+    pub(crate) conn: redis::Connection,
     policies: u64,
     loaded: std::collections::HashMap<(Vec<Algorithm>, Op), String>,
 }
 
 impl Lab {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let redis = TestRedis::start();
         let conn = redis.conn();
         Self {
@@ -41,7 +42,7 @@ impl Lab {
 
     /// A fresh policy of these limits, and its subject's state keys as the Redis store names
     /// them.
-    fn policy(&mut self, specs: &[Spec]) -> (Policy, Vec<String>) {
+    pub(crate) fn policy(&mut self, specs: &[Spec]) -> (Policy, Vec<String>) {
         self.policies += 1;
         let name = PolicyName::parse(&format!("p{}", self.policies)).expect("valid name");
         let policy = if let [(a, values)] = specs {
@@ -96,7 +97,7 @@ impl Lab {
     /// `EVALSHA_RO`), with `marks` for a refund (empty: none). With `persist`, every key is
     /// persisted in the same transaction, so that simulated time may run ahead of Redis's clock.
     #[allow(clippy::too_many_arguments)]
-    fn call(
+    pub(crate) fn call(
         &mut self,
         keys: &[String],
         params: &[Params],

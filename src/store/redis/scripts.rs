@@ -95,6 +95,49 @@ pub fn compose_joint(algorithms: &[Algorithm]) -> String {
     compose_as(algorithms, Op::Acquire, true)
 }
 
+/// The script of a reservation over limits of these algorithms (`lua/reserve.lua`, which
+/// explains the layout): `lua/common.lua` and the helpers, one look per limit (its level and keep
+/// sections as a function of the time), an acquire's body as the function `take`, then the
+/// file. Its keys are the limits' and the subject's queue; its ARGV an acquire's and the longest
+/// wait accepted.
+pub fn compose_reserve(algorithms: &[Algorithm]) -> String {
+    let algorithms = &algorithms[..algorithms.len().min(MAX_LIMITS)];
+    let n = algorithms.len();
+    let mut s = String::with_capacity(16_384);
+    s.push_str(DECISION_FLAGS);
+    s.push('\n');
+    s.push_str(COMMON);
+    push_helpers(&mut s, algorithms);
+    let mut offset = 2;
+    for (i, a) in algorithms.iter().enumerate() {
+        let p = part(*a);
+        let _ = write!(
+            s,
+            "\n-- limit {n}: {name}, at the time `now`\nlocal function look_{n}(now)\nlocal key, a = KEYS[{n}], {offset}\n{level}\nlocal out_remaining, out_reset, out_retry, out_units, out_refunded = 0, 0, 0, 0, 0\n{keep}\nreturn admits, out_remaining, out_reset, out_retry\nend\n",
+            n = i + 1,
+            name = a.as_str(),
+            level = p.level,
+            keep = p.keep,
+        );
+        offset += a.arity();
+    }
+    s.push_str("\n-- An acquire at `now`, as lua/common.lua composes it.\nlocal function take()\n");
+    push_body(&mut s, algorithms, Op::Acquire, false, false);
+    s.push_str("end\n\nlocal looks = {");
+    for i in 1..=n {
+        let _ = write!(s, "{}look_{i}", if i > 1 { ", " } else { "" });
+    }
+    let _ = writeln!(
+        s,
+        "}}\nlocal n_limits, max_wait = {n}, tonumber(ARGV[{}])",
+        offset + 1
+    );
+    s.push_str(RESERVE);
+    s
+}
+
+const RESERVE: &str = include_str!("../../../lua/reserve.lua");
+
 fn compose_as(algorithms: &[Algorithm], op: Op, joint: bool) -> String {
     let algorithms = &algorithms[..algorithms.len().min(MAX_LIMITS)];
     let mut s = String::with_capacity(8_192);

@@ -1,0 +1,318 @@
+//! Reservations (issue 29) on Redis: the reservation script (`lua/reserve.lua`, composed by
+//! `scripts::compose_reserve`) decides exactly as the pure model, `limiter::reservation::reserve`,
+//! on random sequences over one to three limits of every algorithm: bookings far ahead and none,
+//! waits accepted and refused, denials, the queue it leaves, and cancels (refunds with a
+//! booking's marks, decided at the queue as every decision of a subject that books is) in any
+//! order. Replies are compared whole, every limit's times measured from the caller's now.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+use ratelimiter::limiter::reservation::{reserve, Reservation, LONGEST_WAIT_MS};
+use ratelimiter::limiter::{decide_op, Mark, Op, State};
+use ratelimiter::policy::{Algorithm, Params};
+use ratelimiter::store::scripts;
+
+use crate::helpers::script_reply;
+use crate::scripts::Spec;
+use crate::settle::Lab;
+
+/// A plausible current time in µs.
+const T0: u64 = 1_764_460_800_123_457;
+
+/// Limits small and short enough that bookings queue up, and now and then any limit at all.
+fn limit() -> impl Strategy<Value = Spec> {
+    let small = prop_oneof![
+        (1u64..=6, 1u64..=4, 1u64..=1_500)
+            .prop_map(|(c, r, p)| (Algorithm::TokenBucket, vec![c, r, p])),
+        (1u64..=4, 1u64..=1_500, 1u64..=6).prop_map(|(r, p, b)| (Algorithm::Gcra, vec![r, p, b])),
+        (
+            prop::sample::select(vec![
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindowLog,
+                Algorithm::SlidingWindowCounter,
+            ]),
+            1u64..=6,
+            1u64..=2_000
+        )
+            .prop_map(|(a, l, w)| (a, vec![l, w])),
+    ];
+    prop_oneof![4 => small, 1 => crate::scripts::limits()]
+}
+
+/// One call: the clock's move (now and then back), a number the cost is made from, the wait
+/// accepted, and whether it cancels an earlier booking instead (and which).
+#[derive(Debug, Clone)]
+struct Step {
+    dt_us: i64,
+    pick: u64,
+    max_wait_us: u64,
+    cancel: Option<usize>,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    let dt = prop_oneof![
+        2 => Just(0i64),
+        3 => 0i64..2_000,
+        3 => 0i64..400_000,
+        1 => 0i64..3_000_000,
+        1 => -1_000_000i64..0,
+    ];
+    let wait = prop_oneof![
+        2 => Just(0u64),
+        1 => 0u64..50_000,
+        3 => 0u64..3_000_000,
+        1 => Just(LONGEST_WAIT_MS * 1_000),
+    ];
+    let cancel = prop_oneof![3 => Just(None), 1 => any::<usize>().prop_map(Some)];
+    let step =
+        (dt, any::<u64>(), wait, cancel).prop_map(|(dt_us, pick, max_wait_us, cancel)| Step {
+            dt_us,
+            pick,
+            max_wait_us,
+            cancel,
+        });
+    prop::collection::vec(step, 1..40)
+}
+
+/// The reservation script's reply as the model gives it: an acquire's, then the delay and the
+/// queue left (0 for none).
+fn as_reply(r: &Reservation) -> Vec<u64> {
+    let mut reply = script_reply(&r.verdict, Op::Acquire);
+    reply.extend([r.delay_us, r.queue_us.unwrap_or(0)]);
+    reply
+}
+
+/// One call of the reservation script at `now`, then every key persisted in the same
+/// transaction, so that simulated time may run ahead of Redis's clock.
+fn reserve_on_redis(
+    lab: &mut Lab,
+    sha: &str,
+    keys: &[String],
+    params: &[Params],
+    (cost, now, max_wait_us): (u64, u64, u64),
+) -> Result<Vec<u64>, String> {
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .cmd("EVALSHA")
+        .arg(sha)
+        .arg(keys.len())
+        .arg(keys)
+        .arg(cost)
+        .arg(now);
+    for p in params {
+        pipe.arg(p.script_args().as_slice());
+    }
+    pipe.arg(max_wait_us);
+    for k in keys {
+        pipe.cmd("PERSIST").arg(k).ignore();
+    }
+    let (reply,): (Vec<u64>,) = pipe.query(&mut lab.conn).map_err(|e| e.to_string())?;
+    Ok(reply)
+}
+
+/// What the sequences covered, so that a generator that stopped booking would fail the test.
+#[derive(Debug, Default, Clone, Copy)]
+struct Seen {
+    booked: u64,
+    granted_now: u64,
+    refused_past_the_wait: u64,
+    cancels_giving_back: u64,
+}
+
+#[test]
+fn the_reservation_script_decides_exactly_as_the_model() {
+    let lab = std::cell::RefCell::new(Lab::new());
+    let seen = std::cell::Cell::new(Seen::default());
+    let shas = std::cell::RefCell::new(std::collections::HashMap::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 256,
+        ..Config::default()
+    });
+    let result = runner.run(
+        &(prop::collection::vec(limit(), 1..=3), steps()),
+        |(specs, steps)| {
+            let mut lab = lab.borrow_mut();
+            let mut shas = shas.borrow_mut();
+            let (policy, mut keys) = lab.policy(&specs);
+            let params = policy.params().to_vec();
+            let algorithms: Vec<Algorithm> = params.iter().map(Params::algorithm).collect();
+            let sha: String = shas
+                .entry(algorithms.clone())
+                .or_insert_with(|| -> String {
+                    redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(scripts::compose_reserve(&algorithms))
+                        .query(&mut lab.conn)
+                        .expect("SCRIPT LOAD")
+                })
+                .clone();
+            // The subject's queue, on its hash tag.
+            let mut queue_key = String::new();
+            ratelimiter::store::key::queue_key(
+                &mut queue_key,
+                "rl",
+                policy.name.as_str(),
+                "subject",
+            );
+            keys.push(queue_key);
+            let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+            let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+            let mut ttls = vec![None; params.len()];
+            let mut queue = None;
+            // Each booking's cost and marks.
+            let mut tickets: Vec<(u64, Vec<Mark>)> = Vec::new();
+            let mut tally = seen.get();
+            let mut now = T0;
+            for (i, step) in steps.iter().enumerate() {
+                now = now.saturating_add_signed(step.dt_us);
+                if let (Some(pick), false) = (step.cancel, tickets.is_empty()) {
+                    let (cost, marks) = tickets.swap_remove(pick % tickets.len());
+                    let base = queue.map_or(now, |q: u64| q.max(now));
+                    let expected = decide_op(
+                        &params,
+                        &mut states,
+                        &mut ttls,
+                        Op::Refund,
+                        cost,
+                        base,
+                        &marks,
+                    );
+                    let got = lab
+                        .call(
+                            &keys[..params.len()],
+                            &params,
+                            Op::Refund,
+                            cost,
+                            base,
+                            &marks,
+                            true,
+                        )
+                        .map_err(TestCaseError::fail)?;
+                    prop_assert_eq!(
+                        &got,
+                        &script_reply(&expected, Op::Refund),
+                        "step {} cancel at {} of {:?}",
+                        i,
+                        base,
+                        specs
+                    );
+                    if expected.units().iter().any(|u| *u > 0) {
+                        tally.cancels_giving_back += 1;
+                    }
+                    continue;
+                }
+                let cost = match step.pick % 8 {
+                    0 => quota,
+                    _ => 1 + step.pick % quota.min(5),
+                };
+                let r = reserve(
+                    &params,
+                    &mut states,
+                    &mut ttls,
+                    cost,
+                    now,
+                    queue,
+                    step.max_wait_us,
+                );
+                queue = r.queue_us;
+                let got = reserve_on_redis(
+                    &mut lab,
+                    &sha,
+                    &keys,
+                    &params,
+                    (cost, now, step.max_wait_us),
+                )
+                .map_err(TestCaseError::fail)?;
+                prop_assert_eq!(
+                    &got,
+                    &as_reply(&r),
+                    "step {} at {}: cost {} wait {} of {:?}",
+                    i,
+                    now,
+                    cost,
+                    step.max_wait_us,
+                    specs
+                );
+                match (r.verdict.allowed, r.delay_us) {
+                    (true, 0) => tally.granted_now += 1,
+                    (true, _) => tally.booked += 1,
+                    (false, _) => tally.refused_past_the_wait += 1,
+                }
+                if r.verdict.allowed {
+                    tickets.push((cost, r.verdict.marks().collect()));
+                }
+            }
+            seen.set(tally);
+            Ok(())
+        },
+    );
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let s = seen.get();
+    assert!(
+        s.booked > 500
+            && s.granted_now > 500
+            && s.refused_past_the_wait > 200
+            && s.cancels_giving_back > 100,
+        "{s:?}"
+    );
+}
+
+/// On Redis's own clock: a booking's states are kept until its units have counted (the
+/// algorithm's expiry measured from the booked time, not from now), and the queue until the
+/// booked time. A bucket of 1 refilled each second: the first take leaves it empty for 1 s; the
+/// next, booked 1 s ahead, keeps the state 2 s and the queue 1 s.
+#[test]
+fn a_booking_keeps_its_states_until_its_units_have_counted_and_the_queue_until_it_acts() {
+    let mut lab = Lab::new();
+    let specs: Vec<Spec> = vec![(Algorithm::TokenBucket, vec![1, 1, 1_000])];
+    let (policy, mut keys) = lab.policy(&specs);
+    let mut queue_key = String::new();
+    ratelimiter::store::key::queue_key(&mut queue_key, "rl", policy.name.as_str(), "subject");
+    keys.push(queue_key.clone());
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(scripts::compose_reserve(&[Algorithm::TokenBucket]))
+        .query(&mut lab.conn)
+        .expect("SCRIPT LOAD");
+    let args = policy.params()[0].script_args();
+    let call = |conn: &mut redis::Connection, max_wait_us: u64| -> Vec<u64> {
+        redis::cmd("EVALSHA")
+            .arg(&sha)
+            .arg(keys.len())
+            .arg(&keys)
+            .arg(1)
+            .arg("")
+            .arg(args.as_slice())
+            .arg(max_wait_us)
+            .query(conn)
+            .expect("reserve")
+    };
+    let pttl = |conn: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PTTL").arg(key).query(conn).expect("PTTL")
+    };
+    let now = call(&mut lab.conn, 0);
+    assert_eq!((now[0], now[7]), (1, 0), "granted at once: {now:?}");
+    assert!(pttl(&mut lab.conn, &keys[0]) > 500);
+    assert_eq!(pttl(&mut lab.conn, &queue_key), -2, "no queue: {now:?}");
+    let booked = call(&mut lab.conn, 2_000_000);
+    let delay_ms = booked[7] / 1_000;
+    assert_eq!(booked[0], 1, "{booked:?}");
+    assert!((900..=1_000).contains(&delay_ms), "{booked:?}");
+    // The state: the bucket is full 1 s after the booked time; the queue: until that time.
+    let state = pttl(&mut lab.conn, &keys[0]);
+    let queue = pttl(&mut lab.conn, &queue_key);
+    assert!(
+        (delay_ms as i64 + 500..=delay_ms as i64 + 1_001).contains(&state),
+        "state kept {state} ms after a delay of {delay_ms} ms"
+    );
+    assert!(
+        (delay_ms as i64 - 500..=delay_ms as i64 + 1).contains(&queue),
+        "queue kept {queue} ms after a delay of {delay_ms} ms"
+    );
+    // A reservation that will not wait is denied behind the queue, and takes nothing.
+    let denied = call(&mut lab.conn, 0);
+    assert_eq!(denied[0], 0, "{denied:?}");
+    assert!(pttl(&mut lab.conn, &keys[0]) <= state);
+}
