@@ -2,8 +2,10 @@
 //! no later than a wait the caller accepts, at which every limit admits it, as pure functions.
 //! `lua/reserve.lua` (composed by `store::redis::scripts::compose_reserve`) decides the same on
 //! Redis, the subject's queue in a key on its hash tag (`store::key::queue_key`), and
-//! `tests/api/reservations.rs` holds it to [`reserve`]. Nothing calls either yet: the stores'
-//! entry points and the API come next, on these.
+//! `tests/api/reservations.rs` holds it to [`reserve`]. Every store books through
+//! `store::Ask::Reserve`; the embedded store also decides every other operation with the queue
+//! ([`decide_queued`]). Not yet: Redis's other operations (whose scripts do not read the queue)
+//! and the API; until both land nothing outside the tests books.
 //!
 //! A subject that takes reservations has a queue: the latest time anything is booked for
 //! (`queue_us`, none once it has passed). Every decision of such a subject, an acquire that
@@ -45,7 +47,7 @@
 //! one holding `now`; the longest booking, [`LONGEST_WAIT_MS`], is far shorter than any
 //! calendar period, so a booking's `act` always falls within them.
 
-use super::{Decision, Params, State, Verdict, MAX_LIMITS, MAX_WAIT_US};
+use super::{decide_op, Decision, Mark, Op, Params, State, Verdict, MAX_LIMITS, MAX_WAIT_US};
 
 /// The longest wait a reservation may accept: one hour. Longer queues are better kept by the
 /// caller; and it keeps every booking inside the calendar boundaries a decision is given.
@@ -132,6 +134,62 @@ pub fn reserve(
         delay_us: delay,
         queue_us: if delay > 0 { Some(act) } else { kept },
     }
+}
+
+/// When a decision is made: the caller's time, and the subject's queue then (see the module
+/// doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    pub now_us: u64,
+    pub queue_us: Option<u64>,
+}
+
+/// Decides an operation that accepts no wait (`op`, as [`decide_op`] does) on a subject whose
+/// queue is `queue_us`, at `now_us`. With no queue ahead of now it is [`decide_op`]. With one, it
+/// is decided at the queue, as every decision of a subject that books is: an acquire or a peek
+/// is a reservation accepting no wait, denied by every limit (nothing is admitted ahead of what
+/// was booked) with `retry_after_us` the wait for the queue plus the limit's own there; a report
+/// is taken, and a refund given back, at the queue's time. Every time in the verdict is measured
+/// from `now_us`, and `ttls` too; a report's `taken_us` is the queue's time.
+pub fn decide_queued(
+    params: &[Params],
+    states: &mut [Option<State>],
+    ttls: &mut [Option<u64>],
+    (op, cost, marks): (Op, u64, &[Mark]),
+    Queued { now_us, queue_us }: Queued,
+) -> Verdict {
+    let base = match queue_us {
+        Some(q) if q > now_us => q,
+        _ => return decide_op(params, states, ttls, op, cost, now_us, marks),
+    };
+    if matches!(op, Op::Acquire | Op::Peek) {
+        // Always denied (the queue ahead is a longer wait than none), so nothing is written:
+        // a peek's states stay exactly as they were.
+        let mut unset = [None; MAX_LIMITS];
+        return reserve(
+            params,
+            states,
+            &mut unset[..params.len()],
+            cost,
+            now_us,
+            queue_us,
+            0,
+        )
+        .verdict;
+    }
+    let shift = base - now_us;
+    let at_base = decide_op(params, states, ttls, op, cost, base, marks);
+    let mut verdict = Verdict::at(now_us);
+    verdict.taken_us = base;
+    verdict.refunded = at_base.refunded;
+    for (d, units) in at_base.limits().iter().zip(at_base.units()) {
+        verdict.push_units(later(*d, shift), *units);
+    }
+    verdict.allowed = at_base.allowed;
+    for ttl in ttls.iter_mut() {
+        *ttl = ttl.map(|t| t.saturating_add(shift));
+    }
+    verdict
 }
 
 /// The denial at `now_us`: each limit as it stands at `max(now, queue)` (`shift` after now),

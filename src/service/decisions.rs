@@ -134,12 +134,13 @@ impl RateLimiter {
         started: Instant,
     ) -> Result<(Verdict, DecidedBy), ServiceError> {
         // Only an enforced acquire of 1 unit of a one-limit policy meets the denial cache (see
-        // `denials`: a larger cost's retry time is its own), and only on the store's clock: the
+        // `denials`: a larger cost's retry time is its own; a reservation may book what an
+        // acquire is denied), and only on the store's clock: the
         // cache counts retry times on this instance's monotonic clock, which a time set by hand
         // (tests) does not move.
         let denials = match (&self.denials, resolved.denial_version) {
             (Some(d), Some(version))
-                if plan.op() == Op::Acquire
+                if matches!(plan.ask, Ask::Acquire { .. })
                     && plan.cost() == 1
                     && !resolved.shadow
                     && plan.params.len() == 1

@@ -18,6 +18,11 @@ use crate::policy::{LimitKey, Policy};
 pub enum Ask<T> {
     /// Takes `cost` from every limit if every limit admits it; otherwise takes nothing.
     Acquire { cost: u64 },
+    /// An acquire that accepts a wait (a reservation, `limiter::reservation`): `cost` is taken
+    /// from every limit for the earliest time, no later than `max_wait_us` from now, at which
+    /// every limit admits it (now, when it fits now), and the subject's queue moves to that time;
+    /// otherwise nothing is taken. Its verdict's `taken_us` is that time.
+    Reserve { cost: u64, max_wait_us: u64 },
     /// Answers as an acquire of `cost` would now, and writes nothing.
     Peek { cost: u64 },
     /// Takes `cost` from every limit whether or not it fits.
@@ -31,7 +36,9 @@ impl<T> Ask<T> {
     /// The operation, as the scripts and the pure functions index it.
     pub const fn op(&self) -> Op {
         match self {
-            Ask::Acquire { .. } => Op::Acquire,
+            // A reservation is an acquire to everything but the store: counted, given a ticket and
+            // refunded as one.
+            Ask::Acquire { .. } | Ask::Reserve { .. } => Op::Acquire,
             Ask::Peek { .. } => Op::Peek,
             Ask::Report { .. } => Op::Report,
             Ask::Refund { .. } => Op::Refund,
@@ -42,9 +49,18 @@ impl<T> Ask<T> {
     pub const fn cost(&self) -> u64 {
         match self {
             Ask::Acquire { cost }
+            | Ask::Reserve { cost, .. }
             | Ask::Peek { cost }
             | Ask::Report { cost }
             | Ask::Refund { cost, .. } => *cost,
+        }
+    }
+
+    /// The longest wait accepted: a reservation's; 0 for every other operation.
+    pub const fn max_wait_us(&self) -> u64 {
+        match self {
+            Ask::Reserve { max_wait_us, .. } => *max_wait_us,
+            _ => 0,
         }
     }
 
@@ -60,6 +76,7 @@ impl<T> Ask<T> {
     pub fn with_cost(self, cost: u64) -> Self {
         match self {
             Ask::Acquire { .. } => Ask::Acquire { cost },
+            Ask::Reserve { max_wait_us, .. } => Ask::Reserve { cost, max_wait_us },
             Ask::Peek { .. } => Ask::Peek { cost },
             Ask::Report { .. } => Ask::Report { cost },
             Ask::Refund { ticket, .. } => Ask::Refund { cost, ticket },
@@ -70,6 +87,7 @@ impl<T> Ask<T> {
     pub fn with_ticket<U>(self, ticket: Option<U>) -> Ask<U> {
         match self {
             Ask::Acquire { cost } => Ask::Acquire { cost },
+            Ask::Reserve { cost, max_wait_us } => Ask::Reserve { cost, max_wait_us },
             Ask::Peek { cost } => Ask::Peek { cost },
             Ask::Report { cost } => Ask::Report { cost },
             Ask::Refund { cost, .. } => Ask::Refund { cost, ticket },
@@ -178,8 +196,15 @@ mod tests {
             units: 3,
             ends_at_us: 9,
         };
-        let asks: [(Ask<Claim<'_>>, Op); 5] = [
+        let asks: [(Ask<Claim<'_>>, Op); 6] = [
             (Ask::Acquire { cost: 2 }, Op::Acquire),
+            (
+                Ask::Reserve {
+                    cost: 2,
+                    max_wait_us: 9,
+                },
+                Op::Acquire,
+            ),
             (Ask::Peek { cost: 2 }, Op::Peek),
             (Ask::Report { cost: 2 }, Op::Report),
             (
@@ -203,8 +228,10 @@ mod tests {
             assert_eq!(ask.with_cost(5).cost(), 5);
             assert_eq!(ask.with_cost(5).op(), op);
         }
-        assert_eq!(asks[4].0.ticket(), Some(&claim));
-        assert_eq!(asks[3].0.ticket(), None);
+        assert_eq!(asks[5].0.ticket(), Some(&claim));
+        assert_eq!(asks[4].0.ticket(), None);
+        assert_eq!(asks[1].0.with_cost(5).max_wait_us(), 9);
+        assert_eq!(asks[0].0.max_wait_us(), 0);
         assert_eq!(Ask::<&str>::Acquire { cost: 1 }.ticket(), None);
         let edge: Ask<&str> = Ask::Refund {
             cost: 1,

@@ -6,13 +6,17 @@
 //! order. Replies are compared whole, every limit's times measured from the caller's now.
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
-use ratelimiter::limiter::reservation::{reserve, Reservation, LONGEST_WAIT_MS};
+use ratelimiter::limiter::reservation::{
+    decide_queued, reserve, Queued, Reservation, LONGEST_WAIT_MS,
+};
 use ratelimiter::limiter::{decide_op, Mark, Op, State};
-use ratelimiter::policy::{Algorithm, Params};
-use ratelimiter::store::scripts;
+use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
+use ratelimiter::store::connection::ConnectionMode;
+use ratelimiter::store::{scripts, Ask, MemoryStore, Plan, RedisStore, Store};
 
-use crate::helpers::script_reply;
+use crate::helpers::{ask, claim, script_reply, TestCluster, TestRedis};
 use crate::scripts::Spec;
 use crate::settle::Lab;
 
@@ -315,4 +319,201 @@ fn a_booking_keeps_its_states_until_its_units_have_counted_and_the_queue_until_i
     let denied = call(&mut lab.conn, 0);
     assert_eq!(denied[0], 0, "{denied:?}");
     assert!(pttl(&mut lab.conn, &keys[0]) <= state);
+}
+
+/// Limits whose periods are a few milliseconds, so that bookings queue up and clear on the
+/// stores' own clocks within a test of real time.
+fn quick_limit() -> impl Strategy<Value = Spec> {
+    prop_oneof![
+        (1u64..=4, 1u64..=3, 5u64..=60)
+            .prop_map(|(c, r, p)| (Algorithm::TokenBucket, vec![c, r, p])),
+        (1u64..=3, 5u64..=60, 1u64..=4).prop_map(|(r, p, b)| (Algorithm::Gcra, vec![r, p, b])),
+        (
+            prop::sample::select(vec![
+                Algorithm::FixedWindow,
+                Algorithm::SlidingWindowLog,
+                Algorithm::SlidingWindowCounter,
+            ]),
+            1u64..=4,
+            5u64..=80
+        )
+            .prop_map(|(a, l, w)| (a, vec![l, w])),
+    ]
+}
+
+/// One call on a store: a pause before it (ms), a number the cost is made from, the wait
+/// accepted (µs), and what it is: a reservation, an acquire, or a cancel of an earlier
+/// booking (which).
+type StoreStep = (u64, u64, u64, u64);
+
+fn store_steps() -> impl Strategy<Value = Vec<StoreStep>> {
+    let pause = prop_oneof![3 => Just(0u64), 2 => 0u64..15];
+    let wait = prop_oneof![1 => Just(0u64), 3 => 0u64..200_000];
+    prop::collection::vec((pause, any::<u64>(), wait, any::<u64>()), 5..25)
+}
+
+fn quick_policy(name: &str, specs: &[Spec]) -> Policy {
+    let name = PolicyName::parse(name).expect("valid name");
+    if let [(a, values)] = specs {
+        return Policy::single(name, *a, values, None, FailMode::Closed);
+    }
+    let limits = specs
+        .iter()
+        .enumerate()
+        .map(|(i, (a, values))| {
+            let limit = PolicyName::parse(&format!("l{}", i + 1)).expect("valid name");
+            Limit::new(limit, *a, values)
+        })
+        .collect();
+    Policy::new(name, limits, None, FailMode::Closed).expect("valid limits")
+}
+
+/// Drives `store` on its own clock with random sequences and holds every verdict to the model
+/// run at the time the store decided at (its verdict's `at_us`): reservations
+/// ([`reserve`]) on every store; with `plain`, also acquires and cancels (refunds with a
+/// booking's ticket), which the model decides with the queue ([`decide_queued`]). Answers what
+/// was covered.
+async fn books_as_the_model(store: &impl Store, label: &str, plain: bool) -> Seen {
+    let mut runner = TestRunner::deterministic();
+    let strategy = (prop::collection::vec(quick_limit(), 1..=3), store_steps());
+    let mut seen = Seen::default();
+    let key = LimitKey::parse("subject".to_owned()).expect("valid key");
+    for case in 0..24 {
+        let (specs, steps) = strategy.new_tree(&mut runner).expect("a case").current();
+        let policy = quick_policy(&format!("{label}{case}"), &specs);
+        let params = policy.params().to_vec();
+        let quota = params.iter().map(Params::quota).min().unwrap_or(1);
+        let mut states: Vec<Option<State>> = params.iter().map(|_| None).collect();
+        let mut ttls = vec![None; params.len()];
+        let mut queue: Option<u64> = None;
+        let mut tickets: Vec<(u64, Vec<Mark>)> = Vec::new();
+        for (i, &(pause_ms, pick, max_wait_us, kind)) in steps.iter().enumerate() {
+            tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+            let cost = 1 + pick % quota;
+            let what = format!("{label} case {case} step {i} of {specs:?}");
+            match kind % 4 {
+                0 if plain && !tickets.is_empty() => {
+                    let (units, marks) = tickets.swap_remove((kind / 4) as usize % tickets.len());
+                    let claim = claim(&marks, units);
+                    let plan = Plan::new(&policy, &key, ask(Op::Refund, units, claim.as_ref()));
+                    let got = store.decide(&plan).await.expect("refund");
+                    let queued = Queued {
+                        now_us: got.at_us,
+                        queue_us: queue,
+                    };
+                    let expected = decide_queued(
+                        &params,
+                        &mut states,
+                        &mut ttls,
+                        (Op::Refund, units, &marks),
+                        queued,
+                    );
+                    assert_eq!(got, expected, "{what}: cancel");
+                    if expected.units().iter().any(|u| *u > 0) {
+                        seen.cancels_giving_back += 1;
+                    }
+                }
+                1 if plain => {
+                    let plan = Plan::acquire(&policy, &key, cost);
+                    let got = store.decide(&plan).await.expect("acquire");
+                    let queued = Queued {
+                        now_us: got.at_us,
+                        queue_us: queue,
+                    };
+                    let expected = decide_queued(
+                        &params,
+                        &mut states,
+                        &mut ttls,
+                        (Op::Acquire, cost, &[]),
+                        queued,
+                    );
+                    assert_eq!(got, expected, "{what}: acquire");
+                    if got.allowed {
+                        tickets.push((cost, got.marks().collect()));
+                    }
+                }
+                _ => {
+                    let reserve_ask = Ask::Reserve { cost, max_wait_us };
+                    let got = store
+                        .decide(&Plan::new(&policy, &key, reserve_ask))
+                        .await
+                        .expect("reserve");
+                    let r = reserve(
+                        &params,
+                        &mut states,
+                        &mut ttls,
+                        cost,
+                        got.at_us,
+                        queue,
+                        max_wait_us,
+                    );
+                    queue = r.queue_us;
+                    assert_eq!(
+                        got, r.verdict,
+                        "{what}: reserve {cost} waiting {max_wait_us}"
+                    );
+                    match (r.verdict.allowed, r.delay_us) {
+                        (true, 0) => seen.granted_now += 1,
+                        (true, _) => seen.booked += 1,
+                        (false, _) => seen.refused_past_the_wait += 1,
+                    }
+                    if r.verdict.allowed {
+                        tickets.push((cost, r.verdict.marks().collect()));
+                    }
+                }
+            }
+        }
+        // A reset ends the queue with the states: a reservation that will not wait is then
+        // granted as on a subject never seen.
+        store.reset(&policy, &key).await.expect("reset");
+        let fresh = Ask::Reserve {
+            cost: 1,
+            max_wait_us: 0,
+        };
+        let got = store
+            .decide(&Plan::new(&policy, &key, fresh))
+            .await
+            .expect("reserve after a reset");
+        assert!(
+            got.allowed && got.taken_us == got.at_us,
+            "{label} case {case}: {got:?}"
+        );
+    }
+    seen
+}
+
+/// The stores' entry point for a reservation (`Ask::Reserve`) decides as the model on the
+/// embedded store, one Redis and a Cluster, each on its own clock; on the embedded store the
+/// acquires and cancels among them keep to the queue as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_books_as_the_model() {
+    let memory = MemoryStore::new("rl", 1_000_000);
+    let on_memory = books_as_the_model(&memory, "m", true).await;
+    assert!(
+        on_memory.booked > 20
+            && on_memory.refused_past_the_wait > 5
+            && on_memory.cancels_giving_back > 5,
+        "embedded: {on_memory:?}"
+    );
+    let redis = TestRedis::start();
+    let store = RedisStore::open(
+        &redis.url(),
+        ConnectionMode::Multiplexed,
+        2,
+        std::time::Duration::from_secs(5),
+        "rl",
+    )
+    .expect("store");
+    let on_redis = books_as_the_model(&store, "r", false).await;
+    assert!(
+        on_redis.booked > 20 && on_redis.refused_past_the_wait > 5,
+        "Redis: {on_redis:?}"
+    );
+    let cluster = TestCluster::start();
+    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_owned).collect();
+    let store = RedisStore::open_cluster(&seeds, std::time::Duration::from_secs(5), "rl")
+        .await
+        .expect("cluster store");
+    let on_cluster = books_as_the_model(&store, "c", false).await;
+    assert!(on_cluster.booked > 20, "Cluster: {on_cluster:?}");
 }

@@ -393,3 +393,89 @@ fn a_cancelled_booking_frees_its_slot_for_the_next_reservation() {
     assert_eq!(s.reserve(1, T0 + 20 * MS, S).delay_us, 80 * MS);
     assert_eq!(s.reserve(1, T0 + 20 * MS, S).delay_us, 180 * MS);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// The operations that accept no wait, decided with the queue ([`decide_queued`]) among
+    /// bookings: an acquire or a peek admits only when no queue is ahead, and then as
+    /// [`decide_op`] would; with acquires, reports, and refunds with the tickets of bookings and
+    /// acquires (in any order) among them, the units granted and not given back are what each
+    /// algorithm allows over every interval, at the times they are used. (A report takes
+    /// whether or not it fits: it is left out of the schedule, which it can only shorten.)
+    #[test]
+    fn decisions_that_accept_no_wait_keep_to_the_queue(
+        limits in prop::collection::vec(limit(), 1..=3),
+        calls in calls(),
+        kinds in prop::collection::vec(any::<u64>(), 60),
+    ) {
+        let quota = limits.iter().map(Limit::quota).min().unwrap_or(1);
+        let mut subject = Subject::new(limits.iter().map(Limit::params).collect());
+        let mut granted: Vec<Vec<(u64, u64)>> = vec![Vec::new(); limits.len()];
+        let mut tickets: Vec<(usize, u64, Vec<Mark>)> = Vec::new();
+        let mut now = T0;
+        for ((dt, pick, max_wait), kind) in calls.into_iter().zip(kinds) {
+            now += dt;
+            let cost = 1 + pick % quota;
+            let mut ttls = vec![None; limits.len()];
+            let queue = subject.queue;
+            let ahead = queue.is_some_and(|q| q > now);
+            let mut queued = |op, cost, marks: &[Mark], subject: &mut Subject| {
+                decide_queued(&subject.params, &mut subject.states, &mut ttls, (op, cost, marks), Queued { now_us: now, queue_us: queue })
+            };
+            let verdict = match kind % 5 {
+                0 => {
+                    if tickets.is_empty() {
+                        continue;
+                    }
+                    let pick = (kind / 5) as usize % tickets.len();
+                    let (at, left, marks) = tickets.swap_remove(pick);
+                    let v = queued(Op::Refund, left, &marks, &mut subject);
+                    for (i, given) in v.units().iter().enumerate() {
+                        prop_assert!(*given <= granted[i][at].1);
+                        granted[i][at].1 -= given;
+                    }
+                    continue;
+                }
+                1 | 2 => {
+                    let op = if kind % 5 == 1 { Op::Acquire } else { Op::Peek };
+                    let before = fmt(&subject.states);
+                    let (mut states, mut plain_ttls) = (subject.states.clone(), vec![None; limits.len()]);
+                    let plain = decide_op(&subject.params, &mut states, &mut plain_ttls, op, cost, now, &[]);
+                    let v = queued(op, cost, &[], &mut subject);
+                    if ahead {
+                        prop_assert!(!v.allowed && v.limits().iter().all(|d| !d.allowed && d.retry_after_us > 0));
+                        let first = v.limits().iter().map(|d| d.retry_after_us).min().unwrap_or(0);
+                        prop_assert!(first >= queue.unwrap_or(0) - now, "{:?} ahead of the queue", v);
+                        prop_assert_eq!(fmt(&subject.states), before);
+                    } else {
+                        prop_assert_eq!(v, plain);
+                        prop_assert_eq!(fmt(&subject.states), fmt(&states));
+                    }
+                    if op == Op::Peek {
+                        continue;
+                    }
+                    v
+                }
+                3 => {
+                    let v = queued(Op::Report, cost, &[], &mut subject);
+                    prop_assert!(v.taken_us >= queue.unwrap_or(0).max(now));
+                    continue;
+                }
+                _ => {
+                    let r = subject.reserve(cost, now, max_wait);
+                    r.verdict
+                }
+            };
+            if verdict.allowed {
+                for g in &mut granted {
+                    g.push((verdict.taken_us, cost));
+                }
+                tickets.push((granted[0].len() - 1, cost, verdict.marks().collect()));
+            }
+        }
+        for (l, g) in limits.iter().zip(&granted) {
+            l.check(g).map_err(TestCaseError::fail)?;
+        }
+    }
+}

@@ -35,11 +35,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use self::policy_set::PolicySet;
 use super::{
-    key, ChangePage, Etag, LeasePlan, OverrideWrite, OverrideWritten, Plan, PolicyWrite, Store,
-    StoreError, Written,
+    key, Ask, ChangePage, Etag, LeasePlan, OverrideWrite, OverrideWritten, Plan, PolicyWrite,
+    Store, StoreError, Written,
 };
 use crate::limiter::concurrency::{self, LeaseAnswer};
-use crate::limiter::{decide_op, State, Verdict, MAX_LIMITS};
+use crate::limiter::reservation::{self, Queued};
+use crate::limiter::{State, Verdict, MAX_LIMITS};
 use crate::metrics as m;
 use crate::policy::overrides::{Override, OverrideId};
 use crate::policy::{LimitKey, Policy, PolicyName};
@@ -65,6 +66,9 @@ enum Kept {
     Leases(concurrency::State),
     /// A ticket's record: the units refunded with it so far (see `store::Claim`).
     Spent(u64),
+    /// A subject's queue of reservations: the latest time anything is booked for (µs), which
+    /// is also when the entry expires (`limiter::reservation`).
+    Queue(u64),
 }
 
 /// The in-process store.
@@ -130,10 +134,11 @@ impl MemoryStore {
     }
 
     /// Decides one plan over all of its limits at an explicit time (the plan's own is not read),
-    /// under one lock ([`decide_op`]; a refund's ticket record is read and written under the
-    /// same lock).
-    /// Only an acquire, a report or a refund's first use of a ticket may need new entries, and
-    /// fail with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
+    /// under one lock, with the subject's queue ([`reservation::decide_queued`], or
+    /// [`reservation::reserve`] for a reservation, which moves the queue; a refund's ticket
+    /// record is read and written under the same lock).
+    /// Only an acquire, a reservation, a report or a refund's first use of a ticket may need new
+    /// entries, and fail with [`StoreError::Full`] as [`MemoryStore::acquire_at`] does.
     pub fn decide_at(&self, plan: &Plan<'_>, now: u64) -> Result<Verdict, StoreError> {
         let Plan {
             policy,
@@ -163,6 +168,30 @@ impl MemoryStore {
                     self.reserve(&shard, names).ok_or_else(|| self.refuse())?
                 }
             };
+        }
+        // The subject's queue: read by every decision, and one more entry for a reservation,
+        // whose slot is taken before deciding, as a ticket record's is.
+        let mut queue_name = String::new();
+        key::queue_key(
+            &mut queue_name,
+            &self.prefix,
+            policy.name.as_str(),
+            key.as_str(),
+        );
+        let queue = match shard.get(&queue_name) {
+            Some(Slot {
+                state: Kept::Queue(q),
+                expires_at_us,
+            }) if *expires_at_us > now => Some(*q),
+            _ => None,
+        };
+        let books = matches!(ask, Ask::Reserve { .. });
+        if books && !shard.contains_key(&queue_name) {
+            if self.reserve_count(1).is_none() {
+                self.subjects.fetch_sub(reserved, Ordering::Relaxed);
+                return Err(self.refuse());
+            }
+            reserved += 1;
         }
         // A ticket gives back at most what it took less what it gave before; its record is one
         // more entry, reserved before anything is given so that a full store gives nothing.
@@ -204,19 +233,36 @@ impl MemoryStore {
             taken_out += take_out(&mut shard, name, now, &mut states[i], &mut expires[i]);
         }
         let mut ttls = [None; MAX_LIMITS];
-        let verdict = decide_op(
-            params,
-            &mut states[..n],
-            &mut ttls[..n],
-            op,
-            cost,
-            now,
-            marks,
-        );
+        let (states_n, ttls_n) = (&mut states[..n], &mut ttls[..n]);
+        let (verdict, booked) = match ask {
+            Ask::Reserve { max_wait_us, .. } => {
+                let r =
+                    reservation::reserve(params, states_n, ttls_n, cost, now, queue, max_wait_us);
+                (r.verdict, r.queue_us)
+            }
+            _ => {
+                let queued = Queued {
+                    now_us: now,
+                    queue_us: queue,
+                };
+                let v =
+                    reservation::decide_queued(params, states_n, ttls_n, (op, cost, marks), queued);
+                (v, None)
+            }
+        };
         let mut kept = 0;
         for (i, name) in names.iter_mut().enumerate() {
             let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
             kept += put_back(&mut shard, name, states[i].take(), expiry, now);
+        }
+        if let Some(q) = booked.filter(|&q| q > now) {
+            let existed = shard.contains_key(&queue_name);
+            let slot = Slot {
+                state: Kept::Queue(q),
+                expires_at_us: q,
+            };
+            shard.insert(queue_name, slot);
+            kept += u64::from(!existed);
         }
         if let Some((name, spent, ends_at_us)) = record {
             let given = verdict.units().iter().copied().max().unwrap_or(0);
@@ -235,16 +281,20 @@ impl MemoryStore {
         Ok(verdict)
     }
 
-    /// Deletes the subject's state for every limit of the policy; returns how many limits had
-    /// state.
+    /// Deletes the subject's state for every limit of the policy, and its queue of
+    /// reservations; returns how many limits had state.
     pub fn clear(&self, policy: &Policy, key: &LimitKey) -> usize {
         let (names, n) = key::state_keys(&self.prefix, policy, key);
+        let mut queue = String::new();
+        key::queue_key(&mut queue, &self.prefix, policy.name.as_str(), key.as_str());
         let mut shard = lock(self.shard(policy.name.as_str(), key.as_str()));
         let removed = names[..n]
             .iter()
             .filter(|name| shard.remove(name.as_str()).is_some())
             .count();
-        self.subjects.fetch_sub(removed as u64, Ordering::Relaxed);
+        let queued = usize::from(shard.remove(&queue).is_some());
+        self.subjects
+            .fetch_sub((removed + queued) as u64, Ordering::Relaxed);
         removed
     }
 

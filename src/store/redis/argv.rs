@@ -1,6 +1,7 @@
 //! The calling convention of `lua/common.lua`, shared by every decision script: the ARGV a
 //! decision is sent with ([`script_argv`]) and the reply it answers ([`verdict`]), read alike by
-//! the direct call ([`super::RedisStore`]'s `decide`) and by the batcher ([`super::batch`]); and
+//! the direct call ([`super::RedisStore`]'s `decide`) and by the batcher ([`super::batch`]), and a
+//! reservation's ([`reservation`]); and
 //! how a script that writes nothing is called ([`read_only`]), with its arguments ([`Arg`]).
 
 use redis::Value;
@@ -53,6 +54,32 @@ pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, S
         let counts = &numbers[2 + 4 * limits..len];
         verdict.refunded[..limits].copy_from_slice(counts);
     }
+    Ok(verdict)
+}
+
+/// A reservation script's reply (`lua/reserve.lua`: an acquire's, then the delay and the queue
+/// left) as a verdict whose `taken_us` is the booked time.
+pub(super) fn reservation(reply: &Value, limits: usize) -> Result<Verdict, StoreError> {
+    let (head, delay) = match reply {
+        Value::Array(items) if items.len() >= 2 => {
+            let (head, tail) = items.split_at(items.len() - 2);
+            (head, &tail[0])
+        }
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "a reservation script answered {other:?} for {limits} limits"
+            )))
+        }
+    };
+    let Value::Int(delay) = delay else {
+        return Err(StoreError::corrupt(format!(
+            "a reservation script answered {delay:?} where its delay belongs"
+        )));
+    };
+    let mut verdict = verdict(&Value::Array(head.to_vec()), limits, Op::Acquire)?;
+    verdict.taken_us = verdict
+        .at_us
+        .saturating_add(u64::try_from(*delay).unwrap_or(0));
     Ok(verdict)
 }
 

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use self::argv::{read_only, script_argv, verdict, Arg};
+use self::argv::{read_only, reservation, script_argv, verdict, Arg};
 use self::batch::{Batches, Job, DEFAULT_BATCH_MAX};
 use self::breaker::Breaker;
 use self::calls::Calls;
@@ -43,7 +43,7 @@ use super::key::{self, PolicyKeys};
 use super::overrides::{self, OverrideStatus, OverrideWrite, OverrideWritten};
 use super::Entry;
 use super::{
-    new_generation, Change, ChangePage, Etag, LeasePlan, LeasedLedger, Plan, PolicyWrite,
+    new_generation, Ask, Change, ChangePage, Etag, LeasePlan, LeasedLedger, Plan, PolicyWrite,
     Precondition, Store, StoreError, WriteStatus, Written, MAX_JOINT_LIMITS,
 };
 use crate::limiter::concurrency::{LeaseAnswer, LeaseCall};
@@ -207,6 +207,45 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// A reservation ([`Ask::Reserve`]): one call of `lua/reserve.lua` over the plan's limits
+    /// and the subject's queue, never batched (its script is its own).
+    async fn reserve(&self, plan: &Plan<'_>, max_wait_us: u64) -> Result<Verdict, StoreError> {
+        let Plan {
+            policy,
+            key,
+            params,
+            at_us: now_us,
+            ..
+        } = *plan;
+        let (names, n) = key::state_keys(&self.prefix, policy, key);
+        let mut queue = String::new();
+        key::queue_key(&mut queue, &self.prefix, policy.name.as_str(), key.as_str());
+        let argv = || {
+            script_argv(&params[..n], Op::Acquire, plan.cost(), &[], now_us)
+                .chain(std::iter::once(Some(max_wait_us)))
+        };
+        let script = self.scripts.reserve(&params[..n]);
+        let reply: Value = self
+            .with_conn_on(Some(&names[0]), async |conn| {
+                let mut call = script.prepare_invoke();
+                for name in &names[..n] {
+                    call.key(name.as_str());
+                }
+                call.key(queue.as_str());
+                for arg in argv() {
+                    match arg {
+                        Some(v) => call.arg(v),
+                        None => call.arg(""),
+                    };
+                }
+                Ok(call.invoke_async(conn).await?)
+            })
+            .await?;
+        reservation(&reply, n)
+    }
+}
+
 impl Store for RedisStore {
     async fn decide(&self, plan: &Plan<'_>) -> Result<Verdict, StoreError> {
         let Plan {
@@ -217,6 +256,9 @@ impl Store for RedisStore {
             at_us: now_us,
         } = *plan;
         let (op, cost, marks, ticket) = (ask.op(), ask.cost(), plan.marks(), plan.claim());
+        if let Ask::Reserve { max_wait_us, .. } = ask {
+            return self.reserve(plan, max_wait_us).await;
+        }
         // A refund with a ticket goes alone: its script also keeps the ticket's record.
         if let (Some(batches), None) = (&self.batches, ticket) {
             if let Some(job) = Job::new(&self.prefix, plan) {
@@ -347,6 +389,8 @@ impl Store for RedisStore {
 
     async fn reset(&self, policy: &Policy, key: &LimitKey) -> Result<(), StoreError> {
         let (names, n) = key::state_keys(&self.prefix, policy, key);
+        let mut queue = String::new();
+        key::queue_key(&mut queue, &self.prefix, policy.name.as_str(), key.as_str());
         // One UNLINK of keys that share a hash tag: atomic, and one slot on a Cluster. UNLINK
         // rather than DEL: a log of thousands of members is freed outside Redis's main thread
         // (DEL took a millisecond for 10,000), so a reset costs Redis O(1) whatever it removes.
@@ -355,6 +399,7 @@ impl Store for RedisStore {
             for name in &names[..n] {
                 del.arg(name.as_str());
             }
+            del.arg(queue.as_str());
             let _: i64 = del.query_async(conn).await?;
             Ok(())
         })

@@ -479,6 +479,8 @@ pub struct Scripts {
     composed: RwLock<HashMap<u32, Arc<Script>>>,
     /// Joint acquires' scripts, by combination of algorithms, composed on first use.
     joint: RwLock<HashMap<u32, Arc<Script>>>,
+    /// Reservations' scripts, by combination of algorithms, composed on first use.
+    reserve: RwLock<HashMap<u32, Arc<Script>>>,
     pub policy_write: Script,
     pub policy_read: Script,
     pub override_write: Script,
@@ -515,6 +517,7 @@ impl Scripts {
             singles: Op::ALL.map(|op| Algorithm::ALL.map(|a| Script::new(&compose(&[a], op)))),
             composed: RwLock::default(),
             joint: RwLock::default(),
+            reserve: RwLock::default(),
             policy_write: Script::new(POLICY_WRITE),
             policy_read: Script::new(POLICY_READ),
             override_write: Script::new(OVERRIDE_WRITE),
@@ -550,6 +553,16 @@ impl Scripts {
         once(&self.joint, combination(limits, Op::Acquire), || {
             let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
             compose_joint(&algorithms)
+        })
+    }
+}
+
+impl Scripts {
+    /// The script of a reservation over limits with these parameters, in order.
+    pub fn reserve(&self, limits: &[Params]) -> Arc<Script> {
+        once(&self.reserve, combination(limits, Op::Acquire), || {
+            let algorithms: Vec<Algorithm> = limits.iter().map(Params::algorithm).collect();
+            compose_reserve(&algorithms)
         })
     }
 }
