@@ -23,12 +23,13 @@ use crate::settle::Lab;
 /// A plausible current time in µs.
 const T0: u64 = 1_764_460_800_123_457;
 
-/// Limits small and short enough that bookings queue up, and now and then any limit at all.
-fn limit() -> impl Strategy<Value = Spec> {
-    let small = prop_oneof![
-        (1u64..=6, 1u64..=4, 1u64..=1_500)
-            .prop_map(|(c, r, p)| (Algorithm::TokenBucket, vec![c, r, p])),
-        (1u64..=4, 1u64..=1_500, 1u64..=6).prop_map(|(r, p, b)| (Algorithm::Gcra, vec![r, p, b])),
+/// Limits of at most 6 units whose periods are `periods_ms` long: small and short enough that
+/// bookings queue up.
+fn small_limit(periods_ms: std::ops::RangeInclusive<u64>) -> impl Strategy<Value = Spec> {
+    let (p, w, b) = (periods_ms.clone(), periods_ms.clone(), periods_ms);
+    prop_oneof![
+        (1u64..=6, 1u64..=4, p).prop_map(|(c, r, p)| (Algorithm::TokenBucket, vec![c, r, p])),
+        (1u64..=4, w, 1u64..=6).prop_map(|(r, p, b)| (Algorithm::Gcra, vec![r, p, b])),
         (
             prop::sample::select(vec![
                 Algorithm::FixedWindow,
@@ -36,11 +37,15 @@ fn limit() -> impl Strategy<Value = Spec> {
                 Algorithm::SlidingWindowCounter,
             ]),
             1u64..=6,
-            1u64..=2_000
+            b
         )
             .prop_map(|(a, l, w)| (a, vec![l, w])),
-    ];
-    prop_oneof![4 => small, 1 => crate::scripts::limits()]
+    ]
+}
+
+/// Small limits, and now and then any limit at all.
+fn limit() -> impl Strategy<Value = Spec> {
+    prop_oneof![4 => small_limit(1..=2_000), 1 => crate::scripts::limits()]
 }
 
 /// One call: the clock's move (now and then back), a number the cost is made from, the wait
@@ -324,21 +329,7 @@ fn a_booking_keeps_its_states_until_its_units_have_counted_and_the_queue_until_i
 /// Limits whose periods are a few milliseconds, so that bookings queue up and clear on the
 /// stores' own clocks within a test of real time.
 fn quick_limit() -> impl Strategy<Value = Spec> {
-    prop_oneof![
-        (1u64..=4, 1u64..=3, 5u64..=60)
-            .prop_map(|(c, r, p)| (Algorithm::TokenBucket, vec![c, r, p])),
-        (1u64..=3, 5u64..=60, 1u64..=4).prop_map(|(r, p, b)| (Algorithm::Gcra, vec![r, p, b])),
-        (
-            prop::sample::select(vec![
-                Algorithm::FixedWindow,
-                Algorithm::SlidingWindowLog,
-                Algorithm::SlidingWindowCounter,
-            ]),
-            1u64..=4,
-            5u64..=80
-        )
-            .prop_map(|(a, l, w)| (a, vec![l, w])),
-    ]
+    small_limit(5..=80)
 }
 
 /// One call on a store: a pause before it (ms), a number the cost is made from, the wait

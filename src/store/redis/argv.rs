@@ -116,6 +116,27 @@ pub(super) fn script_argv<'a>(
     [Some(cost), now_us].into_iter().chain(params).chain(marks)
 }
 
+/// Runs `script` (with `EVALSHA`, loading it when Redis does not have it) on `keys`, with the
+/// ARGV `argv` (`None`: an empty argument).
+pub(super) async fn invoke<'k>(
+    script: &redis::Script,
+    keys: impl Iterator<Item = &'k str>,
+    argv: impl Iterator<Item = Option<u64>>,
+    conn: &mut Conn,
+) -> redis::RedisResult<Value> {
+    let mut call = script.prepare_invoke();
+    for key in keys {
+        call.key(key);
+    }
+    for arg in argv {
+        match arg {
+            Some(v) => call.arg(v),
+            None => call.arg(""),
+        };
+    }
+    call.invoke_async(conn).await
+}
+
 /// Runs a prepared call of a `no-writes` script with `EVALSHA_RO`, which Redis refuses for any
 /// script that could write, loading the script first when Redis does not have it (as
 /// `invoke_async` does for `EVALSHA`).

@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use self::argv::{read_only, reservation, script_argv, verdict, Arg};
+use self::argv::{invoke, read_only, reservation, script_argv, verdict, Arg};
 use self::batch::{Batches, Job, DEFAULT_BATCH_MAX};
 use self::breaker::Breaker;
 use self::calls::Calls;
@@ -228,18 +228,9 @@ impl RedisStore {
         let script = self.scripts.reserve(&params[..n]);
         let reply: Value = self
             .with_conn_on(Some(&names[0]), async |conn| {
-                let mut call = script.prepare_invoke();
-                for name in &names[..n] {
-                    call.key(name.as_str());
-                }
-                call.key(queue.as_str());
-                for arg in argv() {
-                    match arg {
-                        Some(v) => call.arg(v),
-                        None => call.arg(""),
-                    };
-                }
-                Ok(call.invoke_async(conn).await?)
+                let keys = names[..n].iter().map(String::as_str);
+                let keys = keys.chain(std::iter::once(queue.as_str()));
+                Ok(invoke(&script, keys, argv(), conn).await?)
             })
             .await?;
         reservation(&reply, n)
@@ -289,20 +280,9 @@ impl Store for RedisStore {
                     let argv = argv().map(Arg::from);
                     return Ok(read_only(&script, &names[..n], argv, conn).await?);
                 }
-                let mut call = script.prepare_invoke();
-                for name in &names[..n] {
-                    call.key(name.as_str());
-                }
-                if ticket.is_some() {
-                    call.key(record.as_str());
-                }
-                for arg in argv() {
-                    match arg {
-                        Some(v) => call.arg(v),
-                        None => call.arg(""),
-                    };
-                }
-                Ok(call.invoke_async(conn).await?)
+                let keys = names[..n].iter().map(String::as_str);
+                let keys = keys.chain(ticket.map(|_| record.as_str()));
+                Ok(invoke(&script, keys, argv(), conn).await?)
             })
             .await?;
         verdict(&reply, n, op)
@@ -333,17 +313,8 @@ impl Store for RedisStore {
         let script = self.scripts.joint(&params);
         let reply: Value = self
             .with_conn_on(Some(&names[0]), async |conn| {
-                let mut call = script.prepare_invoke();
-                for name in &names {
-                    call.key(name.as_str());
-                }
-                for arg in &argv {
-                    match arg {
-                        Some(v) => call.arg(*v),
-                        None => call.arg(""),
-                    };
-                }
-                Ok(call.invoke_async(conn).await?)
+                let keys = names.iter().map(String::as_str);
+                Ok(invoke(&script, keys, argv.iter().copied(), conn).await?)
             })
             .await?;
         let whole = verdict(&reply, names.len(), Op::Acquire)?;
