@@ -31,6 +31,14 @@
 --              `now` is the decision's time in µs. A refund count (`out_refunded`, set by a
 --              take or a report of a token bucket or GCRA, 0 otherwise) is what the ticket
 --              keeps: the units refunds have given back since the subject was last at rest.
+-- Queue        every operation but a reservation's own take reads the subject's queue of
+--              reservations, `<prefix>:{<policy>:<key>}:queue` (lua/reserve.lua), named from
+--              the tag its state keys open with (each part's own, in a joint acquire). While it
+--              is ahead of now, the operation is decided as src/limiter/reservation.rs
+--              (decide_queued) decides it: at the queue's time, its reply's times measured from
+--              now, and an acquire or a peek denied by every limit with the wait for the queue
+--              plus the limit's own wait from there; the reply of a report or a refund so
+--              moved ends with one number more, the time it was decided at (µs)
 -- Flags        `#!lua`: refused whole, with OOM, while Redis is over maxmemory; a peek's script
 --              is `#!lua flags=no-writes` and is called with EVALSHA_RO
 --
@@ -85,8 +93,9 @@
 -- would corrupt a 16-digit timestamp (TTLs in ms have at most 13 and pass as numbers).
 
 local MAX_WAIT_US = 1125899906842624 -- 2^50 µs; longer waits are reported as this
--- µs added to the expiry a take writes: 0, or a booking's delay (lua/reserve.lua), whose take
--- is decided at the booked time while Redis's expiries run from now
+-- µs added to the expiry a take or a report writes: 0, or how far after now it is decided (a
+-- booking's delay, lua/reserve.lua, or the subject's queue, below), while Redis's expiries run
+-- from now
 local take_delay_us = 0
 
 local cost = tonumber(ARGV[1])

@@ -95,7 +95,7 @@ end
 out_units = math.min(cost, math.max(2 * limit - count, 0))
 if out_units > 0 then
   count = count + out_units
-  redis.call('PSETEX', key, ttl, struct.pack('<ddd', window, count, size))
+  redis.call('PSETEX', key, take_delay_us > 0 and math.ceil((wait + take_delay_us) / 1000) or ttl, struct.pack('<ddd', window, count, size))
 end
 -- A window that has already ended (wait 0: a store clock past the next period's end) counts
 -- nothing from now on: the subject stands as with no state, as the Rust `report` answers.

@@ -125,7 +125,7 @@ if out_units > 0 then
   if elapsed >= sden then
     periods = muldiv(elapsed, 1, sden)
   end
-  redis.call('PSETEX', key, math.ceil(out_reset / 1000),
+  redis.call('PSETEX', key, math.ceil((out_reset + take_delay_us) / 1000),
     struct.pack('<dddddd', anchor + periods * snum, units - periods * sden + out_units, snum, sden, since, refunded))
 end
 out_remaining, out_refunded = math.max(burst - busy, 0), refunded

@@ -113,7 +113,7 @@ if out_units > 0 and w ~= window_us then
 end
 if out_units > 0 then
   current = current + out_units
-  redis.call('PSETEX', key, math.ceil((end_of_next - now) / 1000), struct.pack('<dddd', window, previous, current, w))
+  redis.call('PSETEX', key, math.ceil((end_of_next - now + take_delay_us) / 1000), struct.pack('<dddd', window, previous, current, w))
 end
 out_remaining = math.max(limit - current - weighted, 0)
 if current > 0 then

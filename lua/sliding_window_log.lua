@@ -190,7 +190,7 @@ if out_units > 0 then
   end
   newest = t
   logged, has_logged, span = window_us, true, window_us
-  redis.call('PEXPIRE', key, math.ceil((t + window_us - now) / 1000))
+  redis.call('PEXPIRE', key, math.ceil((t + window_us - now + take_delay_us) / 1000))
 end
 -- The subject as it stands, as keep describes it for one unit.
 out_remaining = math.max(limit - count, 0)

@@ -137,7 +137,7 @@ end
 local q, r = muldiv(speriod, full - tokens, srate)
 out_reset = math.min(skew + (r > fraction and q + 1 or q - muldiv(fraction - r, 1, srate)), MAX_WAIT_US)
 if out_units > 0 then
-  redis.call('PSETEX', key, math.ceil(out_reset / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
+  redis.call('PSETEX', key, math.ceil((out_reset + take_delay_us) / 1000), struct.pack('<dddddddd', tokens, fraction, t, rate, period, capacity, since, refunded))
 end
 out_remaining, out_refunded = math.max(tokens + extra, 0), refunded
 if tokens + extra < 1 then

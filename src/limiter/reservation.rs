@@ -3,9 +3,9 @@
 //! `lua/reserve.lua` (composed by `store::redis::scripts::compose_reserve`) decides the same on
 //! Redis, the subject's queue in a key on its hash tag (`store::key::queue_key`), and
 //! `tests/api/reservations.rs` holds it to [`reserve`]. Every store books through
-//! `store::Ask::Reserve`; the embedded store also decides every other operation with the queue
-//! ([`decide_queued`]). Not yet: Redis's other operations (whose scripts do not read the queue)
-//! and the API; until both land nothing outside the tests books.
+//! `store::Ask::Reserve`, and every store decides every other operation with the queue
+//! ([`decide_queued`], in `lua/common.lua`'s scripts on Redis; [`decide_joint_queued`] for a
+//! joint acquire).
 //!
 //! A subject that takes reservations has a queue: the latest time anything is booked for
 //! (`queue_us`, none once it has passed). Every decision of such a subject, an acquire that
@@ -33,9 +33,9 @@
 //! step back while something is booked is decided at the queue, so it admits nothing early;
 //! the exactness above is for a clock that does not step back past the stored times.
 //!
-//! Cancelling is a refund with the booking's ticket ([`super::decide_op`] with its marks): it
-//! is decided at `max(now, stored time)`, which is `act` or later, and gives back what the
-//! booking still holds there, as any refund with a mark does; the queue stays where it is, so
+//! Cancelling is a refund with the booking's ticket, decided with the queue ([`decide_queued`]):
+//! at `max(now, queue)`, which is `act` or later, where it gives back what the booking still
+//! holds, as any refund with a mark does; the queue stays where it is, so
 //! the freed units go to the next reservation, at the cancelled one's time, not to a caller
 //! jumping ahead of the queue.
 //!
@@ -190,6 +190,51 @@ pub fn decide_queued(
         *ttl = ttl.map(|t| t.saturating_add(shift));
     }
     verdict
+}
+
+/// Decides a joint acquire (the Envoy descriptors of one request, [`super::decide_joint`]) whose
+/// limits are of subjects with queues: `queues[i]` is the queue of limit `i`'s subject. With no
+/// queue ahead of now it is [`super::decide_joint`]. With one, it is denied and takes nothing:
+/// a limit of a subject whose queue is ahead is looked at there and denies as
+/// [`decide_queued`] denies an acquire; every other limit is looked at now. `ttls` stay unset
+/// (nothing is written).
+pub fn decide_joint_queued(
+    params: &[Params],
+    states: &mut [Option<State>],
+    ttls: &mut [Option<u64>],
+    costs: &[u64],
+    now_us: u64,
+    queues: &[Option<u64>],
+) -> (bool, Vec<Decision>) {
+    let ahead = |i: usize| queues.get(i).copied().flatten().filter(|q| *q > now_us);
+    if !(0..params.len()).any(|i| ahead(i).is_some()) {
+        return super::decide_joint(params, states, ttls, costs, now_us);
+    }
+    let decisions = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let at = ahead(i).unwrap_or(now_us);
+            let o = p.decide(states[i].take(), costs[i], at, false);
+            states[i] = o.state;
+            ttls[i] = None;
+            if at == now_us {
+                return o.decision;
+            }
+            let shift = at - now_us;
+            let own = if o.decision.allowed {
+                0
+            } else {
+                o.decision.retry_after_us.max(1)
+            };
+            Decision {
+                allowed: false,
+                retry_after_us: shift.saturating_add(own).min(MAX_WAIT_US),
+                ..later(o.decision, shift)
+            }
+        })
+        .collect();
+    (false, decisions)
 }
 
 /// The denial at `now_us`: each limit as it stands at `max(now, queue)` (`shift` after now),

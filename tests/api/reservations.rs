@@ -1,17 +1,19 @@
 //! Reservations (issue 29) on Redis: the reservation script (`lua/reserve.lua`, composed by
 //! `scripts::compose_reserve`) decides exactly as the pure model, `limiter::reservation::reserve`,
 //! on random sequences over one to three limits of every algorithm: bookings far ahead and none,
-//! waits accepted and refused, denials, the queue it leaves, and cancels (refunds with a
-//! booking's marks, decided at the queue as every decision of a subject that books is) in any
-//! order. Replies are compared whole, every limit's times measured from the caller's now.
+//! waits accepted and refused, denials, the queue it leaves; and the plain scripts among them
+//! (acquire, peek, report, and refund with a booking's marks: a cancel, in any order) read that
+//! queue and decide as `limiter::reservation::decide_queued`. Replies are compared whole, every
+//! limit's times measured from the caller's now. Then every store (embedded, Redis, Cluster),
+//! through its own entry point and on its own clock, against the same models.
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, TestRunner};
 use ratelimiter::limiter::reservation::{
-    decide_queued, reserve, Queued, Reservation, LONGEST_WAIT_MS,
+    decide_joint_queued, decide_queued, reserve, Queued, Reservation, LONGEST_WAIT_MS,
 };
-use ratelimiter::limiter::{decide_op, Mark, Op, State};
+use ratelimiter::limiter::{Mark, Op, State, Verdict};
 use ratelimiter::policy::{Algorithm, FailMode, Limit, LimitKey, Params, Policy, PolicyName};
 use ratelimiter::store::connection::ConnectionMode;
 use ratelimiter::store::{scripts, Ask, MemoryStore, Plan, RedisStore, Store};
@@ -49,13 +51,27 @@ fn limit() -> impl Strategy<Value = Spec> {
 }
 
 /// One call: the clock's move (now and then back), a number the cost is made from, the wait
-/// accepted, and whether it cancels an earlier booking instead (and which).
+/// accepted, whether it cancels an earlier booking instead (and which), and otherwise whether
+/// it is a plain operation that accepts no wait (`plain` 0: acquire, 1: peek, 2: report) rather
+/// than a reservation.
 #[derive(Debug, Clone)]
 struct Step {
     dt_us: i64,
     pick: u64,
     max_wait_us: u64,
     cancel: Option<usize>,
+    plain: u8,
+}
+
+/// A plain operation's script reply as the model gives it, with the time a report or a refund
+/// was decided at when the queue moved it there (lua/common.lua: one number more).
+fn plain_reply(v: &Verdict, op: Op, queued: Queued) -> Vec<u64> {
+    let mut reply = script_reply(v, op);
+    let moved = queued.queue_us.filter(|q| *q > queued.now_us);
+    if let (Some(q), Op::Report | Op::Refund) = (moved, op) {
+        reply.push(q);
+    }
+    reply
 }
 
 fn steps() -> impl Strategy<Value = Vec<Step>> {
@@ -73,13 +89,15 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         1 => Just(LONGEST_WAIT_MS * 1_000),
     ];
     let cancel = prop_oneof![3 => Just(None), 1 => any::<usize>().prop_map(Some)];
-    let step =
-        (dt, any::<u64>(), wait, cancel).prop_map(|(dt_us, pick, max_wait_us, cancel)| Step {
+    let step = (dt, any::<u64>(), wait, cancel, 0u8..8).prop_map(
+        |(dt_us, pick, max_wait_us, cancel, plain)| Step {
             dt_us,
             pick,
             max_wait_us,
             cancel,
-        });
+            plain,
+        },
+    );
     prop::collection::vec(step, 1..40)
 }
 
@@ -126,6 +144,8 @@ struct Seen {
     granted_now: u64,
     refused_past_the_wait: u64,
     cancels_giving_back: u64,
+    denied_behind_the_queue: u64,
+    reported_at_the_queue: u64,
 }
 
 #[test]
@@ -174,46 +194,60 @@ fn the_reservation_script_decides_exactly_as_the_model() {
             let mut now = T0;
             for (i, step) in steps.iter().enumerate() {
                 now = now.saturating_add_signed(step.dt_us);
-                if let (Some(pick), false) = (step.cancel, tickets.is_empty()) {
-                    let (cost, marks) = tickets.swap_remove(pick % tickets.len());
-                    let base = queue.map_or(now, |q: u64| q.max(now));
-                    let expected = decide_op(
-                        &params,
-                        &mut states,
-                        &mut ttls,
-                        Op::Refund,
-                        cost,
-                        base,
-                        &marks,
-                    );
-                    let got = lab
-                        .call(
-                            &keys[..params.len()],
-                            &params,
-                            Op::Refund,
-                            cost,
-                            base,
-                            &marks,
-                            true,
-                        )
-                        .map_err(TestCaseError::fail)?;
-                    prop_assert_eq!(
-                        &got,
-                        &script_reply(&expected, Op::Refund),
-                        "step {} cancel at {} of {:?}",
-                        i,
-                        base,
-                        specs
-                    );
-                    if expected.units().iter().any(|u| *u > 0) {
-                        tally.cancels_giving_back += 1;
-                    }
-                    continue;
-                }
+                let queued = Queued {
+                    now_us: now,
+                    queue_us: queue,
+                };
                 let cost = match step.pick % 8 {
                     0 => quota,
                     _ => 1 + step.pick % quota.min(5),
                 };
+                // A cancel, or a plain operation: the plain scripts (lua/common.lua) read the
+                // queue the reservations leave and decide as `decide_queued`.
+                let plain = match (step.cancel, tickets.is_empty(), step.plain) {
+                    (Some(pick), false, _) => {
+                        let (cost, marks) = tickets.swap_remove(pick % tickets.len());
+                        Some((Op::Refund, cost, marks))
+                    }
+                    (_, _, 0) => Some((Op::Acquire, cost, Vec::new())),
+                    (_, _, 1) => Some((Op::Peek, cost, Vec::new())),
+                    (_, _, 2) => Some((Op::Report, cost, Vec::new())),
+                    _ => None,
+                };
+                if let Some((op, cost, marks)) = plain {
+                    let expected =
+                        decide_queued(&params, &mut states, &mut ttls, (op, cost, &marks), queued);
+                    let got = lab
+                        .call(&keys[..params.len()], &params, op, cost, now, &marks, true)
+                        .map_err(TestCaseError::fail)?;
+                    prop_assert_eq!(
+                        &got,
+                        &plain_reply(&expected, op, queued),
+                        "step {} {:?} {} at {} behind {:?} of {:?}",
+                        i,
+                        op,
+                        cost,
+                        now,
+                        queue,
+                        specs
+                    );
+                    match op {
+                        Op::Refund if expected.units().iter().any(|u| *u > 0) => {
+                            tally.cancels_giving_back += 1;
+                        }
+                        Op::Acquire | Op::Peek if queue.is_some_and(|q| q > now) => {
+                            tally.denied_behind_the_queue += 1;
+                        }
+                        Op::Report if queue.is_some_and(|q| q > now) => {
+                            tally.reported_at_the_queue += 1;
+                        }
+                        _ => {}
+                    }
+                    if op == Op::Acquire && expected.allowed {
+                        tickets.push((cost, expected.marks().collect()));
+                    }
+                    continue;
+                }
                 let r = reserve(
                     &params,
                     &mut states,
@@ -263,7 +297,9 @@ fn the_reservation_script_decides_exactly_as_the_model() {
         s.booked > 500
             && s.granted_now > 500
             && s.refused_past_the_wait > 200
-            && s.cancels_giving_back > 100,
+            && s.cancels_giving_back > 100
+            && s.denied_behind_the_queue > 100
+            && s.reported_at_the_queue > 50,
         "{s:?}"
     );
 }
@@ -361,10 +397,9 @@ fn quick_policy(name: &str, specs: &[Spec]) -> Policy {
 
 /// Drives `store` on its own clock with random sequences and holds every verdict to the model
 /// run at the time the store decided at (its verdict's `at_us`): reservations
-/// ([`reserve`]) on every store; with `plain`, also acquires and cancels (refunds with a
-/// booking's ticket), which the model decides with the queue ([`decide_queued`]). Answers what
-/// was covered.
-async fn books_as_the_model(store: &impl Store, label: &str, plain: bool) -> Seen {
+/// ([`reserve`]), and among them acquires, peeks, reports and cancels (refunds with a ticket),
+/// which the model decides with the queue ([`decide_queued`]). Answers what was covered.
+async fn books_as_the_model(store: &impl Store, label: &str) -> Seen {
     let mut runner = TestRunner::deterministic();
     let strategy = (prop::collection::vec(quick_limit(), 1..=3), store_steps());
     let mut seen = Seen::default();
@@ -382,8 +417,8 @@ async fn books_as_the_model(store: &impl Store, label: &str, plain: bool) -> See
             tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
             let cost = 1 + pick % quota;
             let what = format!("{label} case {case} step {i} of {specs:?}");
-            match kind % 4 {
-                0 if plain && !tickets.is_empty() => {
+            match kind % 6 {
+                0 if !tickets.is_empty() => {
                     let (units, marks) = tickets.swap_remove((kind / 4) as usize % tickets.len());
                     let claim = claim(&marks, units);
                     let plan = Plan::new(&policy, &key, ask(Op::Refund, units, claim.as_ref()));
@@ -404,22 +439,22 @@ async fn books_as_the_model(store: &impl Store, label: &str, plain: bool) -> See
                         seen.cancels_giving_back += 1;
                     }
                 }
-                1 if plain => {
-                    let plan = Plan::acquire(&policy, &key, cost);
-                    let got = store.decide(&plan).await.expect("acquire");
+                1..=3 => {
+                    let op = [Op::Acquire, Op::Peek, Op::Report][(kind % 6 - 1) as usize];
+                    let plan = Plan::new(&policy, &key, ask(op, cost, None));
+                    let got = store.decide(&plan).await.expect("plain operation");
                     let queued = Queued {
                         now_us: got.at_us,
                         queue_us: queue,
                     };
-                    let expected = decide_queued(
-                        &params,
-                        &mut states,
-                        &mut ttls,
-                        (Op::Acquire, cost, &[]),
-                        queued,
-                    );
-                    assert_eq!(got, expected, "{what}: acquire");
-                    if got.allowed {
+                    let expected =
+                        decide_queued(&params, &mut states, &mut ttls, (op, cost, &[]), queued);
+                    assert_eq!(got, expected, "{what}: {op:?} {cost}");
+                    if queue.is_some_and(|q| q > got.at_us) {
+                        seen.denied_behind_the_queue += u64::from(op != Op::Report);
+                        seen.reported_at_the_queue += u64::from(op == Op::Report);
+                    }
+                    if op != Op::Peek && got.allowed {
                         tickets.push((cost, got.marks().collect()));
                     }
                 }
@@ -474,16 +509,18 @@ async fn books_as_the_model(store: &impl Store, label: &str, plain: bool) -> See
 }
 
 /// The stores' entry point for a reservation (`Ask::Reserve`) decides as the model on the
-/// embedded store, one Redis and a Cluster, each on its own clock; on the embedded store the
-/// acquires and cancels among them keep to the queue as well.
+/// embedded store, one Redis and a Cluster, each on its own clock, and the plain operations
+/// among them keep to the queue as well.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_books_as_the_model() {
     let memory = MemoryStore::new("rl", 1_000_000);
-    let on_memory = books_as_the_model(&memory, "m", true).await;
+    let on_memory = books_as_the_model(&memory, "m").await;
     assert!(
         on_memory.booked > 20
             && on_memory.refused_past_the_wait > 5
-            && on_memory.cancels_giving_back > 5,
+            && on_memory.cancels_giving_back > 5
+            && on_memory.denied_behind_the_queue > 5
+            && on_memory.reported_at_the_queue > 0,
         "embedded: {on_memory:?}"
     );
     let redis = TestRedis::start();
@@ -495,9 +532,12 @@ async fn every_store_books_as_the_model() {
         "rl",
     )
     .expect("store");
-    let on_redis = books_as_the_model(&store, "r", false).await;
+    let on_redis = books_as_the_model(&store, "r").await;
     assert!(
-        on_redis.booked > 20 && on_redis.refused_past_the_wait > 5,
+        on_redis.booked > 20
+            && on_redis.refused_past_the_wait > 5
+            && on_redis.denied_behind_the_queue > 5
+            && on_redis.cancels_giving_back > 5,
         "Redis: {on_redis:?}"
     );
     let cluster = TestCluster::start();
@@ -505,6 +545,117 @@ async fn every_store_books_as_the_model() {
     let store = RedisStore::open_cluster(&seeds, std::time::Duration::from_secs(5), "rl")
         .await
         .expect("cluster store");
-    let on_cluster = books_as_the_model(&store, "c", false).await;
-    assert!(on_cluster.booked > 20, "Cluster: {on_cluster:?}");
+    let on_cluster = books_as_the_model(&store, "c").await;
+    assert!(
+        on_cluster.booked > 20 && on_cluster.denied_behind_the_queue > 5,
+        "Cluster: {on_cluster:?}"
+    );
+}
+
+/// Reservations on two subjects, and joint acquires of both (the Envoy descriptors of one
+/// request) among them, on `store`'s own clock: every joint acquire decides as the model,
+/// [`decide_joint_queued`], each limit with its own subject's queue. The second subject's key
+/// is one whose state is on the first one's slot, as a Cluster needs for a joint acquire.
+/// Answers the joint acquires denied behind a queue.
+async fn joint_acquires_keep_to_the_queues(store: &impl Store, label: &str) -> u64 {
+    let mut runner = TestRunner::deterministic();
+    let strategy = (quick_limit(), quick_limit(), store_steps());
+    let mut behind = 0;
+    for case in 0..16 {
+        let (first, second, steps) = strategy.new_tree(&mut runner).expect("a case").current();
+        let policies = [
+            quick_policy(&format!("{label}j{case}a"), &[first]),
+            quick_policy(&format!("{label}j{case}b"), &[second]),
+        ];
+        let subject = LimitKey::parse("subject".to_owned()).expect("valid key");
+        let slot_of = |policy: &Policy, key: &LimitKey| {
+            let (names, _) = ratelimiter::store::key::state_keys("rl", policy, key);
+            ratelimiter::store::topology::key_slot(&names[0])
+        };
+        let slot = slot_of(&policies[0], &subject);
+        let beside = (0u32..)
+            .map(|n| LimitKey::parse(format!("beside{n}")).expect("valid key"))
+            .find(|k| slot_of(&policies[1], k) == slot)
+            .expect("a key on the slot");
+        let keys = [subject, beside];
+        let params: Vec<Params> = policies.iter().map(|p| p.params()[0]).collect();
+        let mut states: Vec<Option<State>> = vec![None, None];
+        let mut ttls = vec![None, None];
+        let mut queues: [Option<u64>; 2] = [None, None];
+        for (i, &(pause_ms, pick, max_wait_us, kind)) in steps.iter().enumerate() {
+            tokio::time::sleep(std::time::Duration::from_millis(pause_ms)).await;
+            let what = format!("{label} case {case} step {i} of {params:?}");
+            let costs = [
+                1 + pick % params[0].quota(),
+                1 + (pick / 7) % params[1].quota(),
+            ];
+            if kind % 3 == 0 {
+                let plans: Vec<Plan<'_>> = (0..2)
+                    .map(|s| Plan::acquire(&policies[s], &keys[s], costs[s]))
+                    .collect();
+                let got = store.acquire_joint(&plans).await.expect("joint acquire");
+                let now = got[0].at_us;
+                let (allowed, decisions) =
+                    decide_joint_queued(&params, &mut states, &mut ttls, &costs, now, &queues);
+                for (s, v) in got.iter().enumerate() {
+                    assert_eq!(
+                        (v.allowed, v.limits()),
+                        (allowed, &decisions[s..=s]),
+                        "{what}: joint acquire of {costs:?} behind {queues:?} at {now}"
+                    );
+                }
+                behind += u64::from(queues.iter().flatten().any(|q| *q > now));
+                continue;
+            }
+            let s = (kind % 3 - 1) as usize;
+            let reserve_ask = Ask::Reserve {
+                cost: costs[s],
+                max_wait_us,
+            };
+            let got = store
+                .decide(&Plan::new(&policies[s], &keys[s], reserve_ask))
+                .await
+                .expect("reserve");
+            let r = reserve(
+                &params[s..=s],
+                &mut states[s..=s],
+                &mut ttls[s..=s],
+                costs[s],
+                got.at_us,
+                queues[s],
+                max_wait_us,
+            );
+            queues[s] = r.queue_us;
+            assert_eq!(got, r.verdict, "{what}: reserve on subject {s}");
+        }
+    }
+    behind
+}
+
+/// A joint acquire (Envoy's protocol) keeps to each of its subjects' queues on the embedded
+/// store, one Redis and a Cluster: a subject with reservations ahead denies it, as the model
+/// says, and it takes nothing anywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn joint_acquires_keep_to_every_subjects_queue() {
+    let memory = MemoryStore::new("rl", 1_000_000);
+    let behind = joint_acquires_keep_to_the_queues(&memory, "m").await;
+    assert!(behind > 10, "embedded: {behind}");
+    let redis = TestRedis::start();
+    let store = RedisStore::open(
+        &redis.url(),
+        ConnectionMode::Multiplexed,
+        2,
+        std::time::Duration::from_secs(5),
+        "rl",
+    )
+    .expect("store");
+    let behind = joint_acquires_keep_to_the_queues(&store, "r").await;
+    assert!(behind > 10, "Redis: {behind}");
+    let cluster = TestCluster::start();
+    let seeds: Vec<String> = cluster.seeds().split(',').map(str::to_owned).collect();
+    let store = RedisStore::open_cluster(&seeds, std::time::Duration::from_secs(5), "rl")
+        .await
+        .expect("cluster store");
+    let behind = joint_acquires_keep_to_the_queues(&store, "c").await;
+    assert!(behind > 10, "Cluster: {behind}");
 }

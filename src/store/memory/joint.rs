@@ -1,12 +1,13 @@
 //! The embedded store's joint acquires: several subjects decided as one step, all or nothing,
-//! under the locks of every shard they are in.
+//! under the locks of every shard they are in, each with its queue of reservations.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::MutexGuard;
 
-use super::{lock, put_back, take_out, MemoryStore, Slot};
-use crate::limiter::{decide_joint, State, Verdict};
+use super::{lock, put_back, queued, take_out, MemoryStore, Slot};
+use crate::limiter::reservation::decide_joint_queued;
+use crate::limiter::{State, Verdict};
 use crate::store::{key, Plan, StoreError};
 
 impl MemoryStore {
@@ -21,16 +22,25 @@ impl MemoryStore {
         let mut names: Vec<String> = Vec::new();
         let mut params = Vec::new();
         let mut costs = Vec::new();
-        // Each limit's shard, as an index into `shards`.
+        // Each limit's shard, as an index into `shards`, and its subject's queue's name.
         let mut homes = Vec::new();
+        let mut queue_names = Vec::new();
         for plan in plans {
             let (keys, n) = key::state_keys(&self.prefix, plan.policy, plan.key);
             let home = self.shard_index(plan.policy.name.as_str(), plan.key.as_str());
+            let mut queue = String::new();
+            key::queue_key(
+                &mut queue,
+                &self.prefix,
+                plan.policy.name.as_str(),
+                plan.key.as_str(),
+            );
             for (name, p) in keys.into_iter().zip(plan.params).take(n) {
                 names.push(name);
                 params.push(*p);
                 costs.push(plan.cost());
                 homes.push(home);
+                queue_names.push(queue.clone());
             }
         }
         let mut order = homes.clone();
@@ -65,8 +75,14 @@ impl MemoryStore {
             let shard = &mut shards[at(homes[i])];
             taken_out += take_out(shard, name, now, &mut states[i], &mut expires[i]);
         }
+        let queues: Vec<Option<u64>> = queue_names
+            .iter()
+            .zip(&homes)
+            .map(|(q, h)| queued(&shards[at(*h)], q, now))
+            .collect();
         let mut ttls = vec![None; n];
-        let (allowed, decisions) = decide_joint(&params, &mut states, &mut ttls, &costs, now);
+        let (allowed, decisions) =
+            decide_joint_queued(&params, &mut states, &mut ttls, &costs, now, &queues);
         let mut kept = 0;
         for (i, name) in names.iter_mut().enumerate() {
             let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));

@@ -178,13 +178,7 @@ impl MemoryStore {
             policy.name.as_str(),
             key.as_str(),
         );
-        let queue = match shard.get(&queue_name) {
-            Some(Slot {
-                state: Kept::Queue(q),
-                expires_at_us,
-            }) if *expires_at_us > now => Some(*q),
-            _ => None,
-        };
+        let queue = queued(&shard, &queue_name, now);
         let books = matches!(ask, Ask::Reserve { .. });
         if books && !shard.contains_key(&queue_name) {
             if self.reserve_count(1).is_none() {
@@ -386,6 +380,18 @@ impl MemoryStore {
         policy.hash(&mut h);
         key.hash(&mut h);
         (h.finish() as usize) % SHARDS
+    }
+}
+
+/// The subject's queue of reservations kept under `name` in its shard ([`Kept::Queue`]), while
+/// it has not passed at `now`.
+fn queued(shard: &HashMap<String, Slot>, name: &str, now: u64) -> Option<u64> {
+    match shard.get(name) {
+        Some(Slot {
+            state: Kept::Queue(q),
+            expires_at_us,
+        }) if *expires_at_us > now => Some(*q),
+        _ => None,
     }
 }
 

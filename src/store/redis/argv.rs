@@ -12,21 +12,23 @@ use crate::store::StoreError;
 
 /// A decision script's reply (see `lua/common.lua`: `{allowed, then per limit: units,
 /// remaining, reset_after_us, retry_after_us; then now; then, for an acquire or a report, per
-/// limit its refund count}`) as a verdict: for a report or a refund each limit's units are
+/// limit its refund count; then, for a decision moved to the subject's queue, its time}`) as a
+/// verdict: for a report or a refund each limit's units are
 /// those it recorded or gave back, and the limit counts as admitting. Read straight from the
 /// reply, without collecting it into a second vector on the acquire path.
 pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, StoreError> {
     let counted = counts_refunds(op);
     let len = 2 + 4 * limits + if counted { limits } else { 0 };
+    // One number more: the decision was moved to the subject's queue, and that is its time.
     let items = match reply {
-        Value::Array(items) if items.len() == len => items,
+        Value::Array(items) if items.len() == len || items.len() == len + 1 => items,
         other => {
             return Err(StoreError::corrupt(format!(
                 "a decision script answered {other:?} for {limits} limits"
             )))
         }
     };
-    let mut numbers = [0u64; 2 + 5 * MAX_LIMITS];
+    let mut numbers = [0u64; 3 + 5 * MAX_LIMITS];
     for (n, item) in numbers.iter_mut().zip(items) {
         *n = match item {
             Value::Int(i) => u64::try_from(*i).unwrap_or(0),
@@ -47,6 +49,9 @@ pub(super) fn verdict(reply: &Value, limits: usize, op: Op) -> Result<Verdict, S
             retry_after_us: d[3],
         };
         verdict.push_units(decision, if moves { d[0] } else { 0 });
+    }
+    if items.len() > len {
+        verdict.taken_us = numbers[len];
     }
     // The script's own verdict; it equals every limit admitting.
     verdict.allowed = numbers[0] == 1;

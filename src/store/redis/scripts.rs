@@ -122,7 +122,7 @@ pub fn compose_reserve(algorithms: &[Algorithm]) -> String {
         offset += a.arity();
     }
     s.push_str("\n-- An acquire at `now`, as lua/common.lua composes it.\nlocal function take()\n");
-    push_body(&mut s, algorithms, Op::Acquire, false, false);
+    push_body(&mut s, algorithms, Op::Acquire, false, false, false);
     s.push_str("end\n\nlocal looks = {");
     for i in 1..=n {
         let _ = write!(s, "{}look_{i}", if i > 1 { ", " } else { "" });
@@ -149,7 +149,14 @@ fn compose_as(algorithms: &[Algorithm], op: Op, joint: bool) -> String {
     s.push('\n');
     s.push_str(COMMON);
     push_helpers(&mut s, algorithms);
-    push_body(&mut s, algorithms, op, joint, op == Op::Refund && !joint);
+    push_body(
+        &mut s,
+        algorithms,
+        op,
+        joint,
+        op == Op::Refund && !joint,
+        true,
+    );
     s
 }
 
@@ -169,8 +176,17 @@ fn push_helpers(s: &mut String, algorithms: &[Algorithm]) {
 
 /// A decision script's body, after `lua/common.lua` and the helpers, down to `return reply`.
 /// `joint`: each limit reads its own cost, from the argument before its parameters. `spent`: a
-/// refund's, which keeps a ticket's record when it is given one ([`push_spent_head`]).
-fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spent: bool) {
+/// refund's, which keeps a ticket's record when it is given one ([`push_spent_head`]). `queue`:
+/// the operation follows its subject's queue of reservations ([`push_queue`]); only a
+/// reservation's own take (`lua/reserve.lua`, which reads the queue itself) does not.
+fn push_body(
+    s: &mut String,
+    algorithms: &[Algorithm],
+    op: Op,
+    joint: bool,
+    spent: bool,
+    queue: bool,
+) {
     let parts: Vec<Part> = algorithms.iter().map(|a| part(*a)).collect();
     let n = algorithms.len();
     // An acquire's and a report's reply end with each limit's refund count (`out_refunded`).
@@ -211,6 +227,12 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
             );
         }
     }
+    // The subject's queue, once for all limits; a joint acquire's limits are of several
+    // subjects, each part reads its own.
+    s.push_str("local caller, shift = now, 0\n");
+    if queue && !joint {
+        push_queue(s, "KEYS[1]", op);
+    }
     // Each part's parameters start after the cost, the time and the parameters before it; a
     // refund's marks follow all of them: one time per limit, one refund count per limit, and
     // the take's time.
@@ -234,6 +256,10 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
         if joint {
             offset += 1;
             let _ = writeln!(s, "local cost = tonumber(ARGV[a + 1])\na = {offset}");
+            if queue {
+                s.push_str("local now, shift, take_delay_us = caller, 0, 0\n");
+                push_queue(s, "key", op);
+            }
         }
         if op == Op::Refund {
             let _ = writeln!(
@@ -295,6 +321,9 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
         if counted {
             let _ = writeln!(s, "reply[{}] = out_refunded", 4 * n + 3 + i);
         }
+        if queue {
+            push_queued_reply(s, op, at);
+        }
         let _ = writeln!(s, "end -- limit {}", i + 1);
     }
     // A report or a refund is always allowed; an acquire or a peek when every limit admits.
@@ -304,7 +333,63 @@ fn push_body(s: &mut String, algorithms: &[Algorithm], op: Op, joint: bool, spen
     if spent {
         push_spent_tail(s, n, marks_end);
     }
+    if queue && matches!(op, Op::Report | Op::Refund) {
+        // Decided at the queue's time: the reply says when (`taken_us`), one number more.
+        s.push_str("if shift > 0 then\n  reply[#reply + 1] = now\nend\n");
+    }
     s.push_str("return reply\n");
+}
+
+/// Reads the queue of reservations of the subject whose state key is `key` (a Lua expression):
+/// `<prefix>:{<policy>:<key>}:queue` (`store::key::queue_key`), the latest time anything is
+/// booked for (see `lua/reserve.lua`), on the tag every state key of the subject opens with
+/// (the prefix holds no `}`, and an escaped key none either). While it is ahead of `now`, the
+/// operation is decided as `limiter::reservation::decide_queued` decides it: at the queue's
+/// time (`now` moves there, `shift` after the caller's, and every expiry written moves with
+/// it, `take_delay_us`), and an acquire or a peek is denied, since the queue is ahead of it.
+/// Missing or passed, nothing changes: one GET.
+fn push_queue(s: &mut String, key: &str, op: Op) {
+    let _ = writeln!(
+        s,
+        "local queued = tonumber(redis.call('GET', string.match({key}, '^[^}}]*}}') .. ':queue') or '')\n\
+         if queued and queued > now then\n  \
+           shift = queued - now\n  \
+           now, take_delay_us = queued, shift{deny}\n\
+         end",
+        deny = if matches!(op, Op::Acquire | Op::Peek) {
+            "\n  allowed = false"
+        } else {
+            ""
+        }
+    );
+}
+
+/// After a limit's reply at `reply[at]`, in a decision moved to its queue's time
+/// ([`push_queue`]): its times measured from the caller's now. An acquire or a peek is denied by
+/// every limit, with the wait for the queue plus the limit's own from there (none when it
+/// admits there), as a reservation that accepts no wait is (`lua/reserve.lua`'s denial).
+fn push_queued_reply(s: &mut String, op: Op, at: usize) {
+    let (reset, retry) = (at + 2, at + 3);
+    let _ = writeln!(
+        s,
+        "if shift > 0 then\n  reply[{reset}] = math.min(reply[{reset}] + shift, MAX_WAIT_US)"
+    );
+    let _ = if matches!(op, Op::Acquire | Op::Peek) {
+        writeln!(
+            s,
+            "  reply[{retry}] = math.min(shift + (reply[{at}] == 1 and 0 or math.max(reply[{retry}], 1)), MAX_WAIT_US)\n  \
+               reply[{at}] = 0\n\
+             end"
+        )
+    } else {
+        writeln!(
+            s,
+            "  if reply[{retry}] > 0 then\n    \
+                 reply[{retry}] = math.min(reply[{retry}] + shift, MAX_WAIT_US)\n  \
+               end\n\
+             end"
+        )
+    };
 }
 
 /// The start of a refund that keeps a ticket's record, for `n` limits whose mark arguments end at
@@ -340,7 +425,7 @@ fn push_spent_tail(s: &mut String, n: usize, last: usize) {
            for i = 1, {n} do\n    \
              if reply[4 * i - 2] > given then\n      given = reply[4 * i - 2]\n    end\n  \
            end\n  \
-           local ttl = math.ceil((tonumber(ARGV[{end_}]) - now) / 1000)\n  \
+           local ttl = math.ceil((tonumber(ARGV[{end_}]) - caller) / 1000)\n  \
            if given > 0 and ttl > 0 then\n    \
              redis.call('SET', spent_key, string.format('%d', spent + given), 'PX', string.format('%d', ttl))\n  \
            end\nend\n",
@@ -407,7 +492,7 @@ pub fn batch_source(cross_slot: bool) -> String {
             // comment lines (the one-limit scripts keep them; fifteen copies would take the
             // script past what one argument of a command line may hold).
             let mut function = String::from(COMMON);
-            push_body(&mut function, &[a], op, false, false);
+            push_body(&mut function, &[a], op, false, false, true);
             for line in function.lines() {
                 let code = line.trim_start();
                 if !code.is_empty() && !code.starts_with("--") {
