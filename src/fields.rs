@@ -141,6 +141,7 @@ mod tests {
             decided_by,
             shadow: false,
             ticket: None,
+            delay_us: None,
             applied: None,
             given: None,
         }

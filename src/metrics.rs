@@ -6,7 +6,7 @@
 
 use std::sync::OnceLock;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// Decisions, labelled `policy` and `outcome` (`allowed`, `denied`, `degraded`).
 pub const DECISIONS: &str = "ratelimiter_decisions_total";
@@ -74,6 +74,17 @@ pub const LEASE_UNDOS: &str = "ratelimiter_lease_undos_total";
 pub const LEASE_UNDOS_WAITING: &str = "ratelimiter_lease_undos_waiting";
 /// Ledgers the latest lease sweep visited (those the lease index holds), and the calls it made.
 pub const LEASE_SWEEP_LEDGERS: &str = "ratelimiter_lease_sweep_ledgers";
+/// Reservations (acquires with `max_wait_ms`) the store decided, labelled `policy` and
+/// `outcome`: `now` (the cost fit at once), `delayed` (booked for later, within the wait
+/// accepted), `denied` (it would have waited longer: nothing taken). Shadow mode and `fail_open`
+/// answers are not counted here.
+pub const RESERVATIONS: &str = "ratelimiter_reservations_total";
+/// The delay each granted reservation handed out (`delay_ms`, 0 for one that fit at once), in
+/// seconds, labelled `policy`.
+pub const RESERVATION_DELAY_SECONDS: &str = "ratelimiter_reservation_delay_seconds";
+/// Refunds with the ticket of a booking not yet due that gave units back (cancellations),
+/// labelled `policy`.
+pub const RESERVATION_CANCELS: &str = "ratelimiter_reservation_cancels_total";
 /// Time to answer an acquire, from validated request to decision, in seconds.
 pub const ACQUIRE_SECONDS: &str = "ratelimiter_acquire_duration_seconds";
 /// Envoy rate-limit calls over gRPC (`ShouldRateLimit`), labelled `code`: the answer's overall
@@ -199,12 +210,23 @@ const LATENCY_BUCKETS: &[f64] = &[
     1.0, 2.5,
 ];
 
+/// A reservation's delay: from none to the longest wait accepted, an hour.
+const DELAY_BUCKETS: &[f64] = &[
+    0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
 /// The process-wide recorder's handle, installed on first use.
 pub fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
         let builder = PrometheusBuilder::new()
             .set_buckets(LATENCY_BUCKETS)
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full(RESERVATION_DELAY_SECONDS.to_owned()),
+                    DELAY_BUCKETS,
+                )
+            })
             .unwrap_or_else(|_| PrometheusBuilder::new());
         let recorder = builder.build_recorder();
         let handle = recorder.handle();
@@ -247,6 +269,19 @@ fn describe() {
         "Allowed acquires that left a limit at or past its policy's near_limit_ratio of its quota"
     );
     describe_histogram!(ACQUIRE_SECONDS, Unit::Seconds, "Time to decide one acquire");
+    describe_counter!(
+        RESERVATIONS,
+        "Reservations by policy and outcome (now, delayed, denied)"
+    );
+    describe_histogram!(
+        RESERVATION_DELAY_SECONDS,
+        Unit::Seconds,
+        "Delay handed out by each granted reservation"
+    );
+    describe_counter!(
+        RESERVATION_CANCELS,
+        "Refunds with the ticket of a booking not yet due that gave units back"
+    );
     describe_histogram!(
         REDIS_SECONDS,
         Unit::Seconds,

@@ -18,6 +18,7 @@ use super::reply::{
 };
 use super::schema;
 use crate::fields;
+use crate::limiter::reservation::LONGEST_WAIT_MS;
 use crate::limiter::{calendar, Op, MAX_UNITS};
 use crate::policy::overrides::MatchKind;
 use crate::policy::{input::parse_cost, Limit, LimitKey, PolicyName, Rate, ValidationError};
@@ -42,6 +43,12 @@ pub struct AcquireRequest {
     #[schema(schema_with = schema::cost_field)]
     #[serde(default)]
     pub cost: Option<serde_json::Number>,
+    /// Acquire only: the longest wait accepted, in milliseconds (0 to 3600000). When `cost` fits
+    /// only later, but within this wait, it is booked now for that later time (a reservation)
+    /// and the answer is allowed, with `delay_ms` and `act_at`; beyond it, denied as without it.
+    #[schema(schema_with = schema::max_wait_field)]
+    #[serde(default)]
+    pub max_wait_ms: Option<serde_json::Number>,
 }
 
 /// Report `cost` units used by `key` under `policy`, taken whether or not they fit.
@@ -147,6 +154,18 @@ pub struct AcquireResponse {
     /// nothing else arrives.
     #[schema(example = 0)]
     pub retry_after_ms: u64,
+    /// An allowed acquire with `max_wait_ms` (a reservation) only: milliseconds to wait before
+    /// acting (rounded up), 0 when the cost fit at once. The units are booked for then, on
+    /// every limit; a refund with the `ticket` before `act_at` cancels the booking. 0 in shadow
+    /// mode and in a `fail_open` answer, which hold nobody back.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub delay_ms: Option<u64>,
+    /// With `delay_ms`: the instant to act at, in RFC 3339 (UTC), the decision's time plus the
+    /// exact delay.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = json!(null))]
+    pub act_at: Option<String>,
     /// True when the store could not be reached and the policy's fail mode (`open` or `local`)
     /// decided instead; an `open` answer was not counted. `decided_by` says which.
     #[schema(example = false)]
@@ -389,7 +408,16 @@ pub async fn acquire(
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
     let (key, cost) = subject_and_cost(&req)?;
-    let acquired = limiter.acquire(&req.policy, &key, cost).await?;
+    let acquired = match max_wait_ms(req.max_wait_ms.as_ref())? {
+        0 => limiter.acquire(&req.policy, &key, cost).await?,
+        wait => {
+            let ask = Ask::Reserve {
+                cost,
+                max_wait_us: wait * 1_000,
+            };
+            limiter.decide(&req.policy, &key, ask).await?
+        }
+    };
     Ok(respond(acquired, key, cost))
 }
 
@@ -420,6 +448,13 @@ pub async fn peek(
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
     let (key, cost) = subject_and_cost(&req)?;
+    if req.max_wait_ms.is_some() {
+        return Err(ValidationError::invalid(
+            "max_wait_ms",
+            "a peek books nothing and waits for nothing: send it to POST /v1/acquire",
+        )
+        .into());
+    }
     let peeked = limiter
         .decide(&req.policy, &key, Ask::Peek { cost })
         .await?;
@@ -606,6 +641,22 @@ fn subject_and_cost(req: &AcquireRequest) -> Result<(LimitKey, u64), ApiError> {
     Ok((key, cost))
 }
 
+/// An acquire's `max_wait_ms`: an integer from 0 to [`LONGEST_WAIT_MS`]; 0 when left out (an
+/// acquire that accepts no wait).
+fn max_wait_ms(n: Option<&serde_json::Number>) -> Result<u64, ApiError> {
+    let Some(n) = n else {
+        return Ok(0);
+    };
+    match n.as_u64() {
+        Some(ms) if ms <= LONGEST_WAIT_MS => Ok(ms),
+        _ => Err(ValidationError::invalid(
+            "max_wait_ms",
+            format!("must be an integer from 0 to {LONGEST_WAIT_MS} (one hour)"),
+        )
+        .into()),
+    }
+}
+
 /// A report's or a refund's `cost`: 1 to [`MAX_UNITS`].
 fn units(n: &serde_json::Number) -> Result<u64, ApiError> {
     let cost = parse_cost(n)?;
@@ -700,6 +751,8 @@ fn respond(a: Acquired, key: LimitKey, cost: u64) -> HttpResponse {
             reset_after_ms: d.reset_after_us.div_ceil(1_000),
             resets_at: resets_at(rate_limits.get(binding), verdict.at_us, d.reset_after_us),
             retry_after_ms: d.retry_after_us.div_ceil(1_000),
+            delay_ms: a.delay_us.map(|us| us.div_ceil(1_000)),
+            act_at: a.delay_us.map(|us| resets_at(None, verdict.at_us, us)),
             degraded: a.degraded,
             decided_by: a.decided_by,
             limits,

@@ -28,6 +28,7 @@ use utoipa::{IntoParams, PartialSchema, ToSchema};
 use super::leases::LeasePath;
 use super::policies::PolicyPath;
 use crate::limiter::concurrency::{MAX_LEASE_MS, MAX_LIMIT};
+use crate::limiter::reservation::LONGEST_WAIT_MS;
 use crate::limiter::Field;
 use crate::policy::calendar::{self, CalendarUnit, MAX_MONTH_DAY};
 use crate::policy::descriptor::{MAX_DESCRIPTOR_TEXT, MAX_ENTRIES};
@@ -786,6 +787,22 @@ pub fn cost_field() -> Object {
              the policy (its `limit`, `capacity` or `burst`); 422 above it. 1 when left out.",
         ))
         .examples([1])
+        .build()
+}
+
+/// An acquire's `max_wait_ms`: 0 to [`LONGEST_WAIT_MS`], 0 when left out.
+pub fn max_wait_field() -> Object {
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Integer, Type::Null]))
+        .minimum(Some(0))
+        .maximum(Some(LONGEST_WAIT_MS))
+        .description(Some(
+            "Acquire only: the longest wait accepted, in milliseconds (at most 3600000, an hour; \
+             422 above it, or on a peek). When `cost` fits only later but within this wait, it is \
+             booked for that time and the answer is allowed with `delay_ms` and `act_at`. 0 when \
+             left out: no wait, an ordinary acquire.",
+        ))
+        .examples([2000])
         .build()
 }
 

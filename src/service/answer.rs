@@ -87,6 +87,11 @@ pub struct Acquired {
     pub shadow: bool,
     /// What an allowed acquire or a report took, for a refund; `None` when nothing was taken.
     pub ticket: Option<Ticket>,
+    /// A reservation (an acquire that accepts a wait) that the answer allows: how long after the
+    /// decision's time to act, in µs. 0 when the cost fits now, and when the answer holds
+    /// nobody back (shadow mode, a `fail_open` answer, an `unlimited` override); `None` for
+    /// every other answer.
+    pub delay_us: Option<u64>,
     /// The override that applied to the subject, if one did.
     pub applied: Option<Arc<Applied>>,
     /// The limits the request gave (an Envoy descriptor's `limit`, as clamped), when they

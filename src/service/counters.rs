@@ -9,7 +9,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use metrics::Counter;
+use metrics::{Counter, Histogram};
 
 use super::cache::{Applied, Effect};
 use super::DecidedBy;
@@ -34,11 +34,56 @@ pub(super) struct DecisionCounters {
     /// Decisions by the kind of the override's match (`none`, `exact`, `prefix`, `cidr`) and what
     /// it set (`none`, `tier`, `limits`, `unlimited`, `block`): bounded, never a key or an id.
     by_override: [[Counter; 5]; 4],
+    /// The policy's name, for the counters registered later.
+    policy: String,
     /// Per limit of the policy, in policy order.
     pub(super) limits: LimitCounters,
+    /// Registered by the policy's first reservation, so that policies that take none show none.
+    reservations: OnceLock<ReservationCounters>,
+}
+
+/// A policy's reservations (acquires that accept a wait): `ratelimiter_reservations_total` by
+/// outcome, the delays handed out, and cancellations.
+pub(super) struct ReservationCounters {
+    now: Counter,
+    delayed: Counter,
+    denied: Counter,
+    delay_seconds: Histogram,
+    pub(super) cancels: Counter,
+}
+
+impl ReservationCounters {
+    /// Counts one reservation the store decided: granted now, booked `delay_us` ahead, or denied
+    /// for a wait past the one accepted.
+    pub(super) fn booked(&self, verdict: &Verdict, delay_us: u64) {
+        match (verdict.allowed, delay_us) {
+            (false, _) => self.denied.increment(1),
+            (true, 0) => self.now.increment(1),
+            (true, _) => self.delayed.increment(1),
+        }
+        if verdict.allowed {
+            // Whole µs as seconds: exact enough for a histogram whose buckets start at 1 ms.
+            self.delay_seconds.record(delay_us as f64 / 1e6);
+        }
+    }
 }
 
 impl DecisionCounters {
+    /// The policy's reservation counters, registered on first use.
+    pub(super) fn reservations(&self) -> &ReservationCounters {
+        self.reservations.get_or_init(|| {
+            let policy = self.policy.clone();
+            let outcome = |o: &'static str| metrics::counter!(m::RESERVATIONS, "policy" => policy.clone(), "outcome" => o);
+            ReservationCounters {
+                now: outcome("now"),
+                delayed: outcome("delayed"),
+                denied: outcome("denied"),
+                delay_seconds: metrics::histogram!(m::RESERVATION_DELAY_SECONDS, "policy" => policy.clone()),
+                cancels: metrics::counter!(m::RESERVATION_CANCELS, "policy" => policy.clone()),
+            }
+        })
+    }
+
     /// Counts one answered operation of `cost` units.
     pub(super) fn count(&self, op: Op, cost: u64, verdict: &Verdict, degraded: bool, shadow: bool) {
         match op {
@@ -108,6 +153,8 @@ impl DecisionCounters {
                 })
             }),
             limits: LimitCounters::new(p),
+            reservations: OnceLock::new(),
+            policy: policy.to_owned(),
         }
     }
 }

@@ -57,6 +57,15 @@ impl RateLimiter {
             None => self.ask_store(&plan, &resolved, started).await,
         };
         let (op, cost) = (plan.op(), plan.cost());
+        let reserved = matches!(plan.ask, Ask::Reserve { .. });
+        // When the units a refund's ticket took are due: after now, the booking is cancelled.
+        let due_us = match &plan.ask {
+            Ask::Refund {
+                ticket: Some(claim),
+                ..
+            } => claim.marks.first().map_or(0, |m| m.taken_us),
+            _ => 0,
+        };
         if op == Op::Acquire {
             self.acquire_seconds.record(started.elapsed().as_secs_f64());
         }
@@ -96,6 +105,22 @@ impl RateLimiter {
         }
         counters.count(op, cost, &verdict, degraded, shadow);
         counters.count_override(applied.as_deref());
+        // A reservation holds its caller back by the booking's delay, unless nothing was booked
+        // (fail_open, an override) or enforcement is only watched (shadow mode).
+        let holds = !shadow && decided_by.knows_remaining();
+        let booked = verdict.taken_us.saturating_sub(verdict.at_us);
+        if reserved && holds {
+            counters.reservations().booked(&verdict, booked);
+        }
+        let delay_us =
+            (reserved && (shadow || verdict.allowed)).then_some(if holds { booked } else { 0 });
+        if due_us > verdict.at_us
+            && op == Op::Refund
+            && !degraded
+            && verdict.units().iter().any(|u| *u > 0)
+        {
+            counters.reservations().cancels.increment(1);
+        }
         // What was taken, for a refund: an allowed acquire's cost, or what a report recorded.
         // A fail-open answer took nothing.
         let taken = match op {
@@ -120,6 +145,7 @@ impl RateLimiter {
             decided_by,
             shadow,
             ticket,
+            delay_us,
             applied,
             given,
         })

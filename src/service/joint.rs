@@ -310,6 +310,7 @@ impl RateLimiter {
                 decided_by,
                 shadow: false,
                 ticket: None,
+                delay_us: None,
                 applied: resolved_applied[i].clone(),
                 given: resolved_given[i].clone(),
             });

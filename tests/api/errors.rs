@@ -124,6 +124,26 @@ async fn bad_acquires_are_answered_with_problems_naming_the_field(backend: Backe
             422,
             Some("policy"),
         ),
+        (
+            body(json!({"policy": "p", "key": "k", "max_wait_ms": -1})),
+            422,
+            Some("max_wait_ms"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "max_wait_ms": 3_600_001})),
+            422,
+            Some("max_wait_ms"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "max_wait_ms": 1.5})),
+            422,
+            Some("max_wait_ms"),
+        ),
+        (
+            body(json!({"policy": "p", "key": "k", "max_wait_ms": "100"})),
+            400,
+            Some("max_wait_ms"),
+        ),
         (vec![b' '; 64 * 1024 + 1], 413, None),
     ];
     for (body, status, field) in cases {

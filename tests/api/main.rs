@@ -50,3 +50,4 @@ mod tickets;
 mod top;
 mod traces;
 mod version;
+mod waits;
