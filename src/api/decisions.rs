@@ -51,6 +51,23 @@ pub struct AcquireRequest {
     pub max_wait_ms: Option<serde_json::Number>,
 }
 
+/// Look at what an acquire of `cost` units of `policy` for `key` would answer now.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"policy": "api-per-user", "key": "user-42", "cost": 1}))]
+pub struct PeekRequest {
+    /// Name of an existing policy.
+    #[schema(schema_with = schema::policy_field)]
+    pub policy: String,
+    /// The subject, as for an acquire.
+    #[schema(example = "user-42", min_length = 1, max_length = 256)]
+    pub key: String,
+    /// Units the acquire would ask for, as for an acquire. Defaults to 1.
+    #[schema(schema_with = schema::cost_field)]
+    #[serde(default)]
+    pub cost: Option<serde_json::Number>,
+}
+
 /// Report `cost` units used by `key` under `policy`, taken whether or not they fit.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -407,7 +424,7 @@ pub async fn acquire(
     body: JsonBody<AcquireRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
-    let (key, cost) = subject_and_cost(&req)?;
+    let (key, cost) = subject_and_cost(&req.policy, &req.key, req.cost.as_ref())?;
     let acquired = match max_wait_ms(req.max_wait_ms.as_ref())? {
         0 => limiter.acquire(&req.policy, &key, cost).await?,
         wait => {
@@ -429,7 +446,7 @@ pub async fn acquire(
 #[utoipa::path(
     tag = "decisions",
     security((), ("bearer" = [])),
-    request_body = AcquireRequest,
+    request_body = PeekRequest,
     responses(
         (status = 200, description = "What an acquire would answer now", body = AcquireResponse),
         (status = 400, description = "Not a JSON object, or a field of the wrong JSON type", body = Problem, content_type = "application/problem+json"),
@@ -444,17 +461,10 @@ pub async fn acquire(
 pub async fn peek(
     _: Client,
     limiter: web::Data<RateLimiter>,
-    body: JsonBody<AcquireRequest>,
+    body: JsonBody<PeekRequest>,
 ) -> Result<HttpResponse, ApiError> {
     let JsonBody(req) = body;
-    let (key, cost) = subject_and_cost(&req)?;
-    if req.max_wait_ms.is_some() {
-        return Err(ValidationError::invalid(
-            "max_wait_ms",
-            "a peek books nothing and waits for nothing: send it to POST /v1/acquire",
-        )
-        .into());
-    }
+    let (key, cost) = subject_and_cost(&req.policy, &req.key, req.cost.as_ref())?;
     let peeked = limiter
         .decide(&req.policy, &key, Ask::Peek { cost })
         .await?;
@@ -632,9 +642,13 @@ fn subject(policy: &str, key: String) -> Result<LimitKey, ApiError> {
 }
 
 /// An acquire's or a peek's subject and cost (1 when left out).
-fn subject_and_cost(req: &AcquireRequest) -> Result<(LimitKey, u64), ApiError> {
-    let key = subject(&req.policy, req.key.clone())?;
-    let cost = match &req.cost {
+fn subject_and_cost(
+    policy: &str,
+    key: &str,
+    cost: Option<&serde_json::Number>,
+) -> Result<(LimitKey, u64), ApiError> {
+    let key = subject(policy, key.to_owned())?;
+    let cost = match cost {
         Some(n) => parse_cost(n)?,
         None => 1,
     };
