@@ -57,6 +57,7 @@ run metered.py         python3 examples/metered.py
 run leases.py          python3 examples/leases.py
 run overrides.py       python3 examples/overrides.py
 run calendar_quotas.py python3 examples/calendar_quotas.py
+run reservations.py    python3 examples/reservations.py
 run node_client.mjs    node examples/node_client.mjs
 run JavaClient.java    java examples/JavaClient.java
 run middleware_test.py python3 examples/middleware_test.py

@@ -16,7 +16,9 @@ use crate::policy::{LimitKey, Policy};
 /// marks and record as a store applies them (`Ask<Claim>`, in a [`Plan`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ask<T> {
-    /// Takes `cost` from every limit if every limit admits it; otherwise takes nothing.
+    /// Takes `cost` from every limit if every limit admits it and nothing is booked ahead (the
+    /// subject's queue of reservations, `limiter::reservation::decide_queued`); otherwise takes
+    /// nothing.
     Acquire { cost: u64 },
     /// An acquire that accepts a wait (a reservation, `limiter::reservation`): `cost` is taken
     /// from every limit for the earliest time, no later than `max_wait_us` from now, at which
