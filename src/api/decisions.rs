@@ -18,10 +18,11 @@ use super::reply::{
 };
 use super::schema;
 use crate::fields;
-use crate::limiter::reservation::LONGEST_WAIT_MS;
 use crate::limiter::{calendar, Op, MAX_UNITS};
 use crate::policy::overrides::MatchKind;
-use crate::policy::{input::parse_cost, Limit, LimitKey, PolicyName, Rate, ValidationError};
+use crate::policy::{
+    input::parse_cost, input::parse_max_wait, Limit, LimitKey, PolicyName, Rate, ValidationError,
+};
 use crate::service::cache::Applied;
 use crate::service::ticket::MAX_TICKET_BYTES;
 use crate::service::{Acquired, Ask, DecidedBy, RateLimiter, Ticket};
@@ -655,20 +656,10 @@ fn subject_and_cost(
     Ok((key, cost))
 }
 
-/// An acquire's `max_wait_ms`: an integer from 0 to [`LONGEST_WAIT_MS`]; 0 when left out (an
+/// An acquire's `max_wait_ms`: an integer from 0 to one hour (`limiter::reservation::LONGEST_WAIT_MS`); 0 when left out (an
 /// acquire that accepts no wait).
 fn max_wait_ms(n: Option<&serde_json::Number>) -> Result<u64, ApiError> {
-    let Some(n) = n else {
-        return Ok(0);
-    };
-    match n.as_u64() {
-        Some(ms) if ms <= LONGEST_WAIT_MS => Ok(ms),
-        _ => Err(ValidationError::invalid(
-            "max_wait_ms",
-            format!("must be an integer from 0 to {LONGEST_WAIT_MS} (one hour)"),
-        )
-        .into()),
-    }
+    Ok(n.map(parse_max_wait).transpose()?.unwrap_or(0))
 }
 
 /// A report's or a refund's `cost`: 1 to [`MAX_UNITS`].

@@ -12,6 +12,7 @@ use super::{
     concurrency, near_limit, Algorithm, Descriptor, FailMode, Kind, Limit, Mode, NearLimitRatio,
     Policy, PolicyName, Rate, RequestLimits, Tiers, MAX_DESCRIPTION_BYTES, MAX_LIMITS,
 };
+use crate::limiter::reservation::LONGEST_WAIT_MS;
 use crate::limiter::{Field, ScriptArgs};
 
 /// Why client input was refused.
@@ -524,6 +525,20 @@ pub fn parse_cost(value: &Number) -> Result<u64, ValidationError> {
         _ => Err(ValidationError::invalid(
             "cost",
             "must be an integer of at least 1",
+        )),
+    }
+}
+
+/// Validates an acquire's `max_wait_ms`: an integer (a whole number, as JSON Schema counts
+/// `2000.0`) from 0 to [`LONGEST_WAIT_MS`].
+pub fn parse_max_wait(value: &Number) -> Result<u64, ValidationError> {
+    match whole(value) {
+        Some(n) if (0..=i128::from(LONGEST_WAIT_MS)).contains(&n) => {
+            u64::try_from(n).map_err(|_| ValidationError::invalid("max_wait_ms", "is too large"))
+        }
+        _ => Err(ValidationError::invalid(
+            "max_wait_ms",
+            format!("must be an integer from 0 to {LONGEST_WAIT_MS} (one hour)"),
         )),
     }
 }
