@@ -1,7 +1,8 @@
 //! Envoy's rate-limit protocol over gRPC, with a tonic client built from the `envoy-types`
 //! messages, against the app on the embedded store, one Redis and a Cluster: exact limits under
 //! concurrency, all-or-nothing over descriptors, `hits_addend`, unmatched descriptors, one quota
-//! shared with `POST /v1/acquire`, fail modes with Redis stopped, and bad calls.
+//! shared with `POST /v1/acquire` (and its reservations' queues), fail modes with Redis stopped,
+//! and bad calls.
 
 use std::sync::Arc;
 
@@ -1259,4 +1260,68 @@ async fn a_calendar_quota_over_grpc(backend: Backend) {
         Some("\"daily-tokyo\";r=0;t=7200"),
         "{backend:?}"
     );
+}
+
+crate::on_every_store!(descriptors_keep_to_the_queue_of_http_bookings);
+
+/// Envoy's descriptors keep to the queue that HTTP reservations make (issue 29): a descriptor
+/// whose subject has a booking ahead is over the limit until the booking's time, with the wait
+/// for it, even where its limit would admit by then; in a request of several descriptors,
+/// nothing is taken from the others, and a subject with no booking is served as ever.
+async fn descriptors_keep_to_the_queue_of_http_bookings(backend: Backend) {
+    let app = app(backend).await;
+    app.create_policy(json!({
+        "name": "booked", "algorithm": "fixed_window", "limit": 2, "window_ms": 60_000,
+        "descriptor": {"domain": "edge", "entries": [{"key": "remote_address"}]}
+    }))
+    .await;
+    // Ten seconds into a minute, and held there: every wait below is exact.
+    let at: jiff::Timestamp = "2026-12-07T12:00:10Z".parse().expect("an instant");
+    app.limiter
+        .clock()
+        .set(u64::try_from(at.as_microsecond()).expect("after 1970"));
+    assert_eq!(app.acquire("booked", "10.7.7.7", 2).await["remaining"], 0);
+    // This minute is spent: one unit is booked for the next, which admits two.
+    let r = app
+        .post(
+            "/v1/acquire",
+            &json!({"policy": "booked", "key": "10.7.7.7", "max_wait_ms": 120_000}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let booking: Value = r.json().await.expect("JSON");
+    assert_eq!(booking["allowed"], true, "{backend:?}: {booking}");
+    assert_eq!(booking["delay_ms"], 50_000, "{backend:?}: {booking}");
+    let mut client = client(&app).await;
+    let r = call(&mut client, by_address("10.7.7.7")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{backend:?}: {r:?}");
+    assert_eq!(
+        header(&r, "retry-after"),
+        Some("50"),
+        "{backend:?}: the wait for the booking: {r:?}"
+    );
+    // With a subject that booked nothing: over the limit as a whole, and the other keeps its 2.
+    let both = request(
+        "edge",
+        vec![
+            descriptor(&[("remote_address", "10.7.7.8")]),
+            descriptor(&[("remote_address", "10.7.7.7")]),
+        ],
+    );
+    let r = call(&mut client, both).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32, "{backend:?}: {r:?}");
+    let codes: Vec<i32> = r.statuses.iter().map(|s| s.code).collect();
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::OverLimit as i32],
+        "{backend:?}: {r:?}"
+    );
+    let r = app
+        .post("/v1/peek", &json!({"policy": "booked", "key": "10.7.7.8"}))
+        .await;
+    let peek: Value = r.json().await.expect("JSON");
+    assert_eq!(peek["remaining"], 2, "{backend:?}: nothing taken: {peek}");
+    let r = call(&mut client, by_address("10.7.7.8")).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{backend:?}: {r:?}");
+    assert_eq!(r.statuses[0].limit_remaining, 1, "{backend:?}");
 }
