@@ -221,17 +221,8 @@ pub fn decide_joint_queued(
             if at == now_us {
                 return o.decision;
             }
-            let shift = at - now_us;
-            let own = if o.decision.allowed {
-                0
-            } else {
-                o.decision.retry_after_us.max(1)
-            };
-            Decision {
-                allowed: false,
-                retry_after_us: shift.saturating_add(own).min(MAX_WAIT_US),
-                ..later(o.decision, shift)
-            }
+            // Accepting no wait, it denies: the queue is after now.
+            behind_queue(o.decision, at - now_us, 0).0
         })
         .collect();
     (false, decisions)
@@ -256,17 +247,8 @@ fn denial(
     }; MAX_LIMITS];
     let (mut n, mut last, mut latest) = (0, 0, 0);
     for (i, d) in at_base.enumerate().take(MAX_LIMITS) {
-        let own = shift.saturating_add(if d.allowed {
-            0
-        } else {
-            d.retry_after_us.max(1)
-        });
-        let denies = own > max_wait_us;
-        limits[i] = Decision {
-            allowed: !denies,
-            retry_after_us: if denies { own.min(MAX_WAIT_US) } else { 0 },
-            ..later(d, shift)
-        };
+        let (d, own) = behind_queue(d, shift, max_wait_us);
+        limits[i] = d;
         if own > latest {
             (last, latest) = (i, own);
         }
@@ -281,6 +263,25 @@ fn denial(
         verdict.push(*d);
     }
     verdict
+}
+
+/// A limit's decision `d` at a subject's queue, `shift` µs after the caller's now, for a caller
+/// accepting `max_wait_us`: measured from now, it admits at `own` (the wait for the queue plus
+/// the limit's own there), and denies, with that wait, when `own` is past what is accepted.
+/// Returns the decision and `own`.
+fn behind_queue(d: Decision, shift: u64, max_wait_us: u64) -> (Decision, u64) {
+    let own = shift.saturating_add(if d.allowed {
+        0
+    } else {
+        d.retry_after_us.max(1)
+    });
+    let denies = own > max_wait_us;
+    let d = Decision {
+        allowed: !denies,
+        retry_after_us: if denies { own.min(MAX_WAIT_US) } else { 0 },
+        ..later(d, shift)
+    };
+    (d, own)
 }
 
 /// A decision made `shift` µs after the caller's now, measured from the caller's now.

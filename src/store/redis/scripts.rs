@@ -228,8 +228,12 @@ fn push_body(
         }
     }
     // The subject's queue, once for all limits; a joint acquire's limits are of several
-    // subjects, each part reads its own.
-    s.push_str("local caller, shift = now, 0\n");
+    // subjects, each part reads its own. `caller` keeps the caller's time for a ticket's record
+    // too; a script that reads no queue and keeps no record (`lua/reserve.lua`'s `take`, whose
+    // caller moves `now` itself) needs neither.
+    if queue || spent {
+        s.push_str("local caller, shift = now, 0\n");
+    }
     if queue && !joint {
         push_queue(s, "KEYS[1]", op);
     }
