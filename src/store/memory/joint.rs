@@ -22,25 +22,18 @@ impl MemoryStore {
         let mut names: Vec<String> = Vec::new();
         let mut params = Vec::new();
         let mut costs = Vec::new();
-        // Each limit's shard, as an index into `shards`, and its subject's queue's name.
+        // Each limit's shard, as an index into `shards`, and its subject (an index into `plans`).
         let mut homes = Vec::new();
-        let mut queue_names = Vec::new();
-        for plan in plans {
+        let mut subjects = Vec::new();
+        for (j, plan) in plans.iter().enumerate() {
             let (keys, n) = key::state_keys(&self.prefix, plan.policy, plan.key);
             let home = self.shard_index(plan.policy.name.as_str(), plan.key.as_str());
-            let mut queue = String::new();
-            key::queue_key(
-                &mut queue,
-                &self.prefix,
-                plan.policy.name.as_str(),
-                plan.key.as_str(),
-            );
             for (name, p) in keys.into_iter().zip(plan.params).take(n) {
                 names.push(name);
                 params.push(*p);
                 costs.push(plan.cost());
                 homes.push(home);
-                queue_names.push(queue.clone());
+                subjects.push(j);
             }
         }
         let mut order = homes.clone();
@@ -75,11 +68,21 @@ impl MemoryStore {
             let shard = &mut shards[at(homes[i])];
             taken_out += take_out(shard, name, now, &mut states[i], &mut expires[i]);
         }
-        let queues: Vec<Option<u64>> = queue_names
-            .iter()
-            .zip(&homes)
-            .map(|(q, h)| queued(&shards[at(*h)], q, now))
-            .collect();
+        // Each subject's queue, once anything was booked on this store (none: no limit has one).
+        let mut queues = Vec::new();
+        if self.booked.load(Ordering::Relaxed) {
+            let mut name = String::new();
+            let of_subjects: Vec<Option<u64>> = plans
+                .iter()
+                .map(|plan| {
+                    let (policy, subject) = (plan.policy.name.as_str(), plan.key.as_str());
+                    name.clear();
+                    key::queue_key(&mut name, &self.prefix, policy, subject);
+                    queued(&shards[at(self.shard_index(policy, subject))], &name, now)
+                })
+                .collect();
+            queues.extend(subjects.iter().map(|j| of_subjects[*j]));
+        }
         let mut ttls = vec![None; n];
         let (allowed, decisions) =
             decide_joint_queued(&params, &mut states, &mut ttls, &costs, now, &queues);

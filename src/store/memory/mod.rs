@@ -29,7 +29,7 @@ mod policy_set;
 use std::collections::hash_map::DefaultHasher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -89,6 +89,11 @@ pub struct MemoryStore {
     /// shard, never before one. Not counted as subjects: it holds only what the subjects'
     /// entries hold. A ledger left empty is removed, so these are the ledgers that hold leases.
     ledgers: Mutex<HashMap<(String, u64), concurrency::Ledger>>,
+    /// Whether any subject ever had a queue of reservations: until one does, no decision
+    /// builds a queue's name to look for it. Set under the lock of the shard the first queue is
+    /// written to, before writing it, and read under a shard's lock, so a decision that could
+    /// find a queue always sees it set.
+    booked: AtomicBool,
 }
 
 /// Microseconds since the Unix epoch by the system clock.
@@ -117,6 +122,7 @@ impl MemoryStore {
             refused: Summarized::per_second(),
             policies: Mutex::new(PolicySet::default()),
             ledgers: Mutex::new(HashMap::new()),
+            booked: AtomicBool::new(false),
         }
     }
 
@@ -169,18 +175,19 @@ impl MemoryStore {
                 }
             };
         }
-        // The subject's queue: read by every decision, and one more entry for a reservation,
-        // whose slot is taken before deciding, as a ticket record's is.
-        let mut queue_name = String::new();
-        key::queue_key(
-            &mut queue_name,
-            &self.prefix,
-            policy.name.as_str(),
-            key.as_str(),
-        );
-        let queue = queued(&shard, &queue_name, now);
+        // The subject's queue: read by every decision once anything was booked, and one more
+        // entry for a reservation, whose slot is taken before deciding, as a ticket record's is.
         let books = matches!(ask, Ask::Reserve { .. });
-        if books && !shard.contains_key(&queue_name) {
+        let queue_name = (books || self.booked.load(Ordering::Relaxed)).then(|| {
+            let mut name = String::new();
+            key::queue_key(&mut name, &self.prefix, policy.name.as_str(), key.as_str());
+            name
+        });
+        let queue = queue_name.as_deref().and_then(|q| queued(&shard, q, now));
+        let new_queue = queue_name
+            .as_deref()
+            .is_some_and(|q| !shard.contains_key(q));
+        if books && new_queue {
             if self.reserve_count(1).is_none() {
                 self.subjects.fetch_sub(reserved, Ordering::Relaxed);
                 return Err(self.refuse());
@@ -249,13 +256,13 @@ impl MemoryStore {
             let expiry = ttls[i].map_or(expires[i], |ttl| now.saturating_add(ttl));
             kept += put_back(&mut shard, name, states[i].take(), expiry, now);
         }
-        if let Some(q) = booked.filter(|&q| q > now) {
-            let existed = shard.contains_key(&queue_name);
+        if let (Some(q), Some(name)) = (booked.filter(|&q| q > now), queue_name) {
+            self.booked.store(true, Ordering::Relaxed);
             let slot = Slot {
                 state: Kept::Queue(q),
                 expires_at_us: q,
             };
-            shard.insert(queue_name, slot);
+            let existed = shard.insert(name, slot).is_some();
             kept += u64::from(!existed);
         }
         if let Some((name, spent, ends_at_us)) = record {
